@@ -1,0 +1,5 @@
+"""``python -m rmsnorm`` is the ``rmsnorm`` command."""
+
+from .cli import main
+
+main()

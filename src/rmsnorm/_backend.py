@@ -1,0 +1,134 @@
+"""The one place that decides which implementation runs a normalization op.
+
+Backends are modules exposing the same five launchers (``rms_norm_fwd``, ``add_rms_norm_fwd``,
+``rms_norm_bwd``, ``layer_norm_fwd``, ``layer_norm_bwd``; see :mod:`rmsnorm.reference` for their
+arguments): ``reference`` (the spec itself), ``cpu`` (the CPU kernels) and ``triton`` (the GPU kernels;
+on CPU tensors they run under the Triton interpreter). ``auto`` picks the fastest one that supports the
+tensor's device. Forced with ``RMSNORM_BACKEND`` or :func:`use_backend`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from types import ModuleType
+
+BACKENDS = ("auto", "reference", "cpu", "triton")
+ENV_VAR = "RMSNORM_BACKEND"
+
+_forced: str | None = None  # set by use_backend(); wins over the environment variable
+_modules: dict[str, ModuleType] = {}
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"{what} must be one of {BACKENDS}, got {name!r}")
+    return name
+
+
+def current() -> str:
+    """The backend name in force: :func:`use_backend`, else ``$RMSNORM_BACKEND``, else ``"auto"``."""
+    if _forced is not None:
+        return _forced
+    env = os.environ.get(ENV_VAR)
+    if not env:
+        return "auto"
+    return _check_name(env, f"the environment variable {ENV_VAR}")
+
+
+class use_backend:
+    """Force a backend for every op: ``rmsnorm.use_backend("reference")`` sets it until changed;
+    ``with rmsnorm.use_backend("triton"): ...`` sets it for the block and restores the previous choice.
+    ``"auto"`` (or ``None``) returns to automatic selection (the environment variable still applies
+    when ``None``)."""
+
+    def __init__(self, name: str | None):
+        global _forced
+        if name is not None:
+            _check_name(name, "backend name")
+        self._previous = _forced
+        self.name = name
+        _forced = name
+
+    def __enter__(self) -> use_backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _forced
+        _forced = self._previous
+
+    def __repr__(self) -> str:
+        return f"use_backend({self.name!r})"
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def cpu_kernels_available() -> bool:
+    """True where the compiled CPU kernels can run (their module decides; imported lazily)."""
+    try:
+        return bool(_load("cpu").available())
+    except ImportError:
+        return False
+
+
+def _load(name: str) -> ModuleType:
+    mod = _modules.get(name)
+    if mod is None:
+        if name == "reference":
+            mod = importlib.import_module("rmsnorm.reference")
+        elif name == "cpu":
+            mod = importlib.import_module("rmsnorm.kernels.cpu")
+        else:
+            mod = importlib.import_module("rmsnorm.kernels.triton")
+        _modules[name] = mod
+    return mod
+
+
+def _triton_for(device_type: str) -> ModuleType:
+    if not triton_installed():
+        raise RuntimeError(
+            "backend 'triton' needs the triton package: pip install 'rmsnorm[triton]'"
+        )
+    if device_type == "cpu":
+        # CPU tensors run under Triton's interpreter, which must be chosen before triton is imported.
+        if "triton" not in sys.modules:
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "backend 'triton' on CPU tensors needs the Triton interpreter, but triton was "
+                "already imported without TRITON_INTERPRET=1; set TRITON_INTERPRET=1 before "
+                "importing triton"
+            )
+    elif device_type != "cuda":
+        raise RuntimeError(f"backend 'triton' has no kernels for {device_type!r} tensors")
+    return _load("triton")
+
+
+def launchers(device_type: str) -> ModuleType:
+    """The backend module that runs ops on tensors of ``device_type`` under the current choice."""
+    name = current()
+    if name == "auto":
+        if device_type == "cuda" and triton_installed():  # CUDA and ROCm
+            return _load("triton")
+        if device_type == "cpu" and cpu_kernels_available():
+            return _load("cpu")
+        return _load("reference")
+    if name == "reference":
+        return _load("reference")
+    if name == "cpu":
+        if device_type != "cpu":
+            raise RuntimeError(f"backend 'cpu' cannot run on {device_type!r} tensors")
+        if not cpu_kernels_available():
+            raise RuntimeError("backend 'cpu': the CPU kernels are not available on this machine")
+        return _load("cpu")
+    return _triton_for(device_type)
+
+
+def describe(device_type: str) -> str:
+    """Name of the backend that ``auto`` would pick for ``device_type`` (for ``rmsnorm info``)."""
+    mod = launchers(device_type)
+    return {v: k for k, v in _modules.items()}[mod]

@@ -1,0 +1,108 @@
+"""Drop-in ``torch.nn`` modules: same constructors, parameter names, init and ``state_dict`` as torch's.
+
+:class:`RMSNorm` subclasses ``torch.nn.RMSNorm`` and :class:`LayerNorm` subclasses ``torch.nn.LayerNorm``,
+so ``isinstance`` checks and checkpoints keep working; the conventions are extra keyword options.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import functional as F
+from .functional import _check_rms_options
+
+__all__ = ["RMSNorm", "AddRMSNorm", "LayerNorm"]
+
+
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` with this library's kernels and named conventions.
+
+    Keyword options (see :func:`rmsnorm.rms_norm`): ``eps_mode``, ``casting_mode``, ``offset`` (the
+    weight then starts at 1 − offset so the effective scale offset + γ starts at 1: Gemma's offset 1 gives
+    γ = 0), ``bias`` (adds a zero-initialised ``bias`` parameter) and ``partial``. With offset 0 and no
+    bias its ``state_dict`` is interchangeable with ``torch.nn.RMSNorm``'s.
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | list[int] | torch.Size,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        eps_mode: str = "mean_square",
+        casting_mode: str = "gemma",
+        offset: float = 0.0,
+        bias: bool = False,
+        partial: float | None = None,
+    ) -> None:
+        weight_marker = True if elementwise_affine else None
+        offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
+        if bias and not elementwise_affine:
+            raise ValueError("bias=True needs elementwise_affine=True (no parameters otherwise)")
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.eps_mode = eps_mode
+        self.casting_mode = casting_mode
+        self.offset = offset
+        self.partial = partial
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Called once by torch's __init__ before our attributes exist, then again by ours.
+        if self.elementwise_affine:
+            nn.init.constant_(self.weight, 1.0 - getattr(self, "offset", 0.0))
+        if getattr(self, "bias", None) is not None:
+            nn.init.zeros_(self.bias)
+
+    def _options(self) -> dict:
+        return dict(
+            eps_mode=self.eps_mode,
+            casting_mode=self.casting_mode,
+            offset=self.offset,
+            bias=self.bias,
+            partial=self.partial,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps, **self._options())
+
+    def extra_repr(self) -> str:
+        extra = [super().extra_repr()]
+        if self.eps_mode != "mean_square":
+            extra.append(f"eps_mode={self.eps_mode!r}")
+        if self.casting_mode != "gemma":
+            extra.append(f"casting_mode={self.casting_mode!r}")
+        if self.offset != 0.0:
+            extra.append(f"offset={self.offset}")
+        if self.bias is not None:
+            extra.append("bias=True")
+        if self.partial is not None:
+            extra.append(f"partial={self.partial}")
+        return ", ".join(extra)
+
+
+class AddRMSNorm(RMSNorm):
+    """The fused residual form: ``forward(x, residual) -> (out, residual_out)`` with
+    residual_out = x + residual (stored in residual's dtype) and out = RMSNorm(residual_out).
+    Same parameters and options as :class:`RMSNorm`."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.add_rms_norm(
+            x, residual, self.normalized_shape, self.weight, self.eps, **self._options()
+        )
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` running this library's LayerNorm op; constructor, parameters and
+    ``state_dict`` are torch's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

@@ -1,0 +1,363 @@
+"""The spec: plain-PyTorch RMSNorm / LayerNorm forward and written-out backward, correct in float64.
+
+Every kernel, benchmark and fallback in this package is compared against this module, and it is also a
+backend of its own (``RMSNORM_BACKEND=reference``): its launcher functions take the same 2-D arguments and
+return the same tuples as the Triton and CPU launchers. The formulas are those of
+``shared/design/CONVENTIONS.md``; each function's docstring states the one it implements.
+
+Notation (one row of N elements; M rows): x the row, γ the weight, β the bias, k the number of leading
+elements the RMS is estimated from (k = N unless ``partial`` is set), r the per-row reciprocal scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "EPS_MODES",
+    "CASTING_MODES",
+    "compute_dtype",
+    "default_eps",
+    "partial_size",
+    "output_dtype",
+    "row_stats",
+    "rms_norm",
+    "add_rms_norm",
+    "layer_norm",
+    "rms_norm_fwd",
+    "add_rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+]
+
+EPS_MODES = ("mean_square", "rms")
+CASTING_MODES = ("gemma", "llama", "none")
+
+
+# ----------------------------------------------------------------------------------------------
+# Conventions shared by every backend
+# ----------------------------------------------------------------------------------------------
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 inputs, float32 for everything else (fp32, bf16, fp16)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def default_eps(dtype: torch.dtype) -> float:
+    """What ``eps=None`` means, as in ``torch.nn.functional.rms_norm``: the machine epsilon of the
+    compute dtype (so ≈1.19e-7 for fp32/bf16/fp16 inputs and ≈2.2e-16 for float64)."""
+    return torch.finfo(compute_dtype(dtype)).eps
+
+
+def partial_size(n: int, partial: float | None) -> int:
+    """k, the number of leading elements pRMSNorm estimates the RMS from.
+
+    k = max(1, ⌊p·n⌋) as in the paper authors' code (``int(d * p)``), with p·n rounded to 9 decimals
+    first so that a decimal p such as 0.29 of n = 100 gives 29 rather than 28. ``partial=None`` is k = n.
+    """
+    if partial is None:
+        return n
+    return max(1, math.floor(round(partial * n, 9)))
+
+
+def output_dtype(
+    input_dtype: torch.dtype, weight: torch.Tensor | None, casting_mode: str
+) -> torch.dtype:
+    """``"llama"`` returns promote(input, weight) (fp32 weights with bf16 inputs give fp32, as HF Llama);
+    ``"gemma"`` and ``"none"`` return the input dtype."""
+    if casting_mode == "llama" and weight is not None:
+        return torch.promote_types(input_dtype, weight.dtype)
+    return input_dtype
+
+
+def row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row mean μ, population standard deviation σ and RMS over the last dim, in float64.
+
+    μ = (1/d) Σ x_i;  σ = sqrt((1/d) Σ (x_i − μ)²) computed two-pass (never from the identity);
+    RMS = sqrt((1/d) Σ x_i²). They satisfy RMS² = σ² + μ² up to rounding.
+    """
+    xd = x.to(torch.float64)
+    mean = xd.mean(dim=-1)
+    std = (xd - mean.unsqueeze(-1)).square().mean(dim=-1).sqrt()
+    rms = xd.square().mean(dim=-1).sqrt()
+    return mean, std, rms
+
+
+# ----------------------------------------------------------------------------------------------
+# RMSNorm
+# ----------------------------------------------------------------------------------------------
+def _rstd(xf: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
+    """r per row from the first k elements: ``"mean_square"`` r = 1/sqrt(mean(x²) + ε);
+    ``"rms"`` r = 1/(sqrt(mean(x²)) + ε)."""
+    ms = xf[:, :k].square().mean(dim=-1)  # (M,)
+    if eps_mode == "mean_square":
+        return torch.rsqrt(ms + eps)
+    if eps_mode == "rms":
+        return 1.0 / (ms.sqrt() + eps)
+    raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+
+
+def _scale(weight: torch.Tensor | None, offset: float, dtype: torch.dtype) -> torch.Tensor | None:
+    """The factor the normalized row is multiplied by: offset + γ, in ``dtype``."""
+    if weight is None:
+        return None
+    w = weight.to(dtype)
+    return w + offset if offset != 0.0 else w
+
+
+def _rms_norm_apply(
+    x: torch.Tensor,  # (M, N), any float dtype
+    rstd: torch.Tensor,  # (M,), compute dtype
+    weight: torch.Tensor | None,  # (N,)
+    bias: torch.Tensor | None,  # (N,)
+    casting_mode: str,
+    offset: float,
+    in_dtype: torch.dtype,
+) -> torch.Tensor:
+    """y from x and r in the chosen casting mode (the table in CONVENTIONS.md)."""
+    cd = compute_dtype(in_dtype)
+    out_dtype = output_dtype(in_dtype, weight, casting_mode)
+    if casting_mode == "gemma":
+        # statistics and the weight product in fp32; one cast at the end.
+        y = x.to(cd) * rstd[:, None]
+        s = _scale(weight, offset, cd)
+        if s is not None:
+            y = y * s
+        if bias is not None:
+            y = y + bias.to(cd)
+        return y.to(out_dtype)
+    if casting_mode == "llama":
+        # normalize in fp32, cast to the input dtype, then × weight in promote(input, weight).
+        y = (x.to(cd) * rstd[:, None]).to(in_dtype).to(out_dtype)
+        s = _scale(weight, offset, out_dtype)
+        if s is not None:
+            y = y * s
+        if bias is not None:
+            y = y + bias.to(out_dtype)
+        return y
+    if casting_mode == "none":
+        # rstd rounded to the input dtype; x·rstd and × weight each rounded in the input dtype.
+        y = x.to(in_dtype) * rstd.to(in_dtype)[:, None]
+        s = _scale(weight, offset, in_dtype)
+        if s is not None:
+            y = y * s
+        if bias is not None:
+            y = y + bias.to(in_dtype)
+        return y
+    raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+
+
+def rms_norm_fwd(
+    x: torch.Tensor,  # (M, N)
+    weight: torch.Tensor | None,  # (N,)
+    bias: torch.Tensor | None,  # (N,)
+    eps: float,
+    eps_mode: str,
+    casting_mode: str,
+    offset: float,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm forward: y = (offset + γ) ⊙ x · r + β with r from the first k elements.
+
+    Returns (y (M, N) in :func:`output_dtype`, r (M,) in the compute dtype). r is what the backward needs.
+    """
+    cd = compute_dtype(x.dtype)
+    rstd = _rstd(x.to(cd), eps, eps_mode, k)
+    y = _rms_norm_apply(x, rstd, weight, bias, casting_mode, offset, x.dtype)
+    return y, rstd
+
+
+def add_rms_norm_fwd(
+    x: torch.Tensor,  # (M, N)
+    residual: torch.Tensor,  # (M, N), any float dtype (an fp32 residual stream with bf16 x is allowed)
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    eps_mode: str,
+    casting_mode: str,
+    offset: float,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused residual form: h = x + residual (summed in the compute dtype, stored in the residual's dtype),
+    y = RMSNorm(h) with x's dtype as the input dtype of the casting mode.
+
+    Returns (y, h, r). r is computed from the stored h, so y is exactly RMSNorm of the h returned.
+    """
+    cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(residual.dtype))
+    h = (x.to(cd) + residual.to(cd)).to(residual.dtype)  # (M, N)
+    rstd = _rstd(h.to(cd), eps, eps_mode, k)
+    y = _rms_norm_apply(h, rstd, weight, bias, casting_mode, offset, x.dtype)
+    return y, h, rstd
+
+
+def rms_norm_bwd(
+    dy: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (M, N): the normalized input (h for add_rms_norm)
+    weight: torch.Tensor | None,  # (N,)
+    bias: torch.Tensor | None,  # (N,): only its presence and dtype matter
+    rstd: torch.Tensor,  # (M,)
+    dresidual: torch.Tensor | None,  # (M, N): gradient of h for add_rms_norm, else None
+    eps: float,
+    eps_mode: str,
+    casting_mode: str,
+    offset: float,
+    k: int,
+    input_dtype: torch.dtype,
+    need_weight_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm backward, written out. With x̂ = x·r, g = dy ⊙ (offset + γ), S = Σ_i g_i x̂_i over the row
+    and m_j = 1 for the first k elements (0 after):
+
+    - ``"mean_square"`` (r = (ms + ε)^-½):  dx_j = r·g_j − m_j · x̂_j · r · S / k
+    - ``"rms"`` (r = 1/(s + ε), s = sqrt(ms)): dx_j = r·g_j − m_j · x̂_j · S / (k·s), and the second
+      term is 0 where s = 0 (its limit; so an all-zero row gets dx = g/ε, finite).
+    - dγ = Σ_rows dy ⊙ x̂ (x̂ first cast to ``input_dtype`` in ``"llama"`` mode, as the forward did);
+      dβ = Σ_rows dy. For add_rms_norm, dresidual (the gradient reaching h directly) is added to dx.
+
+    Computed in the compute dtype; ``"none"`` mode differentiates the unrounded function.
+    Returns (dx in x's dtype, dγ in γ's dtype, dβ in β's dtype); dγ / dβ are empty tensors where there is
+    no weight / bias or ``need_weight_grad`` is false.
+    """
+    cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(input_dtype))
+    xf = x.to(cd)
+    dyf = dy.to(cd)
+    r = rstd.to(cd)[:, None]  # (M, 1)
+    xhat = xf * r  # (M, N)
+    s = _scale(weight, offset, cd)
+    g = dyf * s if s is not None else dyf
+    S = (g * xhat).sum(dim=-1, keepdim=True)  # (M, 1)
+    n = x.shape[-1]
+    if eps_mode == "mean_square":
+        corr = xhat * (r * S / k)
+    elif eps_mode == "rms":
+        root = xf[:, :k].square().mean(dim=-1, keepdim=True).sqrt()  # (M, 1)
+        coef = torch.where(root > 0, S / (k * root), torch.zeros_like(S))
+        corr = xhat * coef
+    else:
+        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    if k < n:
+        corr = corr * (torch.arange(n, device=x.device) < k)
+    dx = r * g - corr
+    if dresidual is not None:
+        dx = dx + dresidual.to(cd)
+    empty = x.new_empty((0,), dtype=compute_dtype(x.dtype))
+    dw = db = empty
+    if need_weight_grad and weight is not None:
+        xh = xhat.to(input_dtype).to(cd) if casting_mode == "llama" else xhat
+        dw = (dyf * xh).sum(dim=0).to(weight.dtype)
+    if need_weight_grad and bias is not None:
+        db = dyf.sum(dim=0).to(bias.dtype)
+    return dx.to(x.dtype), dw, db
+
+
+# ----------------------------------------------------------------------------------------------
+# LayerNorm
+# ----------------------------------------------------------------------------------------------
+def layer_norm_fwd(
+    x: torch.Tensor,  # (M, N)
+    weight: torch.Tensor | None,  # (N,)
+    bias: torch.Tensor | None,  # (N,)
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm forward: y = γ ⊙ (x − μ)·r + β with r = 1/sqrt(σ² + ε), σ² the population variance
+    (two-pass). Computed in the compute dtype, returned in x's dtype, as ``F.layer_norm``.
+
+    Returns (y (M, N), μ (M,), r (M,)).
+    """
+    cd = compute_dtype(x.dtype)
+    xf = x.to(cd)
+    mean = xf.mean(dim=-1)  # (M,)
+    xc = xf - mean[:, None]
+    rstd = torch.rsqrt(xc.square().mean(dim=-1) + eps)  # (M,)
+    y = xc * rstd[:, None]
+    if weight is not None:
+        y = y * weight.to(cd)
+    if bias is not None:
+        y = y + bias.to(cd)
+    return y.to(x.dtype), mean, rstd
+
+
+def layer_norm_bwd(
+    dy: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (M, N)
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor,  # (M,)
+    rstd: torch.Tensor,  # (M,)
+    need_weight_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm backward: x̂ = (x − μ)·r, g = dy ⊙ γ,
+    dx = r·(g − mean(g) − x̂·mean(g ⊙ x̂)); dγ = Σ_rows dy ⊙ x̂; dβ = Σ_rows dy.
+    Returns (dx, dγ, dβ) like :func:`rms_norm_bwd`."""
+    cd = compute_dtype(x.dtype)
+    dyf = dy.to(cd)
+    r = rstd.to(cd)[:, None]
+    xhat = (x.to(cd) - mean.to(cd)[:, None]) * r
+    g = dyf * weight.to(cd) if weight is not None else dyf
+    dx = r * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+    empty = x.new_empty((0,), dtype=compute_dtype(x.dtype))
+    dw = db = empty
+    if need_weight_grad and weight is not None:
+        dw = (dyf * xhat).sum(dim=0).to(weight.dtype)
+    if need_weight_grad and bias is not None:
+        db = dyf.sum(dim=0).to(bias.dtype)
+    return dx.to(x.dtype), dw, db
+
+
+# ----------------------------------------------------------------------------------------------
+# Friendly forms over the last dim of any shape (what tests and the lab call)
+# ----------------------------------------------------------------------------------------------
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    eps_mode: str = "mean_square",
+    casting_mode: str = "gemma",
+    offset: float = 0.0,
+    bias: torch.Tensor | None = None,
+    partial: float | None = None,
+) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` (see :func:`rms_norm_fwd`); ``eps=None`` is :func:`default_eps`."""
+    eps = default_eps(x.dtype) if eps is None else eps
+    k = partial_size(x.shape[-1], partial)
+    y, _ = rms_norm_fwd(_rows(x), weight, bias, eps, eps_mode, casting_mode, offset, k)
+    return y.reshape(x.shape)
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    eps_mode: str = "mean_square",
+    casting_mode: str = "gemma",
+    offset: float = 0.0,
+    bias: torch.Tensor | None = None,
+    partial: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual) over the last dim (see :func:`add_rms_norm_fwd`)."""
+    eps = default_eps(x.dtype) if eps is None else eps
+    k = partial_size(x.shape[-1], partial)
+    y, h, _ = add_rms_norm_fwd(
+        _rows(x), _rows(residual), weight, bias, eps, eps_mode, casting_mode, offset, k
+    )
+    return y.reshape(x.shape), h.reshape(x.shape)
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """LayerNorm over the last dim of ``x`` (see :func:`layer_norm_fwd`)."""
+    y, _, _ = layer_norm_fwd(_rows(x), weight, bias, eps)
+    return y.reshape(x.shape)
