@@ -2,9 +2,9 @@
 
 Backends are modules exposing the same five launchers (``rms_norm_fwd``, ``add_rms_norm_fwd``,
 ``rms_norm_bwd``, ``layer_norm_fwd``, ``layer_norm_bwd``; see :mod:`rmsnorm.reference` for their
-arguments): ``reference`` (the spec itself), ``cpu`` (the CPU kernels) and ``triton`` (the GPU kernels;
-on CPU tensors they run under the Triton interpreter). ``auto`` picks the fastest one that supports the
-tensor's device. Forced with ``RMSNORM_BACKEND`` or :func:`use_backend`.
+arguments): ``reference`` (the spec itself), ``cpu`` (the CPU kernels) and ``triton`` (the GPU
+kernels; on CPU tensors they run under the Triton interpreter). ``auto`` picks the fastest one that
+supports the tensor's device. Forced with ``RMSNORM_BACKEND`` or :func:`use_backend`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _check_name(name: object, what: str) -> str:
 
 
 def current() -> str:
-    """The backend name in force: :func:`use_backend`, else ``$RMSNORM_BACKEND``, else ``"auto"``."""
+    """The backend in force: :func:`use_backend`, else ``$RMSNORM_BACKEND``, else ``"auto"``."""
     if _forced is not None:
         return _forced
     env = os.environ.get(ENV_VAR)
@@ -40,9 +40,9 @@ def current() -> str:
 
 class use_backend:
     """Force a backend for every op: ``rmsnorm.use_backend("reference")`` sets it until changed;
-    ``with rmsnorm.use_backend("triton"): ...`` sets it for the block and restores the previous choice.
-    ``"auto"`` (or ``None``) returns to automatic selection (the environment variable still applies
-    when ``None``)."""
+    ``with rmsnorm.use_backend("triton"): ...`` sets it for the block and restores the previous
+    choice. ``"auto"`` returns to automatic selection; ``None`` removes the override (the
+    environment variable applies again)."""
 
     def __init__(self, name: str | None):
         global _forced
@@ -94,7 +94,8 @@ def _triton_for(device_type: str) -> ModuleType:
             "backend 'triton' needs the triton package: pip install 'rmsnorm[triton]'"
         )
     if device_type == "cpu":
-        # CPU tensors run under Triton's interpreter, which must be chosen before triton is imported.
+        # CPU tensors run under Triton's interpreter, which must be chosen before triton is
+        # imported.
         if "triton" not in sys.modules:
             os.environ["TRITON_INTERPRET"] = "1"
         elif os.environ.get("TRITON_INTERPRET") != "1":

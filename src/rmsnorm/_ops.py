@@ -1,10 +1,11 @@
-"""The ``torch.library`` custom ops: schemas, fake (meta) implementations, autograd, per-device kernels.
+"""The ``torch.library`` custom ops: schemas, fake (meta) implementations, autograd, per-device
+kernels.
 
-Every op takes 2-D (M, N) tensors (last dim contiguous) and returns fresh tensors, so ranks never change
-across calls and ``torch.compile`` / ``torch.export`` see one opaque node per op. The low-level
-``torch.library.Library`` registration is used instead of the ``@custom_op`` decorator: its per-call
-Python overhead is several times smaller, and decoding-size calls are launch-bound (see PERF.md).
-Which implementation runs is decided per call by :mod:`rmsnorm._backend`.
+Every op takes 2-D (M, N) tensors (last dim contiguous) and returns fresh tensors, so ranks never
+change across calls and ``torch.compile`` / ``torch.export`` see one opaque node per op. The
+low-level ``torch.library.Library`` registration is used instead of the ``@custom_op`` decorator:
+its per-call Python overhead is several times smaller, and decoding-size calls are launch-bound (see
+PERF.md). Which implementation runs is decided per call by :mod:`rmsnorm._backend`.
 """
 
 from __future__ import annotations
@@ -128,7 +129,16 @@ def _rms_backward(ctx, dy, _drstd):
     dx, dw, db = torch.ops.rmsnorm.rms_norm_bwd(
         _rowwise(dy), x, weight, bias, rstd, None, *ctx.params, x.dtype, need[1] or need[2]
     )
-    return _maybe(dx, need[0]), _maybe(dw, need[1]), _maybe(db, need[2]), None, None, None, None, None
+    return (
+        _maybe(dx, need[0]),
+        _maybe(dw, need[1]),
+        _maybe(db, need[2]),
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 def _add_setup(ctx, inputs, output):

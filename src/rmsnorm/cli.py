@@ -1,5 +1,5 @@
-"""The ``rmsnorm`` command. Each subcommand parses its options and calls a library function; no logic
-lives here."""
+"""The ``rmsnorm`` command. Each subcommand parses its options and calls a library function; no
+logic lives here."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ try:
     from rich.table import Table
 except ImportError as exc:  # the CLI's dependencies are the "lab" extra
     raise SystemExit(
-        f"the rmsnorm command needs the lab extra ({exc.name} is missing): pip install 'rmsnorm[lab]'"
+        f"the rmsnorm command needs the lab extra ({exc.name} is missing): "
+        "pip install 'rmsnorm[lab]'"
     ) from exc
 
 app = typer.Typer(

@@ -1,8 +1,9 @@
-"""The functional API: validate arguments, flatten to (M, N) rows, call the custom op, restore the shape.
+"""The functional API: validate arguments, flatten to (M, N) rows, call the custom op, restore the
+shape.
 
 Signatures and defaults follow ``torch.nn.functional.rms_norm`` / ``layer_norm``; the conventions
-(``eps_mode``, ``casting_mode``, ``offset``, ``bias``, ``partial``) are keyword-only and documented in
-:mod:`rmsnorm.reference`, which states each formula.
+(``eps_mode``, ``casting_mode``, ``offset``, ``bias``, ``partial``) are keyword-only and documented
+in :mod:`rmsnorm.reference`, which states each formula.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from .reference import CASTING_MODES, EPS_MODES, default_eps, partial_size
 __all__ = ["rms_norm", "add_rms_norm", "layer_norm"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-# Devices on which torch's autocast runs rms_norm / layer_norm in float32 (aten/src/ATen/autocast_mode.cpp);
+# Devices on which torch's autocast runs rms_norm / layer_norm in float32
+# (aten/src/ATen/autocast_mode.cpp);
 # on CPU autocast leaves both ops alone, and so do we.
 _AUTOCAST_FP32_RMS = ("cuda", "xpu", "mtia", "maia")
 _AUTOCAST_FP32_LN = _AUTOCAST_FP32_RMS + ("mps",)
@@ -40,7 +42,7 @@ def _check_float_tensor(t: object, name: str) -> None:
 
 
 def _normalized_shape(input: torch.Tensor, normalized_shape: ShapeLike) -> tuple[tuple, int]:
-    """The normalized dims as a tuple and their element count N; they must be input's trailing dims."""
+    """The normalized dims as a tuple and their element count N (input's trailing dims)."""
     if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
         shape = (normalized_shape,)
     elif isinstance(normalized_shape, (Sequence, torch.Size)) and all(
@@ -82,7 +84,8 @@ def _check_eps(eps: object, input: torch.Tensor) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a float or None, got {type(eps).__name__}")
     eps = float(eps)
-    if not (0.0 <= eps < math.inf):  # also rejects NaN (comparisons stay traceable, isfinite does not)
+    # Comparisons (unlike math.isfinite) stay traceable under torch.compile; NaN fails them too.
+    if not (0.0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
     return eps
 
@@ -94,13 +97,16 @@ def _check_rms_options(
         raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not (
-        -math.inf < offset < math.inf
+    if (
+        isinstance(offset, bool)
+        or not isinstance(offset, (int, float))
+        or not (-math.inf < offset < math.inf)
     ):
         raise ValueError(f"offset must be a finite float, got {offset!r}")
     if offset != 0.0 and weight is None:
         raise ValueError(
-            f"offset={offset} scales the weight (offset + weight) and needs a weight, got weight=None"
+            f"offset={offset} scales the weight (offset + weight) and needs a weight, "
+            "got weight=None"
         )
     if partial is not None and (
         isinstance(partial, bool)
@@ -146,14 +152,14 @@ def rms_norm(
     bias: torch.Tensor | None = None,
     partial: float | None = None,
 ) -> torch.Tensor:
-    """Root Mean Square Layer Normalization over the trailing ``normalized_shape`` dims of ``input``.
+    """Root Mean Square Layer Normalization over the trailing ``normalized_shape`` dims.
 
     y = (offset + weight) ⊙ x / RMS(x) + bias, with the ε placement of ``eps_mode``
-    (``"mean_square"``: x·rsqrt(mean(x²) + ε), torch's and most models'; ``"rms"``: x/(RMS(x) + ε), the
-    paper's chapter formula), the rounding order of ``casting_mode`` (``"gemma"``, torch's default;
-    ``"llama"``; ``"none"``) and, with ``partial=p``, the RMS estimated from the first k = ⌊p·N⌋ elements.
-    Positional arguments and defaults match ``torch.nn.functional.rms_norm``; ``eps=None`` is the
-    machine epsilon of the compute dtype, as there.
+    (``"mean_square"``: x·rsqrt(mean(x²) + ε), torch's and most models'; ``"rms"``: x/(RMS(x) + ε),
+    the paper's chapter formula), the rounding order of ``casting_mode`` (``"gemma"``, torch's
+    default; ``"llama"``; ``"none"``) and, with ``partial=p``, the RMS estimated from the first k =
+    ⌊p·N⌋ elements. Positional arguments and defaults match ``torch.nn.functional.rms_norm``;
+    ``eps=None`` is the machine epsilon of the compute dtype, as there.
     """
     _check_float_tensor(input, "input")
     shape, n = _normalized_shape(input, normalized_shape)
@@ -185,9 +191,9 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused residual add + RMSNorm: returns ``(out, residual_out)``.
 
-    residual_out = input + residual, summed in fp32 and stored in ``residual``'s dtype (an fp32 residual
-    stream with bf16 inputs is allowed); out = rms_norm(residual_out) with ``input``'s dtype as the input
-    dtype of the casting mode. Keywords as :func:`rms_norm`.
+    residual_out = input + residual, summed in fp32 and stored in ``residual``'s dtype (an fp32
+    residual stream with bf16 inputs is allowed); out = rms_norm(residual_out) with ``input``'s
+    dtype as the input dtype of the casting mode. Keywords as :func:`rms_norm`.
     """
     _check_float_tensor(input, "input")
     _check_float_tensor(residual, "residual")
@@ -220,7 +226,8 @@ def layer_norm(
 ) -> torch.Tensor:
     """Layer Normalization, as ``torch.nn.functional.layer_norm``:
     y = weight ⊙ (x − μ) / sqrt(σ² + ε) + bias with σ² the population variance over the trailing
-    ``normalized_shape`` dims; statistics in fp32 (fp64 for fp64 inputs), output in input's dtype."""
+    ``normalized_shape`` dims; statistics in fp32 (fp64 for fp64 inputs), output in input's dtype.
+    """
     _check_float_tensor(input, "input")
     shape, n = _normalized_shape(input, normalized_shape)
     _check_param(weight, "weight", shape, input)

@@ -1,4 +1,4 @@
-"""Facts about this installation: versions, devices and which backend runs where (``rmsnorm info``)."""
+"""Facts about this installation: versions, devices and the backend on each (``rmsnorm info``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ def environment() -> dict:
     nothing is imported), the devices torch sees, and the backend ``auto`` picks on each."""
     devices = ["cpu"]
     if torch.cuda.is_available():
-        devices += [f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())]
+        devices += [
+            f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())
+        ]
     backends = {"cpu": _backend.describe("cpu")}
     if torch.cuda.is_available():
         backends["cuda"] = _backend.describe("cuda")

@@ -1,7 +1,9 @@
-"""Drop-in ``torch.nn`` modules: same constructors, parameter names, init and ``state_dict`` as torch's.
+"""Drop-in ``torch.nn`` modules: same constructors, parameter names, init and ``state_dict`` as
+torch's.
 
-:class:`RMSNorm` subclasses ``torch.nn.RMSNorm`` and :class:`LayerNorm` subclasses ``torch.nn.LayerNorm``,
-so ``isinstance`` checks and checkpoints keep working; the conventions are extra keyword options.
+:class:`RMSNorm` subclasses ``torch.nn.RMSNorm`` and :class:`LayerNorm` subclasses
+``torch.nn.LayerNorm``, so ``isinstance`` checks and checkpoints keep working; the conventions are
+extra keyword options.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ class RMSNorm(nn.RMSNorm):
     """``torch.nn.RMSNorm`` with this library's kernels and named conventions.
 
     Keyword options (see :func:`rmsnorm.rms_norm`): ``eps_mode``, ``casting_mode``, ``offset`` (the
-    weight then starts at 1 − offset so the effective scale offset + γ starts at 1: Gemma's offset 1 gives
-    γ = 0), ``bias`` (adds a zero-initialised ``bias`` parameter) and ``partial``. With offset 0 and no
-    bias its ``state_dict`` is interchangeable with ``torch.nn.RMSNorm``'s.
+    weight then starts at 1 − offset so the effective scale offset + γ starts at 1: Gemma's offset 1
+    gives γ = 0), ``bias`` (adds a zero-initialised ``bias`` parameter) and ``partial``. With offset
+    0 and no bias its ``state_dict`` is interchangeable with ``torch.nn.RMSNorm``'s.
     """
 
     def __init__(

@@ -1,12 +1,13 @@
 """The spec: plain-PyTorch RMSNorm / LayerNorm forward and written-out backward, correct in float64.
 
-Every kernel, benchmark and fallback in this package is compared against this module, and it is also a
-backend of its own (``RMSNORM_BACKEND=reference``): its launcher functions take the same 2-D arguments and
-return the same tuples as the Triton and CPU launchers. The formulas are those of
+Every kernel, benchmark and fallback in this package is compared against this module, and it is also
+a backend of its own (``RMSNORM_BACKEND=reference``): its launcher functions take the same 2-D
+arguments and return the same tuples as the Triton and CPU launchers. The formulas are those of
 ``shared/design/CONVENTIONS.md``; each function's docstring states the one it implements.
 
-Notation (one row of N elements; M rows): x the row, γ the weight, β the bias, k the number of leading
-elements the RMS is estimated from (k = N unless ``partial`` is set), r the per-row reciprocal scale.
+Notation (one row of N elements; M rows): x the row, γ the weight, β the bias, k the number of
+leading elements the RMS is estimated from (k = N unless ``partial`` is set), r the per-row
+reciprocal scale.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def partial_size(n: int, partial: float | None) -> int:
     """k, the number of leading elements pRMSNorm estimates the RMS from.
 
     k = max(1, ⌊p·n⌋) as in the paper authors' code (``int(d * p)``), with p·n rounded to 9 decimals
-    first so that a decimal p such as 0.29 of n = 100 gives 29 rather than 28. ``partial=None`` is k = n.
+    first so that a decimal p such as 0.29 of n = 100 gives 29 rather than 28. ``partial=None``
+    is k = n.
     """
     if partial is None:
         return n
@@ -65,8 +67,8 @@ def partial_size(n: int, partial: float | None) -> int:
 def output_dtype(
     input_dtype: torch.dtype, weight: torch.Tensor | None, casting_mode: str
 ) -> torch.dtype:
-    """``"llama"`` returns promote(input, weight) (fp32 weights with bf16 inputs give fp32, as HF Llama);
-    ``"gemma"`` and ``"none"`` return the input dtype."""
+    """``"llama"`` returns promote(input, weight) (fp32 weights with bf16 inputs give fp32, as HF
+    Llama); ``"gemma"`` and ``"none"`` return the input dtype."""
     if casting_mode == "llama" and weight is not None:
         return torch.promote_types(input_dtype, weight.dtype)
     return input_dtype
@@ -161,7 +163,8 @@ def rms_norm_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm forward: y = (offset + γ) ⊙ x · r + β with r from the first k elements.
 
-    Returns (y (M, N) in :func:`output_dtype`, r (M,) in the compute dtype). r is what the backward needs.
+    Returns (y (M, N) in :func:`output_dtype`, r (M,) in the compute dtype). r is what the backward
+    needs.
     """
     cd = compute_dtype(x.dtype)
     rstd = _rstd(x.to(cd), eps, eps_mode, k)
@@ -171,7 +174,7 @@ def rms_norm_fwd(
 
 def add_rms_norm_fwd(
     x: torch.Tensor,  # (M, N)
-    residual: torch.Tensor,  # (M, N), any float dtype (an fp32 residual stream with bf16 x is allowed)
+    residual: torch.Tensor,  # (M, N), any float dtype (fp32 residual with bf16 x is allowed)
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
@@ -180,8 +183,8 @@ def add_rms_norm_fwd(
     offset: float,
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused residual form: h = x + residual (summed in the compute dtype, stored in the residual's dtype),
-    y = RMSNorm(h) with x's dtype as the input dtype of the casting mode.
+    """Fused residual form: h = x + residual (summed in the compute dtype, stored in the residual's
+    dtype), y = RMSNorm(h) with x's dtype as the input dtype of the casting mode.
 
     Returns (y, h, r). r is computed from the stored h, so y is exactly RMSNorm of the h returned.
     """
@@ -207,18 +210,19 @@ def rms_norm_bwd(
     input_dtype: torch.dtype,
     need_weight_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """RMSNorm backward, written out. With x̂ = x·r, g = dy ⊙ (offset + γ), S = Σ_i g_i x̂_i over the row
-    and m_j = 1 for the first k elements (0 after):
+    """RMSNorm backward, written out. With x̂ = x·r, g = dy ⊙ (offset + γ), S = Σ_i g_i x̂_i over the
+    row and m_j = 1 for the first k elements (0 after):
 
     - ``"mean_square"`` (r = (ms + ε)^-½):  dx_j = r·g_j − m_j · x̂_j · r · S / k
     - ``"rms"`` (r = 1/(s + ε), s = sqrt(ms)): dx_j = r·g_j − m_j · x̂_j · S / (k·s), and the second
       term is 0 where s = 0 (its limit; so an all-zero row gets dx = g/ε, finite).
-    - dγ = Σ_rows dy ⊙ x̂ (x̂ first cast to ``input_dtype`` in ``"llama"`` mode, as the forward did);
-      dβ = Σ_rows dy. For add_rms_norm, dresidual (the gradient reaching h directly) is added to dx.
+    - dγ = Σ_rows dy ⊙ x̂ (x̂ first cast to ``input_dtype`` in ``"llama"`` mode, as the forward
+      did); dβ = Σ_rows dy. For add_rms_norm, dresidual (the gradient reaching h directly) is added
+      to dx.
 
-    Computed in the compute dtype; ``"none"`` mode differentiates the unrounded function.
-    Returns (dx in x's dtype, dγ in γ's dtype, dβ in β's dtype); dγ / dβ are empty tensors where there is
-    no weight / bias or ``need_weight_grad`` is false.
+    Computed in the compute dtype; ``"none"`` mode differentiates the unrounded function. Returns
+    (dx in x's dtype, dγ in γ's dtype, dβ in β's dtype); dγ / dβ are empty tensors where there is no
+    weight / bias or ``need_weight_grad`` is false.
     """
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(input_dtype))
     xf = x.to(cd)
@@ -324,7 +328,8 @@ def rms_norm(
     bias: torch.Tensor | None = None,
     partial: float | None = None,
 ) -> torch.Tensor:
-    """RMSNorm over the last dim of ``x`` (see :func:`rms_norm_fwd`); ``eps=None`` is :func:`default_eps`."""
+    """RMSNorm over the last dim of ``x`` (see :func:`rms_norm_fwd`); ``eps=None`` is
+    :func:`default_eps`."""
     eps = default_eps(x.dtype) if eps is None else eps
     k = partial_size(x.shape[-1], partial)
     y, _ = rms_norm_fwd(_rows(x), weight, bias, eps, eps_mode, casting_mode, offset, k)

@@ -1,9 +1,9 @@
 """The shared tolerance rule, used by every test that compares an implementation with the spec.
 
-An implementation's error against the float64 reference may be at most twice the error of eager PyTorch
-(the reference run in the same dtype) plus a small absolute term: one unit of rounding in the output dtype
-and, for reductions over rows (d weight, d bias), the accumulator's rounding growing with √rows.
-Derived once here; no test picks its own tolerance.
+An implementation's error against the float64 reference may be at most twice the error of eager
+PyTorch (the reference run in the same dtype) plus a small absolute term: one unit of rounding in
+the output dtype and, for reductions over rows (d weight, d bias), the accumulator's rounding
+growing with √rows. Derived once here; no test picks its own tolerance.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ __all__ = ["tolerance", "max_abs_error", "assert_close_to_reference"]
 
 
 def max_abs_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual − expected| in float64; NaN where the NaN patterns differ, inf/inf of one sign match."""
+    """max |actual − expected| in float64; NaN where the NaN patterns differ, inf/inf of one sign
+    match."""
     a = actual.detach().to(torch.float64).cpu()
     e = expected.detach().to(torch.float64).cpu()
     if a.shape != e.shape:
@@ -56,7 +57,8 @@ def assert_close_to_reference(
     rows: int = 1,
 ) -> None:
     """Assert ``actual`` is within :func:`tolerance` of the float64 ``expected``; ``eager`` is the
-    reference computed in ``actual``'s dtype. ``rows`` is the number of rows reduced over (d weight)."""
+    reference computed in ``actual``'s dtype. ``rows`` is the number of rows reduced over (d
+    weight)."""
     if actual.dtype != eager.dtype:
         raise AssertionError(f"{name}: dtype {actual.dtype} != expected {eager.dtype}")
     err = max_abs_error(actual, expected)

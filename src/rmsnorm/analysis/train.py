@@ -1,0 +1,120 @@
+"""A small, deterministic language-model training loop over a :class:`~.corpus.Corpus`, shared by
+the simulation's "trained" case and the training comparison."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .corpus import Corpus
+from .transformer import Transformer
+
+
+@dataclass
+class TrainConfig:
+    """AdamW, linear warm-up then cosine decay to 10% of ``lr``; data order fixed by ``seed``."""
+
+    steps: int = 200
+    batch_size: int = 16
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    warmup: int = 20
+    grad_clip: float = 1.0
+    eval_interval: int = 50
+    eval_batches: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_interval", "eval_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+@dataclass
+class TrainHistory:
+    train_loss: list[float] = field(default_factory=list)  # one per step
+    step_time_s: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    tokens_per_step: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, corpus: Corpus, batches: int, batch_size: int, seed: int) -> float:
+    """Mean next-byte cross-entropy (nats) over ``batches`` fixed validation windows."""
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed + 1_000_003)
+    device = next(model.parameters()).device
+    total = 0.0
+    for _ in range(batches):
+        x, y = corpus.batch("val", batch_size, model.cfg.seq_len, gen)
+        logits = model(x.to(device))
+        total += F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten()).item()
+    model.train(was_training)
+    return total / batches
+
+
+def train(
+    model: Transformer,
+    corpus: Corpus,
+    cfg: TrainConfig,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainHistory:
+    """Train ``model`` in place for ``cfg.steps`` steps; validation loss every ``eval_interval``
+    steps and after the last. ``on_step(step, loss)`` is called after each step (progress bars)."""
+    device = next(model.parameters()).device
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    gen = torch.Generator().manual_seed(cfg.seed)
+    hist = TrainHistory(tokens_per_step=cfg.batch_size * model.cfg.seq_len)
+    model.train()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr_at(step)
+        x, y = corpus.batch("train", cfg.batch_size, model.cfg.seq_len, gen)
+        t0 = time.perf_counter()
+        logits = model(x.to(device))
+        loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        hist.step_time_s.append(time.perf_counter() - t0)
+        hist.train_loss.append(loss.item())
+        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
+            hist.val_steps.append(step + 1)
+            hist.val_loss.append(
+                evaluate(model, corpus, cfg.eval_batches, cfg.batch_size, cfg.seed)
+            )
+        if on_step is not None:
+            on_step(step, hist.train_loss[-1])
+    return hist
