@@ -3,6 +3,7 @@ function and module, no recompiles when the number of rows changes, torch.export
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 from torch.library import opcheck
 
 import rmsnorm
@@ -115,7 +116,7 @@ def test_compile_modules_fullgraph():
 
 def test_dynamic_rows_do_not_recompile():
     torch._dynamo.reset()
-    counter = torch._dynamo.testing.CompileCounter()
+    counter = CompileCounter()
     w = _t(16)
     fn = torch.compile(
         lambda x: rmsnorm.rms_norm(x, 16, w), backend=counter, dynamic=True, fullgraph=True
