@@ -1,0 +1,80 @@
+"""The CPU backend: numba kernels behind the five launchers of :mod:`rmsnorm.reference`.
+
+Importing this package is cheap: numba is imported (and the kernels loaded from numba's on-disk
+cache, or compiled on a machine's first use) only when a launcher is first called. :func:`available`
+only checks that numba is installed; if it then fails to import, a warning says so once and the
+reference runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+from types import ModuleType
+
+__all__ = [
+    "available",
+    "rms_norm_fwd",
+    "add_rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+]
+
+_available: bool | None = None
+_impl: ModuleType | None = None
+
+
+def available() -> bool:
+    """True where the compiled kernels can run: numba and llvmlite are installed (and, once tried,
+    importable). Cheap: it neither imports nor compiles anything."""
+    global _available
+    if _available is None:
+        _available = all(importlib.util.find_spec(m) is not None for m in ("numba", "llvmlite"))
+    return _available
+
+
+def _launchers() -> ModuleType:
+    global _impl, _available
+    if _impl is None:
+        try:
+            _impl = importlib.import_module(".launchers", __name__)
+        except Exception as exc:  # numba present but unusable (e.g. built for another numpy)
+            _available = False
+            warnings.warn(
+                f"rmsnorm: the CPU kernels are unavailable ({type(exc).__name__}: {exc}); "
+                "using the reference implementation",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            _impl = importlib.import_module("rmsnorm.reference")
+    return _impl
+
+
+def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    return _launchers().rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
+
+
+def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    return _launchers().add_rms_norm_fwd(
+        x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
+    )
+
+
+def rms_norm_bwd(
+    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
+    need_weight_grad=True,
+):  # fmt: skip
+    return _launchers().rms_norm_bwd(
+        dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+        input_dtype, need_weight_grad,
+    )  # fmt: skip
+
+
+def layer_norm_fwd(x, weight, bias, eps):
+    return _launchers().layer_norm_fwd(x, weight, bias, eps)
+
+
+def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
+    return _launchers().layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)

@@ -1,0 +1,247 @@
+"""Launchers for the CPU kernels: the five functions of :mod:`rmsnorm.reference` with the same
+arguments and return tuples. Each takes 2-D (M, N) tensors with a unit last stride (rows may be
+strided; nothing is copied), allocates the outputs, calls one numba kernel and returns fresh
+tensors.
+
+float64 anywhere (input, residual, the output of a "llama" product with a float64 weight) and empty
+tensors go to the reference: the kernels compute in float32.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from ... import reference as ref
+from . import kernels as K
+
+__all__ = [
+    "rms_norm_fwd",
+    "add_rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+]
+
+_CODES = {torch.float32: K.F32, torch.bfloat16: K.BF16, torch.float16: K.F16}
+_EPS_MODES = {"mean_square": K.MEAN_SQUARE, "rms": K.RMS}
+_NO_F32 = np.empty(0, np.float32)
+_NO_U16 = np.empty(0, np.uint16)
+_MAX_THREADS = numba.config.NUMBA_NUM_THREADS
+
+
+def _supported(*dtypes: torch.dtype | None) -> bool:
+    return all(d is None or d in _CODES for d in dtypes)
+
+
+def _rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(float32 view, uint16 view, row stride, dtype code) of a 2-D tensor's storage, no copy.
+
+    The flat view spans from the first element to the last one the rows use, so strided rows (and a
+    row stride of 0) are read in place. N = 1 columns may have any last stride: only the row stride
+    is used.
+    """
+    m, n = t.shape
+    if n > 1 and t.stride(1) != 1:
+        t = t.contiguous()
+    stride = t.stride(0) if m > 1 else n
+    flat = torch.as_strided(t.detach(), ((m - 1) * stride + n,), (1,))
+    code = _CODES[t.dtype]
+    if code == K.F32:
+        return flat.numpy(), _NO_U16, stride, code
+    return _NO_F32, flat.view(torch.int16).numpy().view(np.uint16), stride, code
+
+
+def _out(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 view, uint16 view) of a fresh contiguous output."""
+    if t.dtype == torch.float32:
+        return t.view(-1).numpy(), _NO_U16
+    return _NO_F32, t.view(-1).view(torch.int16).numpy().view(np.uint16)
+
+
+def _vec(t: torch.Tensor | None, n: int, fill: float = 1.0) -> np.ndarray:
+    """A (N,) float32 parameter as a contiguous array (``fill`` everywhere when absent)."""
+    if t is None:
+        return np.full(n, fill, np.float32)
+    return t.detach().to(torch.float32).contiguous().numpy()
+
+
+def _threads() -> None:
+    """Use as many threads as torch does (``torch.set_num_threads`` governs this library too)."""
+    want = max(1, min(torch.get_num_threads(), _MAX_THREADS))
+    if numba.get_num_threads() != want:
+        numba.set_num_threads(want)
+
+
+def _fwd_rows_per_block(m: int, n: int) -> int:
+    # ~16 K elements a block: big enough that a block's scratch allocation is noise, small enough
+    # that M·N = 2^25 has thousands of blocks to spread over the threads.
+    return max(1, min(m, 16384 // n))
+
+
+def _bwd_rows_per_block(m: int) -> int:
+    # Fixed by M alone, so d weight is summed in the same order on any number of threads. At least
+    # 32 rows a block keeps the fp32 partials (blocks × N) at ≤ 1/32 of the input; ≤ 1024 blocks.
+    return max(32, -(-m // 1024))
+
+
+def _empty_grad(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((0,), dtype=ref.compute_dtype(x.dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# RMSNorm
+# ----------------------------------------------------------------------------------------------
+def _rounding(casting_mode: str, in_dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[int, ...]:
+    """Rounding points (c_pre, c_r, c_mul, c_out) of the casting mode, as in
+    ``reference._rms_norm_apply``: "gemma" rounds once at the store; "llama" rounds x·r to the input
+    dtype and the products to the output dtype; "none" rounds the input, r and every product to the
+    input dtype."""
+    cin = _CODES[in_dtype]
+    if casting_mode == "gemma":
+        return K.F32, K.F32, K.F32, K.F32
+    if casting_mode == "llama":
+        return K.F32, K.F32, cin, _CODES[out_dtype]
+    return cin, cin, cin, cin
+
+
+def _rms_params(weight, bias, offset, casting_mode, in_dtype, out_dtype, n):
+    """The (N,) float32 scale and bias, rounded as the reference rounds them in the casting mode."""
+    dtype = {"gemma": torch.float32, "llama": out_dtype, "none": in_dtype}[casting_mode]
+    scale = ref._scale(weight, offset, dtype)
+    return _vec(scale, n), _vec(None if bias is None else bias.to(dtype), n, -0.0)
+
+
+def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    m, n = x.shape
+    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
+    y = torch.empty((m, n), dtype=out_dtype)
+    rstd = torch.empty((m,), dtype=torch.float32)
+    xf, xu, xs, xc = _rows(x)
+    if residual is not None:
+        rf, ru, rs, rc = _rows(residual)
+        h = torch.empty((m, n), dtype=residual.dtype)
+        hf, hu = _out(h)
+    else:
+        rf, ru, rs, rc, h, hf, hu = _NO_F32, _NO_U16, 0, K.F32, None, _NO_F32, _NO_U16
+    yf, yu = _out(y)
+    s, b = _rms_params(weight, bias, offset, casting_mode, x.dtype, out_dtype, n)
+    _threads()
+    K.forward(
+        xf, xu, xs, xc, rf, ru, rs, rc, residual is not None, hf, hu, yf, yu, _CODES[out_dtype],
+        s, b, _NO_F32, rstd.numpy(), m, n, k, float(eps), K.RMS_NORM,
+        _EPS_MODES[eps_mode], *_rounding(casting_mode, x.dtype, out_dtype),
+        _fwd_rows_per_block(m, n),
+    )  # fmt: skip
+    return y, h, rstd
+
+
+def _check_modes(eps_mode: str, casting_mode: str) -> None:
+    if eps_mode not in ref.EPS_MODES:
+        raise ValueError(f"eps_mode must be one of {ref.EPS_MODES}, got {eps_mode!r}")
+    if casting_mode not in ref.CASTING_MODES:
+        raise ValueError(f"casting_mode must be one of {ref.CASTING_MODES}, got {casting_mode!r}")
+
+
+def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    """RMSNorm forward; see :func:`rmsnorm.reference.rms_norm_fwd`."""
+    _check_modes(eps_mode, casting_mode)
+    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
+    if x.numel() == 0 or not _supported(x.dtype, out_dtype):
+        return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    return y, rstd
+
+
+def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    """Residual add + RMSNorm forward; see :func:`rmsnorm.reference.add_rms_norm_fwd`."""
+    _check_modes(eps_mode, casting_mode)
+    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
+    if x.numel() == 0 or not _supported(x.dtype, residual.dtype, out_dtype):
+        return ref.add_rms_norm_fwd(
+            x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
+        )
+    return _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k)
+
+
+def _bwd(dy, x, scale, mean, rstd, dresidual, norm, eps_mode, k, c_xhat, dw_p, db_p, need):
+    """Shared launcher of the backward kernel; returns (dx, dw, db)."""
+    m, n = x.shape
+    dx = torch.empty((m, n), dtype=x.dtype)
+    need_dw = need and dw_p is not None
+    need_db = need and db_p is not None
+    dw64 = np.empty(n if need_dw else 0, np.float64)
+    db64 = np.empty(n if need_db else 0, np.float64)
+    dyf, dyu, dys, dyc = _rows(dy)
+    xf, xu, xs, xc = _rows(x)
+    if dresidual is not None:
+        drf, dru, drs, drc = _rows(dresidual)
+    else:
+        drf, dru, drs, drc = _NO_F32, _NO_U16, 0, K.F32
+    dxf, dxu = _out(dx)
+    mean_np = _NO_F32 if mean is None else mean.detach().to(torch.float32).contiguous().numpy()
+    _threads()
+    K.backward(
+        dyf, dyu, dys, dyc, xf, xu, xs, xc, drf, dru, drs, drc, dresidual is not None, dxf, dxu,
+        scale, mean_np, rstd.detach().to(torch.float32).contiguous().numpy(), m, n, k, norm,
+        eps_mode, c_xhat, need_dw, need_db, _bwd_rows_per_block(m), dw64, db64,
+    )  # fmt: skip
+    dw = torch.from_numpy(dw64).to(dw_p.dtype) if need_dw else _empty_grad(x)
+    db = torch.from_numpy(db64).to(db_p.dtype) if need_db else _empty_grad(x)
+    return dx, dw, db
+
+
+def rms_norm_bwd(
+    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
+    need_weight_grad=True,
+):  # fmt: skip
+    """RMSNorm backward; see :func:`rmsnorm.reference.rms_norm_bwd`."""
+    _check_modes(eps_mode, casting_mode)
+    dr_dtype = None if dresidual is None else dresidual.dtype
+    if x.numel() == 0 or not _supported(dy.dtype, x.dtype, dr_dtype, input_dtype, rstd.dtype):
+        return ref.rms_norm_bwd(
+            dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+            input_dtype, need_weight_grad,
+        )  # fmt: skip
+    n = x.shape[1]
+    scale = _vec(ref._scale(weight, offset, torch.float32), n)
+    c_xhat = _CODES[input_dtype] if casting_mode == "llama" else K.F32
+    return _bwd(
+        dy, x, scale, None, rstd, dresidual, K.RMS_NORM, _EPS_MODES[eps_mode], k, c_xhat,
+        weight, bias, need_weight_grad,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# LayerNorm
+# ----------------------------------------------------------------------------------------------
+def layer_norm_fwd(x, weight, bias, eps):
+    """LayerNorm forward; see :func:`rmsnorm.reference.layer_norm_fwd`."""
+    if x.numel() == 0 or not _supported(x.dtype):
+        return ref.layer_norm_fwd(x, weight, bias, eps)
+    m, n = x.shape
+    y = torch.empty((m, n), dtype=x.dtype)
+    mean = torch.empty((m,), dtype=torch.float32)
+    rstd = torch.empty((m,), dtype=torch.float32)
+    xf, xu, xs, xc = _rows(x)
+    yf, yu = _out(y)
+    _threads()
+    K.forward(
+        xf, xu, xs, xc, _NO_F32, _NO_U16, 0, K.F32, False, _NO_F32, _NO_U16, yf, yu, xc,
+        _vec(weight, n), _vec(bias, n, -0.0), mean.numpy(), rstd.numpy(),
+        m, n, n, float(eps), K.LAYER_NORM, K.MEAN_SQUARE, K.F32, K.F32, K.F32, K.F32,
+        _fwd_rows_per_block(m, n),
+    )  # fmt: skip
+    return y, mean, rstd
+
+
+def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
+    """LayerNorm backward; see :func:`rmsnorm.reference.layer_norm_bwd`."""
+    if x.numel() == 0 or not _supported(dy.dtype, x.dtype, rstd.dtype, mean.dtype):
+        return ref.layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
+    n = x.shape[1]
+    return _bwd(
+        dy, x, _vec(weight, n), mean, rstd, None, K.LAYER_NORM, K.MEAN_SQUARE, n, K.F32,
+        weight, bias, need_weight_grad,
+    )  # fmt: skip
