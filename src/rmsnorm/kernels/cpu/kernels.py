@@ -209,6 +209,59 @@ def _shifted_sums(x, n, c):
 
 
 @njit(fastmath={"reassoc", "contract"})
+def _load_bf16_sum_squares(src, t, n, k):
+    """t = the bfloat16 row as float32, and Σ_{j<k} t_j² (float64): one pass over the input."""
+    acc = 0.0
+    for j in range(k):
+        v = _bf16_to_f32(src[j])
+        t[j] = v
+        d = np.float64(v)
+        acc += d * d
+    for j in range(k, n):
+        t[j] = _bf16_to_f32(src[j])
+    return acc
+
+
+@njit
+def _normalize(xs, mu, r, s, b, has_b, norm, out):
+    """out = ((x − μ)·r)·s (+ β) in float32, rounded per op as torch's eager float32 ops are
+    (RMSNorm has no μ to subtract; both forms have the same rounding points)."""
+    n = out.shape[0]
+    if norm == LAYER_NORM:
+        if has_b:
+            for j in range(n):
+                out[j] = ((xs[j] - mu) * r) * s[j] + b[j]
+        else:
+            for j in range(n):
+                out[j] = ((xs[j] - mu) * r) * s[j]
+    elif has_b:
+        for j in range(n):
+            out[j] = (xs[j] * r) * s[j] + b[j]
+    else:
+        for j in range(n):
+            out[j] = (xs[j] * r) * s[j]
+
+
+@njit
+def _normalize_bf16(xs, mu, r, s, b, has_b, norm, out16):
+    """As :func:`_normalize`, converted to bfloat16 bits in the same loop."""
+    n = out16.shape[0]
+    if norm == LAYER_NORM:
+        if has_b:
+            for j in range(n):
+                out16[j] = _f32_to_bf16(((xs[j] - mu) * r) * s[j] + b[j])
+        else:
+            for j in range(n):
+                out16[j] = _f32_to_bf16(((xs[j] - mu) * r) * s[j])
+    elif has_b:
+        for j in range(n):
+            out16[j] = _f32_to_bf16((xs[j] * r) * s[j] + b[j])
+    else:
+        for j in range(n):
+            out16[j] = _f32_to_bf16((xs[j] * r) * s[j])
+
+
+@njit(fastmath={"reassoc", "contract"})
 def _grad_sums(dy, x, s, n, mu, r):
     """Σ g and Σ g·x̂ in float64 with g = dy·s and x̂ = (x − μ)·r (each product exact in float64)."""
     sg = 0.0
@@ -229,8 +282,7 @@ def forward(
     rf, ru, r_stride, r_code, has_res,  # residual (add_rms_norm); h = x + residual has its dtype
     hf, hu,  # (M·N,) h output, contiguous (add_rms_norm only)
     yf, yu, y_code,  # (M·N,) y output, contiguous
-    s, b,  # (N,) float32: scale (offset + γ; ones without a weight), bias (-0.0 without one:
-    # x + (-0.0) is x exactly, signed zeros included)
+    s, b, has_b,  # (N,) float32: scale (offset + γ; ones without a weight: ×1 is exact), bias
     mean, rstd,  # (M,) float32 outputs (mean: LayerNorm only)
     m, n, k, eps,  # rows, row length, RMS over the first k elements, ε
     norm, eps_mode,  # RMS_NORM / LAYER_NORM; MEAN_SQUARE / RMS
@@ -252,6 +304,9 @@ def forward(
                 _add_row(rf, ru, i * r_stride, n, r_code, xs)
                 _round_row(xs, n, r_code)
                 _store_row(xs, hf, hu, i * n, n, r_code)
+            elif norm == RMS_NORM and x_code == BF16:
+                xs = tx[:n]
+                ss = _load_bf16_sum_squares(xu[i * x_stride : i * x_stride + n], xs, n, k)
             else:
                 xs = _load_row(xf, xu, i * x_stride, n, x_code, tx)
 
@@ -264,7 +319,9 @@ def forward(
                 r = np.float32(1.0 / np.sqrt(var + eps))
                 mean[i] = mu
             else:
-                ms = _sum_squares(xs, k) / k
+                if has_res or x_code != BF16:
+                    ss = _sum_squares(xs, k)
+                ms = ss / k
                 if eps_mode == MEAN_SQUARE:
                     r = np.float32(1.0 / np.sqrt(ms + eps))
                 else:
@@ -274,17 +331,12 @@ def forward(
             ob = i * n
             if fused:  # statistics and products in float32, one conversion at the store
                 if y_code == F32:
-                    yr = yf[ob : ob + n]
-                    for j in range(n):
-                        yr[j] = ((xs[j] - mu) * r) * s[j] + b[j]
+                    _normalize(xs, mu, r, s, b, has_b, norm, yf[ob : ob + n])
                 elif y_code == BF16:
-                    yr16 = yu[ob : ob + n]
-                    for j in range(n):
-                        yr16[j] = _f32_to_bf16(((xs[j] - mu) * r) * s[j] + b[j])
+                    _normalize_bf16(xs, mu, r, s, b, has_b, norm, yu[ob : ob + n])
                 else:
-                    yr16 = yu[ob : ob + n]
-                    for j in range(n):
-                        yr16[j] = _f32_to_f16(((xs[j] - mu) * r) * s[j] + b[j])
+                    _normalize(xs, mu, r, s, b, has_b, norm, ty[:n])
+                    _store_row(ty, yf, yu, ob, n, y_code)
             else:  # "llama" / "none" with half inputs: round where torch's eager ops round
                 if c_pre != F32:
                     for j in range(n):
@@ -298,9 +350,10 @@ def forward(
                 for j in range(n):
                     ty[j] = ty[j] * s[j]
                 _round_row(ty, n, c_out)
-                for j in range(n):
-                    ty[j] = ty[j] + b[j]
-                _round_row(ty, n, c_out)
+                if has_b:
+                    for j in range(n):
+                        ty[j] = ty[j] + b[j]
+                    _round_row(ty, n, c_out)
                 _store_row(ty, yf, yu, ob, n, y_code)
 
 

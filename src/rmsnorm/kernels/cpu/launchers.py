@@ -60,10 +60,10 @@ def _out(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return _NO_F32, t.view(-1).view(torch.int16).numpy().view(np.uint16)
 
 
-def _vec(t: torch.Tensor | None, n: int, fill: float = 1.0) -> np.ndarray:
-    """A (N,) float32 parameter as a contiguous array (``fill`` everywhere when absent)."""
+def _vec(t: torch.Tensor | None, n: int) -> np.ndarray:
+    """A (N,) float32 parameter as a contiguous array (ones when absent: × 1 is exact)."""
     if t is None:
-        return np.full(n, fill, np.float32)
+        return np.ones(n, np.float32)
     return t.detach().to(torch.float32).contiguous().numpy()
 
 
@@ -110,7 +110,7 @@ def _rms_params(weight, bias, offset, casting_mode, in_dtype, out_dtype, n):
     """The (N,) float32 scale and bias, rounded as the reference rounds them in the casting mode."""
     dtype = {"gemma": torch.float32, "llama": out_dtype, "none": in_dtype}[casting_mode]
     scale = ref._scale(weight, offset, dtype)
-    return _vec(scale, n), _vec(None if bias is None else bias.to(dtype), n, -0.0)
+    return _vec(scale, n), _NO_F32 if bias is None else _vec(bias.to(dtype), n)
 
 
 def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
@@ -130,7 +130,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
     _threads()
     K.forward(
         xf, xu, xs, xc, rf, ru, rs, rc, residual is not None, hf, hu, yf, yu, _CODES[out_dtype],
-        s, b, _NO_F32, rstd.numpy(), m, n, k, float(eps), K.RMS_NORM,
+        s, b, bias is not None, _NO_F32, rstd.numpy(), m, n, k, float(eps), K.RMS_NORM,
         _EPS_MODES[eps_mode], *_rounding(casting_mode, x.dtype, out_dtype),
         _fwd_rows_per_block(m, n),
     )  # fmt: skip
@@ -229,7 +229,8 @@ def layer_norm_fwd(x, weight, bias, eps):
     _threads()
     K.forward(
         xf, xu, xs, xc, _NO_F32, _NO_U16, 0, K.F32, False, _NO_F32, _NO_U16, yf, yu, xc,
-        _vec(weight, n), _vec(bias, n, -0.0), mean.numpy(), rstd.numpy(),
+        _vec(weight, n), _NO_F32 if bias is None else _vec(bias, n), bias is not None,
+        mean.numpy(), rstd.numpy(),
         m, n, n, float(eps), K.LAYER_NORM, K.MEAN_SQUARE, K.F32, K.F32, K.F32, K.F32,
         _fwd_rows_per_block(m, n),
     )  # fmt: skip
