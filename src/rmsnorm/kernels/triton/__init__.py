@@ -17,6 +17,7 @@ from ...reference import compute_dtype, output_dtype
 from . import _config
 from ._config import Config, override
 from ._kernels import (
+    _INTERPRETED,
     _layer_norm_bwd_kernel,
     _layer_norm_fwd_kernel,
     _rms_norm_bwd_kernel,
@@ -65,17 +66,19 @@ def _layout(cfg: Config) -> dict:
         "LOOP": cfg.loop,
         "SPLIT": cfg.split,
         "SPLIT_P2": 1 << max(0, (cfg.split - 1).bit_length()),
+        # Only a persistent grid has a next row block to fetch early.
+        "PREFETCH": cfg.programs > 0,
         "num_warps": cfg.num_warps,
         "num_stages": cfg.num_stages,
     }
 
 
-def _launch(kernel, cfg: Config, m: int, x: torch.Tensor, args: tuple, meta: dict) -> None:
+def _launch(kernel, cfg: Config, m: int, args: tuple, meta: dict) -> None:
     """Launch `kernel` over `cfg.slots(m)` program slots (× split chunks). Under the interpreter,
     programs run one after another, so a split layout runs as a publish launch then a finish launch
     instead of spinning on its counter."""
     grid = (cfg.slots(m) * cfg.split,)
-    if cfg.split > 1 and x.device.type == "cpu":
+    if cfg.split > 1 and _INTERPRETED.value:
         kernel[grid](*args, PHASE=1, **_layout(cfg), **meta)
         kernel[grid](*args, PHASE=2, **_layout(cfg), **meta)
     else:
@@ -123,7 +126,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         "CAST": _CAST[casting_mode],
         "ACC": acc_tl,
     }
-    _launch(_rms_norm_fwd_kernel, cfg, m, x, args, meta)
+    _launch(_rms_norm_fwd_kernel, cfg, m, args, meta)
     return y, h, rstd
 
 
@@ -242,7 +245,7 @@ def rms_norm_bwd(
         "IN": _TL[input_dtype],
         "ACC": acc_tl,
     }
-    _launch(_rms_norm_bwd_kernel, cfg, m, x, args, meta)
+    _launch(_rms_norm_bwd_kernel, cfg, m, args, meta)
     if ncols:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db
@@ -272,7 +275,7 @@ def layer_norm_fwd(
         x.stride(0), y.stride(0), m, n, float(eps),
     )  # fmt: skip
     meta = {"HAS_W": weight is not None, "HAS_B": bias is not None, "ACC": acc_tl}
-    _launch(_layer_norm_fwd_kernel, cfg, m, x, args, meta)
+    _launch(_layer_norm_fwd_kernel, cfg, m, args, meta)
     return y, mean, rstd
 
 
@@ -303,7 +306,7 @@ def layer_norm_bwd(
         dy.stride(0), x.stride(0), dx.stride(0), part.stride(0) if ncols else 0, m, n,
     )  # fmt: skip
     meta = {"HAS_W": weight is not None, "NEED_DW": need_dw, "NEED_DB": need_db, "ACC": acc_tl}
-    _launch(_layer_norm_bwd_kernel, cfg, m, x, args, meta)
+    _launch(_layer_norm_bwd_kernel, cfg, m, args, meta)
     if ncols:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db

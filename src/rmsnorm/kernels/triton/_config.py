@@ -43,16 +43,15 @@ def _pow2(n: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# The shape classes. Numbers are per 2-byte element unless said otherwise; a wider dtype halves
-# the columns a program holds, because registers hold the fp32 copy either way.
+# The shape classes, in "units": columns × element size / 2, i.e. bf16 columns (an fp32 row of
+# 4096 is the class of a bf16 row of 8192: registers hold fp32 copies, loads move bytes).
+# Register counts quoted are ptxas's for sm_90 (benchmarks/static_check.py, Triton 3.9); a CTA of
+# 512 threads fits once per SM above 64 registers, twice up to 64.
 # ----------------------------------------------------------------------------------------------
-# Largest row a single program keeps in registers. Forward: x plus y in flight; 32768 bf16 is 64
-# fp32 values per thread at 16 warps, no spills (ptxas, sm_90). Backward holds x, dy, weight and the
-# d weight accumulator (+ d bias): 8192 columns at 16 warps is 16 values of each per thread.
-_FWD_SINGLE_MAX = {2: 32768, 4: 16384, 8: 8192}
-_BWD_SINGLE_MAX = {2: 8192, 4: 8192, 8: 4096}
-# Column block of the looped path: 16 KiB of input per load at 16 warps.
-_LOOP_BLOCK = {2: 8192, 4: 4096, 8: 2048}
+_FWD_CHUNK = 16384  # units per program in a split forward row (RMSNorm: 117 regs with prefetch)
+_LN_FWD_CHUNK = 8192  # LayerNorm keeps x and x − μ: 16384 units already need 128 regs
+_BWD_CHUNK = 8192  # backward: x, dy, their prefetch, γ and the d weight accumulator (114 regs)
+_LOOP_UNITS = 8192  # column block of the looped fallback
 
 
 @functools.lru_cache(maxsize=16)
@@ -61,45 +60,51 @@ def _sm_count(index: int) -> int:
 
 
 def _split_allowed() -> bool:
-    # The split layout spins on a counter; it needs every program resident at once, which holds
-    # while the grid ≤ SM count and no other kernel monopolises SMs. RMSNORM_TRITON_SPLIT=0 opts
-    # out.
+    # The split layout spins on a counter; it needs every program of a row resident at once, which
+    # holds while the grid ≤ SM count (and in practice beyond it: row slots are dispatched in
+    # order). RMSNORM_TRITON_SPLIT=0 opts out.
     return os.environ.get("RMSNORM_TRITON_SPLIT", "1") != "0"
 
 
-def _wide(n: int, elem: int, single_max: dict, sms: int, persistent_k: int, warps: int) -> Config:
-    """Rows too long for one program: split over cooperating programs while they fit on the device
-    (grid ≤ SMs), else loop over column blocks."""
-    chunk = single_max[elem]
+def _wide(n: int, elem: int, chunk_units: int, sms: int) -> Config:
+    """Rows longer than one program holds: split over cooperating programs while they fit on the
+    device (grid ≤ SMs), else loop over column blocks."""
+    chunk = chunk_units * 2 // elem
     split = -(-n // chunk)
     if _split_allowed() and split <= sms:
-        # Balance the chunks: the smallest power of two that covers N in `split` pieces.
+        # Balance the chunks: the smallest power of two covering N in `split` pieces.
         block_n = _pow2(-(-n // split))
         split = -(-n // block_n)
-        return Config(1, block_n, warps, split=split, programs=(sms // split) * split)
-    return Config(1, _LOOP_BLOCK[elem], 16, loop=True, programs=sms * persistent_k, num_stages=2)
+        return Config(1, block_n, 16, split=split, programs=(sms // split) * split)
+    return Config(1, _LOOP_UNITS * 2 // elem, 16, loop=True, programs=sms)
 
 
 @functools.lru_cache(maxsize=512)
 def _gpu_config(kind: str, n: int, elem: int, sms: int) -> Config:
     bn = _pow2(n)
+    units = bn * elem // 2
     if kind in ("fwd", "ln_fwd"):
-        if bn > _FWD_SINGLE_MAX[elem]:
-            return _wide(n, elem, _FWD_SINGLE_MAX, sms, 1, 16)
-        # Tiles of ≥ 4096 elements (8 KiB of bf16) so short rows still move enough bytes per
-        # program; ~16 elements per thread.
-        bm = max(1, 4096 // bn)
-        tile = bm * bn * elem // 2
-        warps = max(4, min(16, tile // 512))
-        return Config(bm, bn, warps)
-    # Backward: persistent grid, each program accumulates d weight over its rows in registers.
-    if bn > _BWD_SINGLE_MAX[elem]:
-        return _wide(n, elem, _BWD_SINGLE_MAX, sms, 1, 16)
-    bm = max(1, 2048 // bn)
-    tile = bm * bn * elem // 2
-    warps = max(4, min(16, tile // 256))
-    per_sm = max(1, min(4, 1024 // (warps * 32)))
-    return Config(bm, bn, warps, programs=sms * per_sm)
+        if units <= 4096:
+            # One program per row block, several blocks resident per SM (53–80 regs). Short rows
+            # are packed 4096 units to a tile (8 KiB of bf16), ~16 values per thread.
+            bm = max(1, 4096 // units)
+            return Config(bm, bn, 4 if bm * units <= 2048 else 8)
+        if units == 8192:
+            return Config(1, bn, 16)  # 55 regs: two 16 KiB rows in flight per SM
+        if units == 16384 and kind == "fwd":
+            # 93 regs: one CTA per SM, so persistent with prefetch (117 regs) rather than a
+            # launch bubble between rows.
+            return Config(1, bn, 16, programs=sms)
+        return _wide(n, elem, _FWD_CHUNK if kind == "fwd" else _LN_FWD_CHUNK, sms)
+    # Backward: persistent, every program sums d weight over its rows in registers; programs per
+    # SM from the register count (with prefetch: 64–80 regs at 8 values per thread, ~115 at 16).
+    if units <= 2048:
+        return Config(max(1, 2048 // units), bn, 8, programs=sms * 3)
+    if units == 4096:
+        return Config(1, bn, 8, programs=sms * 2)  # 113 regs × 256 threads: 2 per SM
+    if units == 8192:
+        return Config(1, bn, 16, programs=sms)  # 114 regs × 512 threads: 1 per SM
+    return _wide(n, elem, _BWD_CHUNK, sms)
 
 
 @functools.lru_cache(maxsize=512)

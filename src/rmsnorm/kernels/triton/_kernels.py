@@ -101,6 +101,15 @@ def _inv_rms(ss, kf, eps, RMS_EPS: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
+def _tile(P, rows, stride, cols, M, cmask):
+    """The raw (BLOCK_M, BLOCK_N) tile of rows `rows` (int32; offsets formed in int64), zeros
+    outside [0, M) × cmask. Kept in the tensor's own dtype: a prefetched bf16 tile costs half the
+    registers of its fp32 copy."""
+    mask = (rows < M)[:, None] & cmask[None, :]
+    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _load_x(X, RES, H, rows64, cols, mask, stride_x, stride_res, stride_h,
             HAS_RES: tl.constexpr, STORE_H: tl.constexpr, ACC: tl.constexpr,
             EVICT: tl.constexpr):  # fmt: skip
@@ -212,6 +221,7 @@ def _rms_norm_fwd_kernel(
     LOOP: tl.constexpr,  # N > BLOCK_N: walk the row in column blocks
     SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,  # cooperating programs per row (and next pow2)
     PHASE: tl.constexpr,  # 0 full; 1 publish partials only; 2 finish from published partials
+    PREFETCH: tl.constexpr,  # persistent grid: load row block i + 1 while computing i
     HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     RMS_EPS: tl.constexpr,  # eps_mode "rms": r = 1/(sqrt(ms) + eps)
     PARTIAL: tl.constexpr,  # K < N
@@ -268,13 +278,34 @@ def _rms_norm_fwd_kernel(
         cmask = cols < N
         w = tl.load(W + cols, mask=cmask, other=0.0) if HAS_W else 0.0
         b = tl.load(B + cols, mask=cmask, other=0.0) if HAS_B else 0.0
+        # PREFETCH (persistent grids): the next row block's tiles are requested before this one
+        # is computed (Triton does not pipeline this loop); in a split row they are in flight
+        # during the exchange. Kept in the input dtype until used.
+        if PREFETCH:
+            x_nx = _tile(X, slot * BLOCK_M + r_idx, stride_x, cols, M, cmask)
+            if HAS_RES:
+                res_nx = _tile(RES, slot * BLOCK_M + r_idx, stride_res, cols, M, cmask)
         for rb in tl.range(slot, num_rb, n_slots):
             rows = rb * BLOCK_M + r_idx
             rmask = rows < M
             rows64 = rows.to(tl.int64)
             mask = rmask[:, None] & cmask[None, :]
-            x = _load_x(X, RES, H, rows64, cols, mask, stride_x, stride_res, stride_h,
-                        HAS_RES, PHASE != 1, ACC, "")  # fmt: skip
+            if PREFETCH:
+                x_raw = x_nx
+                x_nx = _tile(X, rows + n_slots * BLOCK_M, stride_x, cols, M, cmask)
+                if HAS_RES:
+                    res_raw = res_nx
+                    res_nx = _tile(RES, rows + n_slots * BLOCK_M, stride_res, cols, M, cmask)
+            else:
+                x_raw = _tile(X, rows, stride_x, cols, M, cmask)
+                if HAS_RES:
+                    res_raw = _tile(RES, rows, stride_res, cols, M, cmask)
+            x = x_raw.to(ACC)
+            if HAS_RES:
+                h = _cvt(x + res_raw.to(ACC), H.dtype.element_ty)
+                if PHASE != 1:
+                    tl.store(H + rows64[:, None] * stride_h + cols[None, :], h, mask=mask)
+                x = h.to(ACC)
             if PARTIAL:
                 xs = tl.where((cols < K)[None, :], x, 0.0)
                 ss = tl.sum(xs * xs, axis=1)
@@ -355,7 +386,7 @@ def _rms_norm_bwd_kernel(
     eps: tl.float64,  # unused by the math (r is saved), kept for a uniform signature
     offset: tl.float64,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_W: tl.constexpr, HAS_DRES: tl.constexpr,
     NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,  # write d weight / d bias partials
     RMS_EPS: tl.constexpr, PARTIAL: tl.constexpr,
@@ -445,16 +476,38 @@ def _rms_norm_bwd_kernel(
             wo = 0.0
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
         db_acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+        # Prefetch the next row block (see the forward): x, dy, d residual and r.
+        if PREFETCH:
+            rows = slot * BLOCK_M + r_idx
+            x_nx = _tile(X, rows, stride_x, cols, M, cmask)
+            dy_nx = _tile(DY, rows, stride_dy, cols, M, cmask)
+            if HAS_DRES:
+                dres_nx = _tile(DRES, rows, stride_dres, cols, M, cmask)
+            r_nx = tl.load(RSTD + rows, mask=rows < M, other=0.0)
         for rb in tl.range(slot, num_rb, n_slots):
             rows = rb * BLOCK_M + r_idx
             rmask = rows < M
             rows64 = rows.to(tl.int64)
             mask = rmask[:, None] & cmask[None, :]
-            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask,
-                        other=0.0).to(ACC)  # fmt: skip
-            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
-                         other=0.0).to(ACC)  # fmt: skip
-            r = tl.load(RSTD + rows, mask=rmask, other=0.0).to(ACC)
+            if PREFETCH:
+                x_raw, dy_raw, r_raw = x_nx, dy_nx, r_nx
+                if HAS_DRES:
+                    dres = dres_nx
+                rows_nx = rows + n_slots * BLOCK_M
+                x_nx = _tile(X, rows_nx, stride_x, cols, M, cmask)
+                dy_nx = _tile(DY, rows_nx, stride_dy, cols, M, cmask)
+                if HAS_DRES:
+                    dres_nx = _tile(DRES, rows_nx, stride_dres, cols, M, cmask)
+                r_nx = tl.load(RSTD + rows_nx, mask=rows_nx < M, other=0.0)
+            else:
+                x_raw = _tile(X, rows, stride_x, cols, M, cmask)
+                dy_raw = _tile(DY, rows, stride_dy, cols, M, cmask)
+                if HAS_DRES:
+                    dres = _tile(DRES, rows, stride_dres, cols, M, cmask)
+                r_raw = tl.load(RSTD + rows, mask=rmask, other=0.0)
+            x = x_raw.to(ACC)
+            dy = dy_raw.to(ACC)
+            r = r_raw.to(ACC)
             sg, ss = _rms_bwd_row_sums(x, dy, r, wo, cols, K, HAS_W, RMS_EPS, PARTIAL)
             if SPLIT > 1:
                 if PHASE != 2:
@@ -470,8 +523,7 @@ def _rms_norm_bwd_kernel(
             if PHASE != 1:
                 dx = _rms_dx(x, dy, r, wo, sg, ss, kf, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
                 if HAS_DRES:
-                    dx += tl.load(DRES + rows64[:, None] * stride_dres + cols[None, :], mask=mask,
-                                  other=0.0).to(ACC)  # fmt: skip
+                    dx += dres.to(ACC)
                 tl.store(DX + rows64[:, None] * stride_dx + cols[None, :],
                          _cvt(dx, DX.dtype.element_ty), mask=mask)  # fmt: skip
                 if NEED_DW:
@@ -505,7 +557,7 @@ def _layer_norm_fwd_kernel(
     M, N,
     eps: tl.float64,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     ACC: tl.constexpr,
 ):  # fmt: skip
@@ -568,13 +620,19 @@ def _layer_norm_fwd_kernel(
             b = tl.load(B + cols, mask=cmask, other=0.0).to(ACC)
         # Columns this program holds (its chunk of the row).
         nb = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(ACC)
+        if PREFETCH:  # see the RMSNorm forward
+            x_nx = _tile(X, slot * BLOCK_M + r_idx, stride_x, cols, M, cmask)
         for rb in tl.range(slot, num_rb, n_slots):
             rows = rb * BLOCK_M + r_idx
             rmask = rows < M
             rows64 = rows.to(tl.int64)
             mask = rmask[:, None] & cmask[None, :]
-            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask,
-                        other=0.0).to(ACC)  # fmt: skip
+            if PREFETCH:
+                x_raw = x_nx
+                x_nx = _tile(X, rows + n_slots * BLOCK_M, stride_x, cols, M, cmask)
+            else:
+                x_raw = _tile(X, rows, stride_x, cols, M, cmask)
+            x = x_raw.to(ACC)
             # Two-pass in registers: exact centring before squaring.
             mean = _div(tl.sum(x, axis=1), nb, ACC)
             xc = tl.where(cmask[None, :], x - mean[:, None], 0.0)
@@ -627,7 +685,7 @@ def _layer_norm_bwd_kernel(
     stride_dy, stride_x, stride_dx, stride_part,
     M, N,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_W: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
     ACC: tl.constexpr,
 ):  # fmt: skip
@@ -702,17 +760,34 @@ def _layer_norm_bwd_kernel(
             w = tl.load(W + cols, mask=cmask, other=0.0).to(ACC)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
         db_acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+        # Prefetch the next row block (see the RMSNorm forward).
+        if PREFETCH:
+            rows = slot * BLOCK_M + r_idx
+            x_nx = _tile(X, rows, stride_x, cols, M, cmask)
+            dy_nx = _tile(DY, rows, stride_dy, cols, M, cmask)
+            mu_nx = tl.load(MEAN + rows, mask=rows < M, other=0.0)
+            r_nx = tl.load(RSTD + rows, mask=rows < M, other=0.0)
         for rb in tl.range(slot, num_rb, n_slots):
             rows = rb * BLOCK_M + r_idx
             rmask = rows < M
             rows64 = rows.to(tl.int64)
             mask = rmask[:, None] & cmask[None, :]
-            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask,
-                        other=0.0).to(ACC)  # fmt: skip
-            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
-                         other=0.0).to(ACC)  # fmt: skip
-            mu = tl.load(MEAN + rows, mask=rmask, other=0.0).to(ACC)
-            r = tl.load(RSTD + rows, mask=rmask, other=0.0).to(ACC)
+            if PREFETCH:
+                x_raw, dy_raw, mu_raw, r_raw = x_nx, dy_nx, mu_nx, r_nx
+                rows_nx = rows + n_slots * BLOCK_M
+                x_nx = _tile(X, rows_nx, stride_x, cols, M, cmask)
+                dy_nx = _tile(DY, rows_nx, stride_dy, cols, M, cmask)
+                mu_nx = tl.load(MEAN + rows_nx, mask=rows_nx < M, other=0.0)
+                r_nx = tl.load(RSTD + rows_nx, mask=rows_nx < M, other=0.0)
+            else:
+                x_raw = _tile(X, rows, stride_x, cols, M, cmask)
+                dy_raw = _tile(DY, rows, stride_dy, cols, M, cmask)
+                mu_raw = tl.load(MEAN + rows, mask=rmask, other=0.0)
+                r_raw = tl.load(RSTD + rows, mask=rmask, other=0.0)
+            x = x_raw.to(ACC)
+            dy = dy_raw.to(ACC)
+            mu = mu_raw.to(ACC)
+            r = r_raw.to(ACC)
             xhat = tl.where(mask, (x - mu[:, None]) * r[:, None], 0.0)
             if HAS_W:
                 g = dy * w[None, :]
