@@ -41,5 +41,36 @@ def info() -> None:
     console.print(table)
 
 
+def _log(message: str) -> None:
+    console.print(message, markup=False, highlight=False)
+
+
+@app.command()
+def bench(
+    device: str = typer.Option("cuda", help="cuda or cpu"),
+    quick: bool = typer.Option(
+        False, "--quick", help="a handful of shapes instead of the full run"
+    ),
+    out: str = typer.Option("benchmarks/results", help="directory for <device>_bench.csv/.md/.png"),
+    variants: bool = typer.Option(
+        False, "--variants", help="also time forced kernel layouts of this library (tuning data)"
+    ),
+    budget: float = typer.Option(
+        None, help="seconds for the main plan; what does not fit is skipped and logged"
+    ),
+) -> None:
+    """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
+    from .bench import run, summary
+
+    try:
+        rows = run(
+            device=device, quick=quick, out=out, variants=variants, budget_s=budget, log=_log
+        )
+    except (NotImplementedError, RuntimeError, ValueError) as exc:
+        console.print(f"[red]rmsnorm bench: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    _log(summary(rows))
+
+
 def main() -> None:
     app()
