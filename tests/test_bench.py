@@ -73,9 +73,23 @@ def test_make_row_and_writers(tmp_path):
     assert "rms_norm" in text and "torch" in text
 
 
-def test_cpu_mode_placeholder(tmp_path):
-    with pytest.raises(NotImplementedError, match="CPU mode not implemented yet"):
-        bench.run(device="cpu", out=tmp_path)
+def test_cpu_mode_dry_run(tmp_path):
+    """The CPU mode's plan, providers, interleaved timing and writers, at tiny shapes."""
+    from rmsnorm.bench import cpu
+
+    logs = []
+    rows = cpu.run(quick=True, dry_run=True, log=logs.append)
+    got = {(r.op, r.mode, r.provider) for r in rows}
+    for mode in ("forward", "backward", "forward_backward"):
+        assert ("rms_norm", mode, "rmsnorm") in got and ("rms_norm", mode, "torch") in got
+        assert ("layer_norm", mode, "rmsnorm") in got and ("layer_norm", mode, "torch") in got
+    assert ("rms_norm", "forward", "hf_llama_eager") in got
+    assert ("add_rms_norm", "backward", "torch_add") in got
+    assert {r.device for r in rows} == {"cpu"} and "cores" in rows[0].device_name
+    assert not [line for line in logs if "failed" in line]
+    bench.write_csv(rows, tmp_path / "cpu_bench.csv")
+    bench.write_markdown(rows, tmp_path / "cpu_bench.md")
+    assert "## rms_norm" in (tmp_path / "cpu_bench.md").read_text()
 
 
 def test_gpu_mode_dry_run(tmp_path):

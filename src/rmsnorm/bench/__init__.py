@@ -198,6 +198,11 @@ def _groups(rows: Sequence[Row]) -> dict:
     return out
 
 
+def _gb(gbps: float) -> str:
+    # GPU numbers are in the thousands, CPU numbers in single digits: keep two significant figures
+    return f"{gbps:.0f}" if gbps >= 100 else f"{gbps:.1f}"
+
+
 def _is_latency(m: int) -> bool:
     # Decoding-size calls are launch-bound: report microseconds per call, not bandwidth.
     return m <= 128
@@ -210,7 +215,7 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> None:
         Path(path).write_text("No measurements.\n")
         return
     groups = _groups(rows)
-    copies = sorted({(r.dtype, r.M * r.N, round(r.copy_gbps)) for r in rows if r.copy_gbps > 0})
+    copies = sorted({(r.dtype, r.M * r.N, _gb(r.copy_gbps)) for r in rows if r.copy_gbps > 0})
     lines = [f"# Benchmark: {_header(rows)}", ""]
     lines.append(
         "Effective GB/s from the bytes model (fwd 2·M·N·elem, bwd 3·M·N·elem; add_rms_norm 4 and "
@@ -246,7 +251,7 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> None:
                 if r is None:
                     row.append("–")
                     continue
-                text = f"{r.ms * 1e3:.1f} µs" if lat else f"{r.gbps:.0f} ({r.pct_copy:.0f}%)"
+                text = f"{r.ms * 1e3:.1f} µs" if lat else f"{_gb(r.gbps)} ({r.pct_copy:.0f}%)"
                 row.append(f"**{text}**" if r is best else text)
             lines.append("| " + " | ".join(row) + " |")
     Path(path).write_text("\n".join(lines) + "\n")
@@ -310,7 +315,7 @@ def summary(rows: Sequence[Row], provider: str = "rmsnorm") -> str:
         lat = _is_latency(k[3])
 
         def fmt(r: Row, lat: bool = lat) -> str:
-            return f"{r.ms * 1e3:.1f}us" if lat else f"{r.gbps:.0f}GB/s {r.pct_copy:.0f}%"
+            return f"{r.ms * 1e3:.1f}us" if lat else f"{_gb(r.gbps)}GB/s {r.pct_copy:.0f}%"
 
         best = min(others, key=lambda r: r.ms) if others else None
         other = f"{best.provider} {fmt(best)}" if best else "-"
@@ -342,7 +347,9 @@ def run(
 
         rows = gpu.run(quick=quick, variants=variants, budget_s=budget_s, log=log)
     elif device == "cpu":
-        raise NotImplementedError("CPU mode not implemented yet (src/rmsnorm/bench/cpu.py)")
+        from . import cpu
+
+        rows = cpu.run(quick=quick, variants=variants, budget_s=budget_s, log=log)
     else:
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     outdir = Path(out)

@@ -29,6 +29,7 @@ _EPS_MODES = {"mean_square": K.MEAN_SQUARE, "rms": K.RMS}
 _NO_F32 = np.empty(0, np.float32)
 _NO_U16 = np.empty(0, np.uint16)
 _MAX_THREADS = numba.config.NUMBA_NUM_THREADS
+_SERIAL_BELOW = 65536  # elements (M·N)
 
 
 def _supported(*dtypes: torch.dtype | None) -> bool:
@@ -67,11 +68,19 @@ def _vec(t: torch.Tensor | None, n: int) -> np.ndarray:
     return t.detach().to(torch.float32).contiguous().numpy()
 
 
-def _threads() -> None:
-    """Use as many threads as torch does (``torch.set_num_threads`` governs this library too)."""
-    want = max(1, min(torch.get_num_threads(), _MAX_THREADS))
+def _threads(elements: int) -> None:
+    """Use as many threads as torch does (``torch.set_num_threads`` governs this library too), but
+    one below 64 K elements: waking the pool costs several µs on an idle machine and a whole
+    scheduler slice (ms) on a busy one, more than such a call's work."""
+    want = 1 if elements < _SERIAL_BELOW else max(1, min(torch.get_num_threads(), _MAX_THREADS))
     if numba.get_num_threads() != want:
         numba.set_num_threads(want)
+    # Dynamic scheduling, a block at a time: on a shared machine a thread whose core is also
+    # running another process takes fewer blocks instead of holding up the whole call (with
+    # numba's default static split, it doubled the call's time). Blocks are fixed by the shape,
+    # so the results do not depend on the schedule.
+    if numba.get_parallel_chunksize() != 1:
+        numba.set_parallel_chunksize(1)
 
 
 def _fwd_rows_per_block(m: int, n: int) -> int:
@@ -127,7 +136,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         rf, ru, rs, rc, h, hf, hu = _NO_F32, _NO_U16, 0, K.F32, None, _NO_F32, _NO_U16
     yf, yu = _out(y)
     s, b = _rms_params(weight, bias, offset, casting_mode, x.dtype, out_dtype, n)
-    _threads()
+    _threads(m * n)
     K.forward(
         xf, xu, xs, xc, rf, ru, rs, rc, residual is not None, hf, hu, yf, yu, _CODES[out_dtype],
         s, b, bias is not None, _NO_F32, rstd.numpy(), m, n, k, float(eps), K.RMS_NORM,
@@ -181,7 +190,7 @@ def _bwd(dy, x, scale, mean, rstd, dresidual, norm, eps_mode, k, c_xhat, dw_p, d
         drf, dru, drs, drc = _NO_F32, _NO_U16, 0, K.F32
     dxf, dxu = _out(dx)
     mean_np = _NO_F32 if mean is None else mean.detach().to(torch.float32).contiguous().numpy()
-    _threads()
+    _threads(m * n)
     K.backward(
         dyf, dyu, dys, dyc, xf, xu, xs, xc, drf, dru, drs, drc, dresidual is not None, dxf, dxu,
         scale, mean_np, rstd.detach().to(torch.float32).contiguous().numpy(), m, n, k, norm,
@@ -226,7 +235,7 @@ def layer_norm_fwd(x, weight, bias, eps):
     rstd = torch.empty((m,), dtype=torch.float32)
     xf, xu, xs, xc = _rows(x)
     yf, yu = _out(y)
-    _threads()
+    _threads(m * n)
     K.forward(
         xf, xu, xs, xc, _NO_F32, _NO_U16, 0, K.F32, False, _NO_F32, _NO_U16, yf, yu, xc,
         _vec(weight, n), _NO_F32 if bias is None else _vec(bias, n), bias is not None,
