@@ -75,12 +75,6 @@ def _threads(elements: int) -> None:
     want = 1 if elements < _SERIAL_BELOW else max(1, min(torch.get_num_threads(), _MAX_THREADS))
     if numba.get_num_threads() != want:
         numba.set_num_threads(want)
-    # Dynamic scheduling, a block at a time: on a shared machine a thread whose core is also
-    # running another process takes fewer blocks instead of holding up the whole call (with
-    # numba's default static split, it doubled the call's time). Blocks are fixed by the shape,
-    # so the results do not depend on the schedule.
-    if numba.get_parallel_chunksize() != 1:
-        numba.set_parallel_chunksize(1)
 
 
 def _fwd_rows_per_block(m: int, n: int) -> int:
