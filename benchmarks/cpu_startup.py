@@ -47,7 +47,10 @@ print(json.dumps({
 def _run(pkg_root: Path, env: dict, user: str | None) -> dict:
     cmd = [sys.executable, "-c", _CHILD]
     if user:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+        import pwd
+
+        pw = pwd.getpwnam(user)
+        cmd = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", *cmd]
     res = subprocess.run(cmd, env=env, cwd=pkg_root, capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         raise SystemExit(res.stderr)
@@ -81,8 +84,8 @@ def main() -> None:
         if args.as_user:
             import pwd
 
-            uid = pwd.getpwnam(args.as_user).pw_uid
-            os.chown(home, uid, uid)
+            pw = pwd.getpwnam(args.as_user)
+            os.chown(home, pw.pw_uid, pw.pw_gid)
             os.chmod(tmp, 0o755)
             for p in (tmp / "pkg").rglob("*"):
                 os.chmod(p, 0o555 if p.is_dir() else 0o444)

@@ -224,6 +224,21 @@ def _load_bf16_sum_squares(src, t, n, k):
     return acc
 
 
+@njit(fastmath={"reassoc", "contract"})
+def _load_bf16_shifted_sums(src, t, n):
+    """t = the bfloat16 row as float32, and :func:`_shifted_sums` of it about c = t[0]: one pass."""
+    c = np.float64(_bf16_to_f32(src[0]))
+    s1 = 0.0
+    s2 = 0.0
+    for j in range(n):
+        v = _bf16_to_f32(src[j])
+        t[j] = v
+        d = np.float64(v) - c
+        s1 += d
+        s2 += d * d
+    return c, s1, s2
+
+
 @njit
 def _normalize(xs, mu, r, s, b, has_b, norm, out):
     """out = ((x − μ)·r)·s (+ β) in float32, rounded per op as torch's eager float32 ops are
@@ -306,16 +321,21 @@ def forward(
                 _add_row(rf, ru, i * r_stride, n, r_code, xs)
                 _round_row(xs, n, r_code)
                 _store_row(xs, hf, hu, i * n, n, r_code)
-            elif norm == RMS_NORM and x_code == BF16:
+            elif x_code == BF16:  # convert and reduce in the pass that reads the row
                 xs = tx[:n]
-                ss = _load_bf16_sum_squares(xu[i * x_stride : i * x_stride + n], xs, n, k)
+                xrow = xu[i * x_stride : i * x_stride + n]
+                if norm == RMS_NORM:
+                    ss = _load_bf16_sum_squares(xrow, xs, n, k)
+                else:
+                    c, s1, s2 = _load_bf16_shifted_sums(xrow, xs, n)
             else:
                 xs = _load_row(xf, xu, i * x_stride, n, x_code, tx)
 
             mu = np.float32(0.0)
             if norm == LAYER_NORM:
-                c = np.float64(xs[0])
-                s1, s2 = _shifted_sums(xs, n, c)
+                if has_res or x_code != BF16:
+                    c = np.float64(xs[0])
+                    s1, s2 = _shifted_sums(xs, n, c)
                 var = max((s2 - s1 * s1 / n) / n, 0.0)
                 mu = np.float32(c + s1 / n)
                 r = np.float32(1.0 / np.sqrt(var + eps))
