@@ -6,6 +6,7 @@ fallback where numba is missing or broken."""
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import warnings
@@ -511,6 +512,27 @@ def test_without_numba_the_reference_runs():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_after_the_kernels_ran_uses_the_reference():
+    # GNU OpenMP is not fork-safe: numba would abort the child (a DataLoader worker, say)
+    code = (
+        "import os, warnings, torch, rmsnorm\n"
+        "x = torch.randn(300, 300)\n"
+        "y = rmsnorm.rms_norm(x, 300)\n"  # starts the kernels' thread pool in the parent
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    torch.set_num_threads(1)\n"  # as DataLoader workers do: torch's own OpenMP pool
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        ok = torch.allclose(rmsnorm.rms_norm(x, 300), y, rtol=1e-5, atol=1e-6)\n"
+        "    os._exit(0 if ok and any('forked' in str(m.message) for m in w) else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0, status\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_a_broken_numba_warns_once_and_falls_back(monkeypatch):

@@ -9,6 +9,9 @@ tensors go to the reference: the kernels compute in float32.
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import numba
 import numpy as np
 import torch
@@ -33,7 +36,45 @@ _SERIAL_BELOW = 65536  # elements (M·N)
 
 
 def _supported(*dtypes: torch.dtype | None) -> bool:
-    return all(d is None or d in _CODES for d in dtypes)
+    return _fork_safe() and all(d is None or d in _CODES for d in dtypes)
+
+
+_pool_pid: int | None = None  # the process whose kernel call started numba's thread pool
+
+
+def _fork_safe() -> bool:
+    """False in a process forked after its parent ran the kernels with numba's OpenMP thread pool:
+    GNU OpenMP is not fork-safe and numba aborts such a child at its first parallel region (a
+    DataLoader worker, for one). The reference runs there instead, after a warning."""
+    global _pool_pid
+    pid = os.getpid()
+    if _pool_pid is None:
+        _pool_pid = pid
+    if _pool_pid == pid:
+        return True
+    try:
+        if numba.threading_layer() != "omp":
+            return True
+    except ValueError:  # the parent never started the pool
+        return True
+    if not _warned_fork:
+        _warn_fork()
+    return False
+
+
+_warned_fork = False
+
+
+def _warn_fork() -> None:
+    global _warned_fork
+    _warned_fork = True
+    warnings.warn(
+        "rmsnorm: this process was forked after its parent used the CPU kernels, and numba's "
+        "OpenMP threading layer cannot run in such a child; using the reference implementation "
+        "(start workers with 'spawn', or set NUMBA_THREADING_LAYER=workqueue or tbb)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def _rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int, int]:
