@@ -48,13 +48,13 @@ RULE = (
 TIMING_SKIP_STEPS = 2
 
 # Presets: the model and schedule for a machine class; every field can be overridden.
-# "cpu" is sized so that 3 variants x 3 seeds finish within 3 minutes on 2 cores (see
-# docs/compare.md for the measurement); "gpu" is a larger model for one accelerator; "tiny" is
-# for tests and smoke runs (seconds).
+# "cpu" is sized so that 3 variants x 3 seeds finish within 3 minutes on 2 idle cores (≈ 0.12 s
+# per step of this model with 2 threads; 9 x 120 steps plus evaluation and norm timing); "gpu"
+# is a larger model for one accelerator; "tiny" is for tests and smoke runs (seconds).
 PRESETS: dict[str, dict[str, dict]] = {
     "cpu": {
         "model": dict(n_layers=4, d_model=128, n_heads=4, seq_len=64),
-        "train": dict(steps=150, batch_size=16, lr=3e-3, warmup=15, eval_interval=25,
+        "train": dict(steps=120, batch_size=16, lr=3e-3, warmup=12, eval_interval=24,
                       eval_batches=8),
     },
     "gpu": {
@@ -90,8 +90,10 @@ class CompareConfig:
     seeds: int = 3
     seed: int = 0
     preset: str = "cpu"
-    model: TransformerConfig = field(default_factory=TransformerConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    model: TransformerConfig = field(
+        default_factory=lambda: TransformerConfig(**PRESETS["cpu"]["model"])
+    )
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(**PRESETS["cpu"]["train"]))
     text: str | None = None  # None: the standard-library corpus
     device: str = "cpu"
     norm_timing_calls: int = 25  # forward+backward calls per norm-timing block
@@ -126,6 +128,12 @@ def parse_variants(variants: str | Sequence[str]) -> tuple[str, ...]:
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ArgumentError(name, f"must be a positive integer, got {value!r}")
+    return value
+
+
+def _int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArgumentError(name, f"must be a non-negative integer, got {value!r}")
     return value
 
 
@@ -187,12 +195,6 @@ def compare_config(
         device=resolve_device(device),
         threads=None if threads is None else _positive_int("threads", threads),
     )
-
-
-def _int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ArgumentError(name, f"must be a non-negative integer, got {value!r}")
-    return value
 
 
 def load_corpus(cfg: CompareConfig) -> Corpus:
@@ -737,7 +739,7 @@ def render_markdown(results: dict) -> str:
         f"- Data: {corpus['name']}, {corpus['train_bytes']:,} training bytes, "
         f"{corpus['val_bytes']:,} held-out validation bytes (the last 10%), "
         f"{len(corpus['sources'])} source file(s).",
-        f"- Machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} torch threads"
+        f"- Machine: {m['cpu']}, {m['cpu_cores']} cores, torch threads: {m['torch_threads']}"
         + (f", GPU {m['gpu']}" if m["gpu"] else "")
         + f"; device {m['device']}; torch {m['torch']}, Python {m['python']}, "
         f"rmsnorm {m['rmsnorm']} at commit {m['commit']}.",
@@ -789,7 +791,9 @@ def plot_losses(results: dict, path: str | os.PathLike) -> None:
             x, [m - s for m, s in zip(mean, std, strict=True)],
             [m + s for m, s in zip(mean, std, strict=True)], color=color, alpha=0.2, linewidth=0,
         )  # fmt: skip
-        vx = seed_runs[0]["val_steps"]
+        # nudge each variant's validation points sideways so the error bars do not hide each other
+        dodge = (list(results["runs"]).index(variant) - 1) * steps / 150
+        vx = [v + dodge for v in seed_runs[0]["val_steps"]]
         vals = list(zip(*(r["val_loss"] for r in seed_runs), strict=True))
         vmean = [statistics.fmean(v) for v in vals]
         vstd = [statistics.pstdev(v) for v in vals]
