@@ -217,3 +217,16 @@ def test_spread_rule():
     assert summary["rmsnorm"]["delta_vs_layernorm_per_seed"] == pytest.approx([0.04] * 3)
     one_seed = summarize(_fake_results({"layernorm": [2.0], "rmsnorm": [2.1]}))["variants"]
     assert one_seed["rmsnorm"]["within_spread"] is None  # no spread with one seed
+
+
+def test_busy_machine_warning():
+    from rmsnorm.compare import _load_warnings
+
+    def fake(load, threads):
+        machine = {"device": "cpu", "torch_threads": threads, "cpu_cores": 2}
+        return {"machine": machine, "load_average": {"start": [load, 0, 0], "end": None}}
+
+    assert _load_warnings(fake(0.3, 2)) == []
+    assert _load_warnings(fake(5.0, 1)) == []  # one thread has no peer to wait for
+    (warning,) = _load_warnings(fake(5.0, 2))
+    assert "--threads 1" in warning and "5.0" in warning

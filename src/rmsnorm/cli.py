@@ -114,6 +114,8 @@ def compare(
     for row in summary_rows(results):
         table.add_row(*row)
     console.print(table)
+    for warning in results["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
     for path in paths.values():
         console.print(f"wrote {path}")
 

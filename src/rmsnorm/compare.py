@@ -494,8 +494,26 @@ def run_comparison(cfg: CompareConfig, progress: ProgressFn | None = None) -> di
         "cpu_time_s": cpu,  # user + system time of all this process's threads
         "load_average": {"start": load_start, "end": _load_average()},
     }
+    results["warnings"] = _load_warnings(results)
     results["summary"] = summarize(results)
     return results
+
+
+def _load_warnings(results: dict) -> list[str]:
+    """A warning when other processes loaded the CPU while several torch threads ran: the threads
+    then stall waiting for each other and step times grow many-fold and unevenly."""
+    m, load = results["machine"], results["load_average"]
+    peaks = [v[0] for v in (load["start"], load["end"]) if v]
+    if m["device"] != "cpu" or m["torch_threads"] < 2 or not peaks or not m["cpu_cores"]:
+        return []
+    if max(peaks) <= m["cpu_cores"]:
+        return []
+    return [
+        f"the machine was busy (1-minute load average up to {max(peaks)} on {m['cpu_cores']} "
+        f"cores) while torch ran {m['torch_threads']} threads: its threads stall waiting for each "
+        "other under contention, so these step times are inflated and noisy. Re-run on an idle "
+        "machine, or with --threads 1."
+    ]
 
 
 def _stdlib_rel(path: str) -> str:
@@ -698,6 +716,7 @@ def render_markdown(results: dict) -> str:
             f"| {s['tokens_per_s_median']:,.0f} | {s['step_time_ratio']:.2f}× | {norm_ratio} |"
         )
     lines += ["", *[f"- {s['verdict']}" for v, s in sv.items() if v != BASELINE], ""]
+    lines += [f"**Warning**: {w}\n" for w in results.get("warnings", [])]
     lines += [
         f"Rule: {RULE}",
         "",
