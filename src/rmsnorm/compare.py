@@ -48,13 +48,14 @@ RULE = (
 TIMING_SKIP_STEPS = 2
 
 # Presets: the model and schedule for a machine class; every field can be overridden.
-# "cpu" is sized so that 3 variants x 3 seeds finish within 3 minutes on 2 idle cores (≈ 0.12 s
-# per step of this model with 2 threads; 9 x 120 steps plus evaluation and norm timing); "gpu"
-# is a larger model for one accelerator; "tiny" is for tests and smoke runs (seconds).
+# "cpu" is sized for 3 variants x 3 seeds within 3 minutes on 2 idle cores: measured on an AMD
+# EPYC with 2 threads, a step of this model takes ≈ 0.12 s (0.18 s on 1 thread) and 9 x 120 steps
+# took 186 s in all, so 100 steps leave ≈ 15% of margin. "gpu" is a larger model for one
+# accelerator; "tiny" is for tests and smoke runs (seconds).
 PRESETS: dict[str, dict[str, dict]] = {
     "cpu": {
         "model": dict(n_layers=4, d_model=128, n_heads=4, seq_len=64),
-        "train": dict(steps=120, batch_size=16, lr=3e-3, warmup=12, eval_interval=24,
+        "train": dict(steps=100, batch_size=16, lr=3e-3, warmup=10, eval_interval=20,
                       eval_batches=8),
     },
     "gpu": {
@@ -426,7 +427,7 @@ def run_comparison(cfg: CompareConfig, progress: ProgressFn | None = None) -> di
     # thread count (tests/test_compare.py checks a rerun bit for bit), and the switch imports
     # torch._inductor, which costs seconds.
     with torch.random.fork_rng(devices=[]), _threads(cfg.threads):
-        threads = torch.get_num_threads()
+        machine = machine_info(device, torch.get_num_threads())  # before training: the code run
         for i in range(cfg.seeds):
             seed = cfg.seed + i
             models = build_models(cfg.model, variants, seed, device)
@@ -470,7 +471,7 @@ def run_comparison(cfg: CompareConfig, progress: ProgressFn | None = None) -> di
     results = {
         "schema": "rmsnorm.compare/1",
         "config": cfg.to_dict(),
-        "machine": machine_info(device, threads),
+        "machine": machine,
         "corpus": {
             "name": corpus.name,
             "train_bytes": int(corpus.train.numel()),
