@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-benchmarks/results}
 PY=${PYTHON:-python3}
-SHARDS=${SHARDS:-4}
+SHARDS=${SHARDS:-6}
 TEST_TIMEOUT=${TEST_TIMEOUT:-200}  # per test shard (a deadlocked kernel ends here, not the run)
 WARM_TIMEOUT=${WARM_TIMEOUT:-200}
 BENCH_BUDGET=${BENCH_BUDGET:-140}  # seconds for the main plan; the variants get 90 more

@@ -253,16 +253,16 @@ def _rms_norm_fwd_kernel(
     FLAGS: tl.constexpr,  # F_LOOP, F_PREFETCH, phase, F_RES, F_W, F_B, F_RMS_EPS, F_PARTIAL, cast
     ACC: tl.constexpr,  # tl.float32, or tl.float64 for float64 inputs
 ):  # fmt: skip
-    LOOP: tl.constexpr = (tl.constexpr(FLAGS) & 1) != 0  # F_LOOP
-    PREFETCH: tl.constexpr = (tl.constexpr(FLAGS) & 2) != 0  # F_PREFETCH
-    PHASE: tl.constexpr = (tl.constexpr(FLAGS) >> 2) & 3  # PHASE_SHIFT
-    RNE: tl.constexpr = (tl.constexpr(FLAGS) & 8192) != 0  # F_RNE
-    HAS_RES: tl.constexpr = (tl.constexpr(FLAGS) & 16) != 0  # F_RES
-    HAS_W: tl.constexpr = (tl.constexpr(FLAGS) & 32) != 0  # F_W
-    HAS_B: tl.constexpr = (tl.constexpr(FLAGS) & 64) != 0  # F_B
-    RMS_EPS: tl.constexpr = (tl.constexpr(FLAGS) & 512) != 0  # F_RMS_EPS
-    PARTIAL: tl.constexpr = (tl.constexpr(FLAGS) & 1024) != 0  # F_PARTIAL
-    CAST: tl.constexpr = (tl.constexpr(FLAGS) >> 11) & 3  # CAST_SHIFT
+    LOOP: tl.constexpr = (FLAGS & 1) != 0  # F_LOOP
+    PREFETCH: tl.constexpr = (FLAGS & 2) != 0  # F_PREFETCH
+    PHASE: tl.constexpr = (FLAGS >> 2) & 3  # PHASE_SHIFT
+    RNE: tl.constexpr = (FLAGS & 8192) != 0  # F_RNE
+    HAS_RES: tl.constexpr = (FLAGS & 16) != 0  # F_RES
+    HAS_W: tl.constexpr = (FLAGS & 32) != 0  # F_W
+    HAS_B: tl.constexpr = (FLAGS & 64) != 0  # F_B
+    RMS_EPS: tl.constexpr = (FLAGS & 512) != 0  # F_RMS_EPS
+    PARTIAL: tl.constexpr = (FLAGS & 1024) != 0  # F_PARTIAL
+    CAST: tl.constexpr = (FLAGS >> 11) & 3  # CAST_SHIFT
     stride_y = N
     stride_h = N
     IN = X.dtype.element_ty
@@ -432,17 +432,17 @@ def _rms_norm_bwd_kernel(
     IN: tl.constexpr,  # the forward's input dtype
     ACC: tl.constexpr,
 ):  # fmt: skip
-    LOOP: tl.constexpr = (tl.constexpr(FLAGS) & 1) != 0  # F_LOOP
-    PREFETCH: tl.constexpr = (tl.constexpr(FLAGS) & 2) != 0  # F_PREFETCH
-    PHASE: tl.constexpr = (tl.constexpr(FLAGS) >> 2) & 3  # PHASE_SHIFT
-    RNE: tl.constexpr = (tl.constexpr(FLAGS) & 8192) != 0  # F_RNE
-    HAS_DRES: tl.constexpr = (tl.constexpr(FLAGS) & 16) != 0  # F_RES
-    HAS_W: tl.constexpr = (tl.constexpr(FLAGS) & 32) != 0  # F_W
-    NEED_DW: tl.constexpr = (tl.constexpr(FLAGS) & 128) != 0  # F_DW
-    NEED_DB: tl.constexpr = (tl.constexpr(FLAGS) & 256) != 0  # F_DB
-    RMS_EPS: tl.constexpr = (tl.constexpr(FLAGS) & 512) != 0  # F_RMS_EPS
-    PARTIAL: tl.constexpr = (tl.constexpr(FLAGS) & 1024) != 0  # F_PARTIAL
-    LLAMA: tl.constexpr = ((tl.constexpr(FLAGS) >> 11) & 3) == 1  # CAST_SHIFT
+    LOOP: tl.constexpr = (FLAGS & 1) != 0  # F_LOOP
+    PREFETCH: tl.constexpr = (FLAGS & 2) != 0  # F_PREFETCH
+    PHASE: tl.constexpr = (FLAGS >> 2) & 3  # PHASE_SHIFT
+    RNE: tl.constexpr = (FLAGS & 8192) != 0  # F_RNE
+    HAS_DRES: tl.constexpr = (FLAGS & 16) != 0  # F_RES
+    HAS_W: tl.constexpr = (FLAGS & 32) != 0  # F_W
+    NEED_DW: tl.constexpr = (FLAGS & 128) != 0  # F_DW
+    NEED_DB: tl.constexpr = (FLAGS & 256) != 0  # F_DB
+    RMS_EPS: tl.constexpr = (FLAGS & 512) != 0  # F_RMS_EPS
+    PARTIAL: tl.constexpr = (FLAGS & 1024) != 0  # F_PARTIAL
+    LLAMA: tl.constexpr = ((FLAGS >> 11) & 3) == 1  # CAST_SHIFT
     stride_dx = N
     if NEED_DW and NEED_DB:
         stride_part = 2 * N
@@ -615,12 +615,12 @@ def _layer_norm_fwd_kernel(
     FLAGS: tl.constexpr,  # F_LOOP, F_PREFETCH, phase, F_W, F_B
     ACC: tl.constexpr,
 ):  # fmt: skip
-    LOOP: tl.constexpr = (tl.constexpr(FLAGS) & 1) != 0  # F_LOOP
-    PREFETCH: tl.constexpr = (tl.constexpr(FLAGS) & 2) != 0  # F_PREFETCH
-    PHASE: tl.constexpr = (tl.constexpr(FLAGS) >> 2) & 3  # PHASE_SHIFT
-    RNE: tl.constexpr = (tl.constexpr(FLAGS) & 8192) != 0  # F_RNE
-    HAS_W: tl.constexpr = (tl.constexpr(FLAGS) & 32) != 0  # F_W
-    HAS_B: tl.constexpr = (tl.constexpr(FLAGS) & 64) != 0  # F_B
+    LOOP: tl.constexpr = (FLAGS & 1) != 0  # F_LOOP
+    PREFETCH: tl.constexpr = (FLAGS & 2) != 0  # F_PREFETCH
+    PHASE: tl.constexpr = (FLAGS >> 2) & 3  # PHASE_SHIFT
+    RNE: tl.constexpr = (FLAGS & 8192) != 0  # F_RNE
+    HAS_W: tl.constexpr = (FLAGS & 32) != 0  # F_W
+    HAS_B: tl.constexpr = (FLAGS & 64) != 0  # F_B
     stride_y = N
     pid = tl.program_id(0)
     slot = pid // SPLIT
@@ -750,13 +750,13 @@ def _layer_norm_bwd_kernel(
     FLAGS: tl.constexpr,  # F_LOOP, F_PREFETCH, phase, F_W, F_DW, F_DB
     ACC: tl.constexpr,
 ):  # fmt: skip
-    LOOP: tl.constexpr = (tl.constexpr(FLAGS) & 1) != 0  # F_LOOP
-    PREFETCH: tl.constexpr = (tl.constexpr(FLAGS) & 2) != 0  # F_PREFETCH
-    PHASE: tl.constexpr = (tl.constexpr(FLAGS) >> 2) & 3  # PHASE_SHIFT
-    RNE: tl.constexpr = (tl.constexpr(FLAGS) & 8192) != 0  # F_RNE
-    HAS_W: tl.constexpr = (tl.constexpr(FLAGS) & 32) != 0  # F_W
-    NEED_DW: tl.constexpr = (tl.constexpr(FLAGS) & 128) != 0  # F_DW
-    NEED_DB: tl.constexpr = (tl.constexpr(FLAGS) & 256) != 0  # F_DB
+    LOOP: tl.constexpr = (FLAGS & 1) != 0  # F_LOOP
+    PREFETCH: tl.constexpr = (FLAGS & 2) != 0  # F_PREFETCH
+    PHASE: tl.constexpr = (FLAGS >> 2) & 3  # PHASE_SHIFT
+    RNE: tl.constexpr = (FLAGS & 8192) != 0  # F_RNE
+    HAS_W: tl.constexpr = (FLAGS & 32) != 0  # F_W
+    NEED_DW: tl.constexpr = (FLAGS & 128) != 0  # F_DW
+    NEED_DB: tl.constexpr = (FLAGS & 256) != 0  # F_DB
     stride_dx = N
     if NEED_DW and NEED_DB:
         stride_part = 2 * N
