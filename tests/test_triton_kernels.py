@@ -562,8 +562,10 @@ def test_gpu_compile_fullgraph():
     compiled = torch.compile(fn, fullgraph=True)
     out = compiled(x, res, w)
     out.sum().backward()
+    assert x.grad is not None and w.grad is not None
     ref = fn(x.detach(), res, w.detach())
-    assert torch.equal(out.detach(), ref)
+    # Our ops are opaque nodes; only the final add is compiled (one bf16 rounding either way).
+    torch.testing.assert_close(out.detach(), ref)
 
 
 @pytest.mark.gpu
