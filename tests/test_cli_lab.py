@@ -55,7 +55,10 @@ def test_inspect_writes_json(runner, tmp_path):
 
 
 def test_report_quick_writes_files(runner, tmp_path):
-    result = runner.invoke(app, ["report", "--quick", "--out", str(tmp_path)])
+    result = runner.invoke(
+        app,
+        ["report", "--quick", "--train-steps", "0", "--planted-mean", "0", "--out", str(tmp_path)],
+    )
     assert result.exit_code == 0, result.output
     for name in ("report.md", "report.html", "report.json", "figures/sigma_mu_plane.png"):
         assert (tmp_path / name).stat().st_size > 0

@@ -40,17 +40,26 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+NORM_NAMES = {
+    "layernorm": "LayerNorm",
+    "rmsnorm": "RMSNorm",
+    "prmsnorm": "pRMSNorm",
+    "none": "norm-free",
+}
+INPUT_NAMES = {"tokens": "random tokens", "gaussian": "Gaussian embeddings", "text": "text"}
+
+
 def _describe(cfg) -> str:
-    return (
-        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {cfg.norm} transformer, d={cfg.d_model}, "
-        f"{cfg.resolved_inputs} inputs"
-        + (f", planted mean {cfg.planted_mean:g}" if cfg.planted_mean else "")
+    text = (
+        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {NORM_NAMES[cfg.norm]} transformer, "
+        f"d = {cfg.d_model}, {INPUT_NAMES[cfg.resolved_inputs]}"
     )
+    return text + (f", planted mean {cfg.planted_mean:g}" if cfg.planted_mean else "")
 
 
 def mean_histograms(result, path: Path, stage: str = "init") -> Path:
     """The chapter's figure: one panel per layer, the histogram over tokens of the per-token mean μ
-    of the residual stream, with that layer's average σ and median |μ|/σ written in the panel."""
+    of the residual stream, with that layer's average σ and median |μ|/σ in the panel title."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
 
@@ -58,13 +67,18 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
     n = st.mean.shape[0]
     ncols = min(5, n)
     nrows = math.ceil(n / ncols)
+    height = 2.4 * nrows + 1.4
     fig, axes = plt.subplots(
-        nrows,
-        ncols,
-        figsize=(3.0 * ncols, 2.4 * nrows + 0.8),
-        sharex=True,
-        squeeze=False,
-        layout="constrained",
+        nrows, ncols, figsize=(3.0 * ncols, height), sharex=True, squeeze=False
+    )
+    # fixed margins: constrained layout took seconds on this many panels
+    fig.subplots_adjust(
+        left=0.06,
+        right=0.98,
+        top=1 - 0.75 / height,
+        bottom=0.85 / height,
+        hspace=0.45,
+        wspace=0.28,
     )
     lim = float(st.mean.abs().max()) * 1.05 or 1.0
     bins = torch.linspace(-lim, lim, 41).tolist()
@@ -74,23 +88,25 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
         if i >= n:
             ax.axis("off")
             continue
-        mu = st.mean[i].numpy()
-        counts, _, _ = ax.hist(
-            mu, bins=bins, color=color, alpha=0.8, label=f"μ of the {mu.size} tokens"
+        mu = st.mean[i]
+        # one step artist per panel instead of 40 bar patches
+        counts = torch.histogram(mu, bins=torch.tensor(bins, dtype=mu.dtype)).hist
+        ax.stairs(
+            counts.numpy(),
+            bins,
+            fill=True,
+            color=color,
+            alpha=0.8,
+            label=f"μ of the {mu.numel()} tokens",
         )
-        ax.set_ylim(0, max(1.0, float(counts.max())) * 1.45)  # headroom for the text box
+        ax.set_ylim(0, max(1.0, float(counts.max())) * 1.1)
         ax.xaxis.set_major_locator(MaxNLocator(4))
         ax.axvline(0.0, color="black", lw=0.8, ls="--", label="μ = 0")
-        ax.set_title(result.layer_names[i], fontsize=9)
         ratio = float(st.ratio[i].nanmedian())
-        ax.text(
-            0.02,
-            0.96,
-            f"σ̄ = {float(st.std[i].mean()):.3g}\nmedian |μ|/σ = {ratio:.3g}",
-            transform=ax.transAxes,
-            va="top",
-            fontsize=7,
-            bbox={"facecolor": "white", "alpha": 0.7, "lw": 0},
+        ax.set_title(
+            f"{result.layer_names[i]}\nσ̄ = {float(st.std[i].mean()):.3g}, "
+            f"median |μ|/σ = {ratio:.3g}",
+            fontsize=8,
         )
         ax.tick_params(labelsize=7)
         if i % ncols == 0:
@@ -99,7 +115,7 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
             ax.set_xlabel("per-token mean μ (activation units)", fontsize=8)
             ax.tick_params(labelbottom=True)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", fontsize=8, ncol=2)
+    fig.legend(handles, labels, loc="lower center", fontsize=8, ncol=2)
     title = f"Per-token mean of the residual stream at each layer ({stage})"
     fig.suptitle(f"{title}\n{_describe(result.config)}", fontsize=11)
     return _save(fig, path)
@@ -201,7 +217,7 @@ def divergence_curve(points: list[dict], path: Path) -> Path:
     axes, where the curve is r²/2 for small r."""
     plt = _plt()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5.2), layout="constrained")
-    r = torch.logspace(-3, 1.5, 400, dtype=torch.float64)
+    r = torch.logspace(-4, 1.5, 400, dtype=torch.float64)
     cos = 1 / torch.sqrt(1 + r * r)
     ax0.plot(r, cos, color="black", lw=1.5, label="analytic: 1/√(1 + (μ/σ)²)")
     ax1.plot(r, 1 - cos, color="black", lw=1.5, label="analytic: 1 − 1/√(1 + (μ/σ)²)")

@@ -200,11 +200,14 @@ def build_report(cfg: ReportConfig, out: str | Path = "report", progress=None) -
         from .inspection import load_model, make_inputs
 
         loaded = load_model(cfg.model)
-    base = simulate(cfg.simulation, progress)
+    base = simulate(cfg.simulation, progress, "simulation")
     planted = None
     if cfg.planted_mean:
-        planted = simulate(replace(cfg.simulation, planted_mean=cfg.planted_mean), progress)
-    trained = simulate(cfg.training, progress) if cfg.training is not None else None
+        planted_cfg = replace(cfg.simulation, planted_mean=cfg.planted_mean)
+        planted = simulate(planted_cfg, progress, "planted mean")
+    trained = None
+    if cfg.training is not None:
+        trained = simulate(cfg.training, progress, "small model")
     inspected = None
     if cfg.model is not None:
         from .inspection import inspect_model
@@ -364,10 +367,11 @@ def _page(cfg, summary, files, base, planted, trained, inspected, timing) -> Pag
         "Centered is the rule, not a coincidence, at initialization: each coordinate of the "
         "residual stream is a sum of many independent zero-mean terms, so the mean of a row of d "
         "coordinates is about σ/√d — for i.i.d. Gaussian rows E|μ|/σ ≈ √(2/(πd)) = "
-        f"{math.sqrt(2 / (math.pi * sc.d_model)):.3f} at d = {sc.d_model}. A cosine of 0.998 "
-        "still leaves each output element different by a few percent, and training can plant a "
-        "mean (a bias, a dominant token, a massive activation); that is what this report and "
-        "`rmsnorm inspect` measure."
+        f"{math.sqrt(2 / (math.pi * sc.d_model)):.3f} at d = {sc.d_model}. Still, a mean cosine "
+        f"of {sim['mean_cosine']:.4f} leaves the two unit-RMS outputs "
+        f"{100 * math.sqrt(max(0.0, 2 - 2 * sim['mean_cosine'])):.1f}% apart per element (RMS "
+        "of the difference), and a trained network can plant a mean (a bias, a dominant token, "
+        "a massive activation); that is what this report and `rmsnorm inspect` measure."
     )
 
     page.h2("The identity RMS² = σ² + μ²")
@@ -408,7 +412,7 @@ def _page(cfg, summary, files, base, planted, trained, inspected, timing) -> Pag
     page.figure(
         files["mean_histograms"],
         "Per-token mean μ of the residual stream, one panel per layer; each panel also gives the "
-        "layer's average σ and median |μ|/σ. The means stay an order of magnitude below σ.",
+        f"layer's average σ and median |μ|/σ (over all layers: {sim['median_mu_over_sigma']:.3f}).",
     )
     page.table(_LAYER_HEADERS, _layer_rows(base, "init"))
     page.p(
@@ -432,7 +436,7 @@ def _page(cfg, summary, files, base, planted, trained, inspected, timing) -> Pag
         "The cosine depends on nothing but r = |μ|/σ: cos = 1/√(1 + r²) ≈ 1 − r²/2 for small r. "
         "So |μ|/σ = 0.1 costs 0.5% of cosine, |μ|/σ = 0.3 about 4%, and at |μ| = σ the outputs are "
         "45° apart (cos 0.707). Each layer of each run is a point on the curve; the grey dots are "
-        "the individual tokens of the first layer with their *measured* cosine, which sit on the "
+        "the individual tokens of the first layer with their measured cosine, which sit on the "
         "curve exactly."
     )
     page.figure(files["divergence_curve"], "cos(LayerNorm, RMSNorm) against |μ|/σ; points: layers.")

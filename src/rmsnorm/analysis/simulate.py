@@ -227,9 +227,11 @@ def _corpus(cfg: SimulationConfig):
     return text_corpus(cfg.text) if cfg.text is not None else stdlib_corpus()
 
 
-def simulate(cfg: SimulationConfig | None = None, progress=None) -> SimulationResult:
+def simulate(
+    cfg: SimulationConfig | None = None, progress=None, label: str = "simulate"
+) -> SimulationResult:
     """Run the experiment described by ``cfg`` (defaults: the chapter's 12-layer pre-LN
-    transformer at initialization on random tokens)."""
+    transformer at initialization on random tokens); ``label`` names its progress bars."""
     cfg = cfg or SimulationConfig()
     progress = ensure(progress)
     kind = cfg.resolved_inputs
@@ -247,7 +249,7 @@ def simulate(cfg: SimulationConfig | None = None, progress=None) -> SimulationRe
         inputs = cfg.init_std * torch.randn(cfg.batch, cfg.seq_len, cfg.d_model, generator=gen)
     else:
         inputs, _ = corpus.batch("val", cfg.batch, cfg.seq_len, gen)
-    with progress.task("simulate: forward at init", total=1) as advance:
+    with progress.task(f"{label}: forward at init", total=1) as advance:
         init = _measure(model, cfg, inputs, kind)
         advance()
     seconds["init"] = time.perf_counter() - t0
@@ -265,9 +267,7 @@ def simulate(cfg: SimulationConfig | None = None, progress=None) -> SimulationRe
         )
         t1 = time.perf_counter()
         loss0 = evaluate(model, corpus, tcfg.eval_batches, tcfg.batch_size, tcfg.seed)
-        with progress.task(
-            f"simulate: train {cfg.train_steps} steps", total=cfg.train_steps
-        ) as adv:
+        with progress.task(f"{label}: train {cfg.train_steps} steps", total=cfg.train_steps) as adv:
             hist = train(model, corpus, tcfg, on_step=lambda step, loss: adv())
         result.trained = _measure(model, cfg, inputs, kind)
         result.val_loss = {"init": loss0, "trained": hist.val_loss[-1]}

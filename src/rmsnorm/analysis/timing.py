@@ -31,7 +31,8 @@ def machine_name() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    text = f"{cpu}, {os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads"
+    threads = torch.get_num_threads()
+    text = f"{cpu}, {os.cpu_count()} logical cores, {threads} torch thread{'s' * (threads > 1)}"
     if torch.cuda.is_available():
         text += f"; GPU {torch.cuda.get_device_name(0)}"
     return text
