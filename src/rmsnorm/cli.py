@@ -91,6 +91,7 @@ def convert(
     for variant, seconds in report.inference_s.items():
         table.add_row(f"inference {variant}, {batch_shape} tokens", f"{seconds * 1e3:.2f} ms")
     table.add_row("output head untied", "yes" if report.untied_head else "no (was not tied)")
+    table.add_row("rmsnorm backend, torch threads", f"{report.backend}, {report.threads}")
     console.print(table)
     if json_out:
         with open(json_out, "w") as fh:

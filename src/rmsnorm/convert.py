@@ -14,12 +14,14 @@ import dataclasses
 import json
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from . import _backend
 from .modules import RMSNorm
 
 __all__ = [
@@ -346,22 +348,31 @@ def verify_conversion(
 
 @torch.no_grad()
 def time_inference(
-    model: nn.Module, tokens: torch.Tensor, repeats: int = 10, warmup: int = 2
-) -> float:
-    """Median wall time in seconds of one inference forward of ``model`` on ``tokens``."""
+    models: Mapping[str, nn.Module], tokens: torch.Tensor, repeats: int = 10, warmup: int = 2
+) -> dict[str, float]:
+    """Median wall time in seconds of one inference forward of each model on ``tokens``.
+
+    The models take turns (one forward each per round, ``repeats`` rounds), so a change in the
+    machine's load during the measurement affects all of them alike.
+    """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    was_training = model.training
-    model.eval()
-    for _ in range(warmup):
-        _logits(model, tokens)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _logits(model, tokens)
-        times.append(time.perf_counter() - t0)
-    model.train(was_training)
-    return statistics.median(times)
+    modes = {name: m.training for name, m in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    try:
+        for m in models.values():
+            m.eval()
+            for _ in range(warmup):
+                _logits(m, tokens)
+        for _ in range(repeats):
+            for name, m in models.items():
+                t0 = time.perf_counter()
+                _logits(m, tokens)
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        for name, m in models.items():
+            m.train(modes[name])
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -454,6 +465,8 @@ class ConversionReport:
     inference_s: dict[str, float]  # model variant -> median seconds per inference forward
     tokens_shape: tuple[int, int]
     untied_head: bool
+    backend: str  # this library's backend that ran the norms
+    threads: int  # torch CPU threads during the timing
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -506,11 +519,12 @@ def convert_directory(
             diff = verify_conversion(original, dtype, batch=batch, seq_len=seq_len)
         diffs[name] = diff
     step("timing inference")
-    times = {"original": time_inference(original, tokens, repeats)}
+    variants = {"original": original}
     with_our_ln = copy.deepcopy(original)
     if replace_norms(with_our_ln):  # the original ran torch's LayerNorm: also time ours
-        times["original with rmsnorm.LayerNorm"] = time_inference(with_our_ln, tokens, repeats)
-    times["converted (rmsnorm.RMSNorm)"] = time_inference(reloaded, tokens, repeats)
+        variants["original with rmsnorm.LayerNorm"] = with_our_ln
+    variants["converted (rmsnorm.RMSNorm)"] = reloaded
+    times = time_inference(variants, tokens, repeats)
     return ConversionReport(
         architecture=plan.arch,
         source=str(source),
@@ -519,6 +533,8 @@ def convert_directory(
         inference_s=times,
         tokens_shape=tuple(tokens.shape),
         untied_head=was_tied,
+        backend=_backend.describe(tokens.device.type),
+        threads=torch.get_num_threads(),
     )
 
 
