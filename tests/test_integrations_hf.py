@@ -312,7 +312,8 @@ def test_patch_warns_about_unknown_norm_classes():
 
 def test_importing_does_not_import_transformers():
     code = (
-        "import sys, rmsnorm, rmsnorm.integrations, rmsnorm.integrations.hf; "
+        "import sys, rmsnorm, rmsnorm.integrations, rmsnorm.integrations.hf, "
+        "rmsnorm.integrations.distributed, rmsnorm.convert; "
         "assert 'transformers' not in sys.modules, 'transformers imported'"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
