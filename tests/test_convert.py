@@ -192,6 +192,15 @@ def test_refusals_are_clear():
         layernorm_to_rmsnorm(gpt2(add_cross_attention=True))
     with pytest.raises(TypeError, match="torch.nn.Module"):
         layernorm_to_rmsnorm("gpt2")
+    with pytest.raises(ConversionError, match="expects a model returned by"):
+        recenter_(gpt2())
+    # A LayerNorm the layout does not know about: refused before anything is changed.
+    model = lab()
+    model.blocks[0].attn.extra = nn.LayerNorm(32)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ConversionError, match=r"blocks\.0\.attn\.extra"):
+        layernorm_to_rmsnorm(model, inplace=True)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
 
 def test_refuses_unknown_hf_architecture():

@@ -207,13 +207,20 @@ def _rmsnorm_like(ln: nn.LayerNorm) -> RMSNorm:
     return rms
 
 
-def _swap_norms(plan: _Plan, model: nn.Module) -> None:
+def _check_no_stray_layernorm(plan: _Plan, model: nn.Module) -> None:
     slots = {id(getattr(parent, attr)) for parent, attr in plan.norms}
     stray = [
         n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm) and id(m) not in slots
     ]
     if stray:
-        raise ConversionError(f"LayerNorms outside the residual-stream plan: {stray}")
+        raise ConversionError(
+            f"LayerNorms outside the known residual-stream layout: {stray}; the conversion "
+            "would not be exact for them"
+        )
+
+
+def _swap_norms(plan: _Plan, model: nn.Module) -> None:
+    _check_no_stray_layernorm(plan, model)
     for parent, attr in plan.norms:
         ln = getattr(parent, attr)
         if not isinstance(ln, nn.LayerNorm):
@@ -266,14 +273,19 @@ def layernorm_to_rmsnorm(model: nn.Module, *, inplace: bool = False) -> nn.Modul
     return model
 
 
+def _is_converted(model: nn.Module) -> bool:
+    return bool(
+        getattr(model, "rmsnorm_conversion", None)
+        or getattr(getattr(model, "config", None), "rmsnorm_conversion", None)
+    )
+
+
 def _check_convertible(model: nn.Module) -> None:
     """Raise before copying anything: unsupported architecture, post-LN, no LayerNorm to convert."""
     from .analysis.transformer import Transformer
 
     plan = _plan(model)
-    if getattr(model, "rmsnorm_conversion", None) or getattr(
-        getattr(model, "config", None), "rmsnorm_conversion", None
-    ):
+    if _is_converted(model):
         raise ConversionError("the model is already converted (it records rmsnorm_conversion)")
     if isinstance(model, Transformer) and model.cfg.norm != "layernorm":
         raise ConversionError(
@@ -285,12 +297,18 @@ def _check_convertible(model: nn.Module) -> None:
                 f"{type(parent).__name__}.{attr} is {type(getattr(parent, attr)).__name__}, not a "
                 "LayerNorm (already converted?)"
             )
+    _check_no_stray_layernorm(plan, model)
 
 
 @torch.no_grad()
 def recenter_(model: nn.Module) -> nn.Module:
     """Re-center the residual-stream writers of a converted model in place (call it after each
     optimizer step when fine-tuning, so the RMSNorm model stays exactly its LayerNorm twin)."""
+    if not _is_converted(model):
+        raise ConversionError(
+            "recenter_ expects a model returned by layernorm_to_rmsnorm (an unconverted model "
+            "may still tie its head to the embedding, which centering would change)"
+        )
     plan = _plan(model)
     for module, attr, dim in plan.writers:
         p = getattr(module, attr)
