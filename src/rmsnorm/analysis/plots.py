@@ -67,7 +67,7 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
     n = st.mean.shape[0]
     ncols = min(5, n)
     nrows = math.ceil(n / ncols)
-    height = 2.4 * nrows + 1.4
+    height = 2.4 * nrows + 1.7
     fig, axes = plt.subplots(
         nrows, ncols, figsize=(3.0 * ncols, height), sharex=True, squeeze=False
     )
@@ -75,7 +75,7 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
     fig.subplots_adjust(
         left=0.06,
         right=0.98,
-        top=1 - 0.75 / height,
+        top=1 - 1.05 / height,  # room for the two-line suptitle above the panel titles
         bottom=0.85 / height,
         hspace=0.45,
         wspace=0.28,
