@@ -74,9 +74,18 @@ timeout $((BENCH_BUDGET + 200)) "$PY" -m rmsnorm bench --device cuda --out "$OUT
   --budget "$BENCH_BUDGET" >"$OUT/bench.log" 2>&1
 bench_rc=$?
 stamp "benchmark exit code $bench_rc (log: bench.log)"
-grep -E "^\[|failed|skipped|liger|copy " "$OUT/bench.log" | tail -40
+grep -E "failed|skipped|liger|copy " "$OUT/bench.log" | cut -c1-200 | tail -15
 
-# 4. Results last.
+# 4. Results last: the summary table, then the test results (the device tool returns the tail).
+echo
+echo "=== Benchmark summary (ours vs the best other provider; time ratio < 1 = ours faster) ==="
+if [ -f "$OUT/gpu_bench.csv" ]; then
+  "$PY" -c "import sys; from rmsnorm.bench import read_csv, summary; print(summary(read_csv(sys.argv[1])))" \
+    "$OUT/gpu_bench.csv" | tee "$OUT/summary.txt"
+else
+  echo "no gpu_bench.csv (see bench.log)"
+  tail -c 1500 "$OUT/bench.log"
+fi
 echo
 echo "=== GPU tests ==="
 test_rc=0
@@ -92,15 +101,7 @@ for ((i = 0; i < SHARDS; i++)); do
   echo "shard $i: $last"
 done
 grep -hE "^(FAILED|ERROR) " "$OUT"/tests_*.log | cut -c1-240 | head -30
-grep -h "warm shard" "$OUT"/warm_*.log || true
+grep -h "warm shard" "$OUT"/warm_*.log | tr '\n' ';' || true
 echo
-echo "=== Benchmark summary (ours vs best other provider; time ratio < 1 = faster) ==="
-if [ -f "$OUT/gpu_bench.csv" ]; then
-  "$PY" -c "import sys; from rmsnorm.bench import read_csv, summary; print(summary(read_csv(sys.argv[1])))" \
-    "$OUT/gpu_bench.csv"
-else
-  echo "no gpu_bench.csv (see bench.log)"
-  tail -c 2000 "$OUT/bench.log"
-fi
 stamp "done (tests $([ $test_rc = 0 ] && echo passed || echo FAILED), benchmark rc $bench_rc)"
 exit $((test_rc | (bench_rc != 0)))
