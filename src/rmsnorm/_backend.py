@@ -20,6 +20,7 @@ ENV_VAR = "RMSNORM_BACKEND"
 
 _forced: str | None = None  # set by use_backend(); wins over the environment variable
 _modules: dict[str, ModuleType] = {}
+_probes: dict[str, bool] = {}  # per-process answers to "is X usable here?" (ops ask on every call)
 
 
 def _check_name(name: object, what: str) -> str:
@@ -64,15 +65,22 @@ class use_backend:
 
 
 def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    found = _probes.get("triton")
+    if found is None:
+        found = _probes["triton"] = importlib.util.find_spec("triton") is not None
+    return found
 
 
 def cpu_kernels_available() -> bool:
     """True where the compiled CPU kernels can run (their module decides; imported lazily)."""
-    try:
-        return bool(_load("cpu").available())
-    except ImportError:
-        return False
+    found = _probes.get("cpu")
+    if found is None:
+        try:
+            found = bool(_load("cpu").available())
+        except ImportError:
+            found = False
+        _probes["cpu"] = found
+    return found
 
 
 def _load(name: str) -> ModuleType:

@@ -87,8 +87,21 @@ def _(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
 
 
 @torch.library.register_fake("rmsnorm::rms_norm_bwd")
-def _(dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-      input_dtype, need_weight_grad):  # fmt: skip
+def _(
+    dy,
+    x,
+    weight,
+    bias,
+    rstd,
+    dresidual,
+    eps,
+    eps_mode,
+    casting_mode,
+    offset,
+    k,
+    input_dtype,
+    need_weight_grad,
+):
     dx = x.new_empty(x.shape)
     return dx, _param_grad(x, weight, need_weight_grad), _param_grad(x, bias, need_weight_grad)
 

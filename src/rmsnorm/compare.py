@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from . import __version__, _backend
 from .analysis.corpus import Corpus, stdlib_corpus, text_corpus
+from .analysis.progress import ensure as ensure_progress
 from .analysis.train import TrainConfig, Trainer
 from .analysis.transformer import NORMS, Transformer, TransformerConfig, make_norm
 from .modules import LayerNorm, RMSNorm
@@ -403,21 +404,18 @@ def _load_average() -> list[float] | None:
         return None
 
 
-ProgressFn = Callable[[int, int, str], None]
-
-
-def run_comparison(cfg: CompareConfig, progress: ProgressFn | None = None) -> dict:
+def run_comparison(cfg: CompareConfig, progress=None) -> dict:
     """Train every variant for every seed and return the results (what :func:`write_outputs`
     saves). Variants of one seed advance in lockstep, one step each in a rotating order, so that
     their step times are measured under the same machine load; the norm-only timing blocks are
-    interleaved with the training in the same way. ``progress(done, total, description)`` is
-    called after every round of steps."""
+    interleaved with the training in the same way. ``progress``: an
+    :mod:`rmsnorm.analysis.progress` object (one bar per seed), or None."""
     corpus = load_corpus(cfg)
     device = cfg.device
     t_start, cpu_start = time.perf_counter(), time.process_time()
     load_start = _load_average()
     steps, variants = cfg.train.steps, cfg.variants
-    total = cfg.seeds * steps * len(variants)
+    progress = ensure_progress(progress)
     timing_every = max(1, steps // 4)  # four norm-timing blocks per seed
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     cases = _norm_timing_cases(cfg.model, variants, cfg.train.batch_size, device)
@@ -436,19 +434,18 @@ def run_comparison(cfg: CompareConfig, progress: ProgressFn | None = None) -> di
             train_cfg = replace(cfg.train, seed=seed, eval_seed=cfg.seed)
             trainers = {v: Trainer(m, corpus, train_cfg) for v, m in models.items()}
             init = {v: fingerprint(shared_parameters(m)) for v, m in models.items()}
-            for step in range(steps):
-                for j in range(len(variants)):
-                    trainers[variants[(step + j) % len(variants)]].step()
-                if step % timing_every == 0:
-                    for j in range(len(cases)):
-                        name, _, fn = cases[(step + j) % len(cases)]
-                        norm_samples[name].append(_time_calls(fn, cfg.norm_timing_calls, device))
-                if progress is not None:
-                    progress(
-                        (i * steps + step + 1) * len(variants),
-                        total,
-                        f"seed {i + 1}/{cfg.seeds}",
-                    )
+            bar = f"seed {seed} ({i + 1}/{cfg.seeds}): {len(variants)} variants x {steps} steps"
+            with progress.task(bar, steps * len(variants)) as advance:
+                for step in range(steps):
+                    for j in range(len(variants)):
+                        trainers[variants[(step + j) % len(variants)]].step()
+                    if step % timing_every == 0:
+                        for j in range(len(cases)):
+                            name, _, fn = cases[(step + j) % len(cases)]
+                            norm_samples[name].append(
+                                _time_calls(fn, cfg.norm_timing_calls, device)
+                            )
+                    advance(len(variants))
             for v, trainer in trainers.items():
                 hist = trainer.history
                 model = models[v]

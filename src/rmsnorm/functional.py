@@ -170,9 +170,15 @@ def rms_norm(
     if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     y, _ = torch.ops.rmsnorm.rms_norm_fwd(
-        _rows(input, n), _flat(weight, n), _flat(bias, n), eps, eps_mode, casting_mode, offset,
+        _rows(input, n),
+        _flat(weight, n),
+        _flat(bias, n),
+        eps,
+        eps_mode,
+        casting_mode,
+        offset,
         partial_size(n, partial),
-    )  # fmt: skip
+    )
     return y.view(input.shape)
 
 
@@ -211,9 +217,16 @@ def add_rms_norm(
     if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
-        _rows(input, n), _rows(residual, n), _flat(weight, n), _flat(bias, n), eps, eps_mode,
-        casting_mode, offset, partial_size(n, partial),
-    )  # fmt: skip
+        _rows(input, n),
+        _rows(residual, n),
+        _flat(weight, n),
+        _flat(bias, n),
+        eps,
+        eps_mode,
+        casting_mode,
+        offset,
+        partial_size(n, partial),
+    )
     return y.view(input.shape), h.view(input.shape)
 
 

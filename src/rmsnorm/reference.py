@@ -246,8 +246,8 @@ def rms_norm_bwd(
     dx = r * g - corr
     if dresidual is not None:
         dx = dx + dresidual.to(cd)
-    empty = x.new_empty((0,), dtype=compute_dtype(x.dtype))
-    dw = db = empty
+    dw = x.new_empty((0,), dtype=compute_dtype(x.dtype))  # distinct tensors: outputs never alias
+    db = x.new_empty((0,), dtype=compute_dtype(x.dtype))
     if need_weight_grad and weight is not None:
         xh = xhat.to(input_dtype).to(cd) if casting_mode == "llama" else xhat
         dw = (dyf * xh).sum(dim=0).to(weight.dtype)
@@ -301,8 +301,8 @@ def layer_norm_bwd(
     xhat = (x.to(cd) - mean.to(cd)[:, None]) * r
     g = dyf * weight.to(cd) if weight is not None else dyf
     dx = r * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
-    empty = x.new_empty((0,), dtype=compute_dtype(x.dtype))
-    dw = db = empty
+    dw = x.new_empty((0,), dtype=compute_dtype(x.dtype))  # distinct tensors: outputs never alias
+    db = x.new_empty((0,), dtype=compute_dtype(x.dtype))
     if need_weight_grad and weight is not None:
         dw = (dyf * xhat).sum(dim=0).to(weight.dtype)
     if need_weight_grad and bias is not None:

@@ -16,12 +16,36 @@ from pathlib import Path
 import torch
 
 STDLIB_FILES = (
-    "argparse.py", "ast.py", "collections/__init__.py", "contextlib.py", "dataclasses.py",
-    "difflib.py", "enum.py", "functools.py", "inspect.py", "json/decoder.py", "json/encoder.py",
-    "logging/__init__.py", "pprint.py", "random.py", "shutil.py", "string.py", "subprocess.py",
-    "textwrap.py", "threading.py", "typing.py", "unittest/case.py", "tokenize.py", "heapq.py",
-    "fractions.py", "statistics.py", "csv.py", "configparser.py", "calendar.py", "copy.py",
-)  # fmt: skip
+    "argparse.py",
+    "ast.py",
+    "collections/__init__.py",
+    "contextlib.py",
+    "dataclasses.py",
+    "difflib.py",
+    "enum.py",
+    "functools.py",
+    "inspect.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "logging/__init__.py",
+    "pprint.py",
+    "random.py",
+    "shutil.py",
+    "string.py",
+    "subprocess.py",
+    "textwrap.py",
+    "threading.py",
+    "typing.py",
+    "unittest/case.py",
+    "tokenize.py",
+    "heapq.py",
+    "fractions.py",
+    "statistics.py",
+    "csv.py",
+    "configparser.py",
+    "calendar.py",
+    "copy.py",
+)
 
 
 @dataclass

@@ -1,0 +1,348 @@
+"""Triton kernels for CUDA (and ROCm) tensors; on CPU tensors they run under Triton's interpreter.
+
+The five launchers have the signatures and return tuples of :mod:`rmsnorm.reference`: they take
+2-D (M, N) tensors with a unit last stride (rows may be strided; nothing is copied), allocate the
+outputs, pick a cached launch config (``_config.py``) and launch. No autograd, no torch.library.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...reference import compute_dtype, output_dtype
+from . import _config
+from ._config import Config, override
+from ._kernels import (
+    _INTERPRETED,
+    CAST_GEMMA,
+    CAST_LLAMA,
+    CAST_NONE,
+    _layer_norm_bwd_kernel,
+    _layer_norm_fwd_kernel,
+    _rms_norm_bwd_kernel,
+    _rms_norm_fwd_kernel,
+    _sum_partials_kernel,
+    flags,
+)
+
+__all__ = [
+    "rms_norm_fwd",
+    "add_rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+    "Config",
+    "override",
+]
+
+_TL = {
+    torch.float32: tl.float32,
+    torch.float16: tl.float16,
+    torch.bfloat16: tl.bfloat16,
+    torch.float64: tl.float64,
+}
+_CAST = {"gemma": CAST_GEMMA, "llama": CAST_LLAMA, "none": CAST_NONE}
+_EPS_MODES = ("mean_square", "rms")
+
+
+def _check_mode(eps_mode: str, casting_mode: str) -> None:
+    if eps_mode not in _EPS_MODES:
+        raise ValueError(f"eps_mode must be one of {_EPS_MODES}, got {eps_mode!r}")
+    if casting_mode not in _CAST:
+        raise ValueError(f"casting_mode must be one of {tuple(_CAST)}, got {casting_mode!r}")
+
+
+def _acc(*dtypes: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
+    """The compute dtype (torch, triton): float64 when any input is float64, else float32."""
+    return (torch.float64, tl.float64) if torch.float64 in dtypes else (torch.float32, tl.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch plans: everything about a launch that depends only on the call's signature (N, dtypes,
+# options, device), computed once. A call then allocates, looks up its plan and launches.
+# ----------------------------------------------------------------------------------------------
+_plans: dict = {}
+
+
+def _plan(key: tuple, build):
+    """The cached plan for `key`, built by `build()` on a miss; not cached while a test or a
+    benchmark overrides configs."""
+    plan = _plans.get(key)
+    if plan is None or _config.overridden():
+        plan = build()
+        if not _config.overridden():
+            _plans[key] = plan
+    return plan
+
+
+def _launches(cfg: Config, option_flags: int, extra: dict) -> list[dict]:
+    """The keyword arguments of each launch of a config: its tile and layout constexprs, FLAGS
+    (options + layout bits), the extra constexprs and the launch options."""
+    common = {
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "SPLIT": cfg.split,
+        "SPLIT_P2": 1 << max(0, (cfg.split - 1).bit_length()),
+        "num_warps": cfg.num_warps,
+        "num_stages": cfg.num_stages,
+        **extra,
+    }
+    base = option_flags | flags(loop=cfg.loop, prefetch=cfg.programs > 0)
+    if cfg.split > 1 and _INTERPRETED:
+        # The interpreter runs programs one after another: a split row runs as a publish launch
+        # and a finish launch instead of spinning on its counter.
+        return [dict(common, FLAGS=base | flags(phase=ph)) for ph in (1, 2)]
+    return [dict(common, FLAGS=base)]
+
+
+def _launch(kernel, cfg: Config, launches: list, m: int, args: tuple) -> None:
+    grid = (cfg.slots(m) * cfg.split,)
+    for kwargs in launches:
+        kernel[grid](*args, **kwargs)
+
+
+def _workspace(cfg: Config, m: int, nv: int, acc: torch.dtype, x: torch.Tensor):
+    """(WS, CNT) for a split layout: per-row partials and zeroed per-row-block arrival counters;
+    the unused pointers are any tensor otherwise."""
+    if cfg.split == 1:
+        return x, x
+    ws = torch.empty((m, nv, cfg.split), dtype=acc, device=x.device)
+    cnt = torch.zeros((-(-m // cfg.block_m),), dtype=torch.int32, device=x.device)
+    return ws, cnt
+
+
+# ----------------------------------------------------------------------------------------------
+# RMSNorm
+# ----------------------------------------------------------------------------------------------
+def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    m, n = x.shape
+    dev = x.device
+    rdt = None if residual is None else residual.dtype
+    wdt = None if weight is None else weight.dtype
+    key = ("fwd", n, k < n, x.dtype, rdt, wdt, bias is not None, eps_mode, casting_mode, dev)
+
+    def build():
+        _check_mode(eps_mode, casting_mode)
+        acc, acc_tl = _acc(x.dtype) if rdt is None else _acc(x.dtype, rdt)
+        # Registers hold the widest input's tile: an fp32 residual sizes the tile as fp32.
+        size_dtype = x.dtype if rdt is None or rdt.itemsize <= x.dtype.itemsize else rdt
+        cfg = _config.choose("fwd", n, size_dtype, dev)
+        option_flags = flags(
+            res=rdt is not None, w=wdt is not None, b=bias is not None,
+            rms_eps=eps_mode == "rms", partial=k < n, cast=_CAST[casting_mode],
+        )  # fmt: skip
+        y_dtype = output_dtype(x.dtype, weight, casting_mode)
+        return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc
+
+    cfg, launches, y_dtype, acc = _plan(key, build)
+    y = torch.empty((m, n), dtype=y_dtype, device=dev)
+    h = None if rdt is None else torch.empty((m, n), dtype=rdt, device=dev)
+    rstd = torch.empty((m,), dtype=acc, device=dev)
+    if m == 0:
+        return y, h, rstd
+    ws, cnt = (x, x) if cfg.split == 1 else _workspace(cfg, m, 1, acc, x)
+    res = x if residual is None else residual
+    args = (
+        x, res, y, y if h is None else h, x if weight is None else weight,
+        x if bias is None else bias, rstd, ws, cnt, x.stride(0), res.stride(0), m, n, k, eps,
+        offset,
+    )  # fmt: skip
+    _launch(_rms_norm_fwd_kernel, cfg, launches, m, args)
+    return y, h, rstd
+
+
+def rms_norm_fwd(
+    x: torch.Tensor,  # (M, N)
+    weight: torch.Tensor | None,  # (N,)
+    bias: torch.Tensor | None,  # (N,)
+    eps: float,
+    eps_mode: str,
+    casting_mode: str,
+    offset: float,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm forward (see :func:`rmsnorm.reference.rms_norm_fwd`): returns (y, rstd)."""
+    y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    return y, rstd
+
+
+def add_rms_norm_fwd(
+    x: torch.Tensor,  # (M, N)
+    residual: torch.Tensor,  # (M, N)
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    eps_mode: str,
+    casting_mode: str,
+    offset: float,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused residual add + RMSNorm (see :func:`rmsnorm.reference.add_rms_norm_fwd`):
+    returns (y, h, rstd)."""
+    return _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k)
+
+
+def _param_grads(x, weight, bias, need: bool):
+    """(dw, db, partial columns): outputs to fill, or empty tensors where not wanted."""
+    empty = x.new_empty((0,), dtype=compute_dtype(x.dtype))
+    need_dw = need and weight is not None
+    need_db = need and bias is not None
+    dw = torch.empty_like(weight) if need_dw else empty
+    db = torch.empty_like(bias) if need_db else empty
+    return dw, db, need_dw, need_db
+
+
+def _reduce_partials(part: torch.Tensor, dw, db, need_dw: bool, need_db: bool, n: int, acc_tl):
+    """d weight / d bias = the fixed-order sum of the partial rows."""
+    rows = part.shape[0]
+    if part.device.type == "cpu":
+        block_n, block_r, warps = min(_pow2(n), 1024), min(_pow2(rows), 64), 4
+    else:
+        # Enough programs to stream the (rows, N) fp32 buffer at full bandwidth.
+        block_n = max(32, min(256, _pow2(-(-n // 512))))
+        block_r, warps = 32, 4
+    grid = (triton.cdiv(n, block_n), int(need_dw) + int(need_db))
+    _sum_partials_kernel[grid](
+        part, dw, db, rows, n, part.stride(0),
+        NEED_DW=need_dw, NEED_DB=need_db, BLOCK_R=block_r, BLOCK_N=block_n, ACC=acc_tl,
+        RNE=_INTERPRETED,
+        num_warps=warps,
+    )  # fmt: skip
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _zero_grads(dw, db, need_dw, need_db):
+    if need_dw:
+        dw.zero_()
+    if need_db:
+        db.zero_()
+
+
+def rms_norm_bwd(
+    dy: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (M, N): x, or h for add_rms_norm
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    rstd: torch.Tensor,  # (M,)
+    dresidual: torch.Tensor | None,  # (M, N)
+    eps: float,
+    eps_mode: str,
+    casting_mode: str,
+    offset: float,
+    k: int,
+    input_dtype: torch.dtype,
+    need_weight_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm backward (see :func:`rmsnorm.reference.rms_norm_bwd`): returns (dx, dw, db)."""
+    m, n = x.shape
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
+    has_w, has_dres = weight is not None, dresidual is not None
+    key = ("bwd", n, k < n, x.dtype, input_dtype, has_w, has_dres, need_dw, need_db, eps_mode,
+           casting_mode, x.device)  # fmt: skip
+
+    def build():
+        _check_mode(eps_mode, casting_mode)
+        acc, acc_tl = _acc(x.dtype, input_dtype)
+        cfg = _config.choose("bwd", n, x.dtype, x.device)
+        option_flags = flags(
+            res=has_dres, w=has_w, dw=need_dw, db=need_db, rms_eps=eps_mode == "rms",
+            partial=k < n, cast=_CAST[casting_mode],
+        )  # fmt: skip
+        extra = {"IN": _TL[input_dtype], "ACC": acc_tl}
+        return cfg, _launches(cfg, option_flags, extra), acc, acc_tl
+
+    cfg, launches, acc, acc_tl = _plan(key, build)
+    if m == 0:
+        _zero_grads(dw, db, need_dw, need_db)
+        return dx, dw, db
+    ws, cnt = _workspace(cfg, m, 2, acc, x)
+    ncols = n * (int(need_dw) + int(need_db))
+    part = torch.empty((cfg.slots(m), ncols), dtype=acc, device=x.device) if ncols else x
+    dres = x if dresidual is None else dresidual
+    args = (
+        dy, x, weight if has_w else x, rstd, dres, dx, part, ws, cnt,
+        dy.stride(0), x.stride(0), dres.stride(0), m, n, k, offset,
+    )  # fmt: skip
+    _launch(_rms_norm_bwd_kernel, cfg, launches, m, args)
+    if ncols:
+        _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
+    return dx, dw, db
+
+
+# ----------------------------------------------------------------------------------------------
+# LayerNorm
+# ----------------------------------------------------------------------------------------------
+def layer_norm_fwd(
+    x: torch.Tensor,  # (M, N)
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm forward (see :func:`rmsnorm.reference.layer_norm_fwd`): returns (y, mean, rstd)."""
+    m, n = x.shape
+    has_w, has_b = weight is not None, bias is not None
+    key = ("ln_fwd", n, x.dtype, has_w, has_b, x.device)
+
+    def build():
+        acc, acc_tl = _acc(x.dtype)
+        cfg = _config.choose("ln_fwd", n, x.dtype, x.device)
+        return cfg, _launches(cfg, flags(w=has_w, b=has_b), {"ACC": acc_tl}), acc
+
+    cfg, launches, acc = _plan(key, build)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    mean = torch.empty((m,), dtype=acc, device=x.device)
+    rstd = torch.empty((m,), dtype=acc, device=x.device)
+    if m == 0:
+        return y, mean, rstd
+    ws, cnt = _workspace(cfg, m, 2, acc, x)
+    args = (
+        x, y, weight if has_w else x, bias if has_b else x, mean, rstd, ws, cnt, x.stride(0),
+        m, n, eps,
+    )  # fmt: skip
+    _launch(_layer_norm_fwd_kernel, cfg, launches, m, args)
+    return y, mean, rstd
+
+
+def layer_norm_bwd(
+    dy: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (M, N)
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor,  # (M,)
+    rstd: torch.Tensor,  # (M,)
+    need_weight_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm backward (see :func:`rmsnorm.reference.layer_norm_bwd`): returns (dx, dw, db)."""
+    m, n = x.shape
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
+    has_w = weight is not None
+    key = ("ln_bwd", n, x.dtype, has_w, need_dw, need_db, x.device)
+
+    def build():
+        acc, acc_tl = _acc(x.dtype)
+        cfg = _config.choose("ln_bwd", n, x.dtype, x.device)
+        option_flags = flags(w=has_w, dw=need_dw, db=need_db)
+        return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), acc, acc_tl
+
+    cfg, launches, acc, acc_tl = _plan(key, build)
+    if m == 0:
+        _zero_grads(dw, db, need_dw, need_db)
+        return dx, dw, db
+    ws, cnt = _workspace(cfg, m, 2, acc, x)
+    ncols = n * (int(need_dw) + int(need_db))
+    part = torch.empty((cfg.slots(m), ncols), dtype=acc, device=x.device) if ncols else x
+    args = (
+        dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dy.stride(0), x.stride(0),
+        m, n,
+    )  # fmt: skip
+    _launch(_layer_norm_bwd_kernel, cfg, launches, m, args)
+    if ncols:
+        _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
+    return dx, dw, db

@@ -1,0 +1,100 @@
+"""The one dispatch point: forcing each backend gives the same results; the switch itself; what
+``import rmsnorm`` pulls in; ``rmsnorm info``."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import rmsnorm
+from rmsnorm import _backend
+from rmsnorm.testing import assert_close_to_reference
+
+
+def _available_backends():
+    names = ["reference"]
+    if _backend.cpu_kernels_available():
+        names.append("cpu")
+    if _backend.triton_installed() and importlib.util.find_spec("rmsnorm.kernels.triton"):
+        names.append("triton")  # interpreted on CPU tensors
+    return names
+
+
+BACKENDS = _available_backends()
+
+
+def _all_ops(x, r, w, b):
+    """Every public op, forward and backward, on inputs small enough for the Triton interpreter."""
+    leaves = [t.detach().clone().requires_grad_() for t in (x, r, w, b)]
+    x, r, w, b = leaves
+    outs = [
+        rmsnorm.rms_norm(x, 32, w, 1e-5, eps_mode="rms", partial=0.5, bias=b),
+        *rmsnorm.add_rms_norm(x, r, 32, w, 1e-5, casting_mode="llama", offset=1.0),
+        rmsnorm.layer_norm(x, 32, w, b),
+    ]
+    sum(o.float().square().sum() for o in outs).backward()
+    return [o.detach() for o in outs] + [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_backend_gives_the_same_results(backend, dtype):
+    torch.manual_seed(0)
+    x, r = torch.randn(6, 32).to(dtype), torch.randn(6, 32).to(dtype)
+    w, b = torch.randn(32).to(dtype), torch.randn(32).to(dtype)
+    with rmsnorm.use_backend("reference"):
+        eager = _all_ops(x, r, w, b)
+        exact = _all_ops(*(t.double() for t in (x, r, w, b)))
+    with rmsnorm.use_backend(backend):
+        got = _all_ops(x, r, w, b)
+    for i, (g, e, e64) in enumerate(zip(got, eager, exact, strict=True)):
+        assert_close_to_reference(g, e64, e, name=f"{backend} output {i}", rows=6)
+
+
+def test_use_backend_context_restores(monkeypatch):
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    assert _backend.current() == "auto"
+    with rmsnorm.use_backend("reference"):
+        assert _backend.current() == "reference"
+        with rmsnorm.use_backend("auto"):
+            assert _backend.current() == "auto"
+        assert _backend.current() == "reference"
+    assert _backend.current() == "auto"
+    monkeypatch.setenv(_backend.ENV_VAR, "reference")
+    assert _backend.current() == "reference"
+    assert _backend.launchers("cpu").__name__ == "rmsnorm.reference"
+
+
+def test_use_backend_as_a_plain_call():
+    try:
+        rmsnorm.use_backend("reference")
+        assert _backend.current() == "reference"
+    finally:
+        rmsnorm.use_backend(None)
+    assert _backend._forced is None
+
+
+def test_auto_falls_back_to_reference_on_devices_without_kernels():
+    assert _backend.launchers("mps").__name__ == "rmsnorm.reference"
+    with rmsnorm.use_backend("cpu"), pytest.raises(RuntimeError, match="cpu"):
+        _backend.launchers("cuda")
+
+
+def test_import_pulls_in_no_optional_dependency():
+    code = (
+        "import sys, rmsnorm, torch; rmsnorm.rms_norm(torch.randn(2, 4), 4); "
+        "bad = [m for m in ('triton', 'transformers', 'matplotlib', 'typer') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_info_command_runs():
+    res = subprocess.run(
+        [sys.executable, "-m", "rmsnorm", "info"], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert "torch" in res.stdout and "backend" in res.stdout

@@ -1,0 +1,211 @@
+"""The public functions: shapes, dtypes, options, gradients and edge rows, against the spec."""
+
+import pytest
+import torch
+
+import rmsnorm
+from rmsnorm import reference as ref
+from rmsnorm.testing import assert_close_to_reference
+
+# One row per option combination, chosen pairwise over (eps_mode, casting_mode, offset, bias,
+# partial, weight) rather than the full product.
+OPTION_SETS = [
+    dict(eps_mode="mean_square", casting_mode="gemma"),
+    dict(eps_mode="rms", casting_mode="llama", offset=1.0, bias=True),
+    dict(eps_mode="mean_square", casting_mode="none", partial=0.25, bias=True),
+    dict(eps_mode="rms", casting_mode="gemma", partial=0.0625, offset=-0.5),
+    dict(eps_mode="mean_square", casting_mode="llama", partial=0.5, weight=False),
+    dict(eps_mode="rms", casting_mode="none", weight=False),
+]
+
+
+def _make(shape, n, dtype, opts, wdtype=None):
+    x = (torch.randn(*shape, dtype=torch.float64) * 2 + 0.3).to(dtype)
+    use_w = opts.get("weight", True)
+    w = torch.randn(n, dtype=torch.float64).to(wdtype or dtype) if use_w else None
+    b = torch.randn(n, dtype=torch.float64).to(wdtype or dtype) if opts.get("bias") else None
+    kw = {k: v for k, v in opts.items() if k not in ("weight", "bias")}
+    return x, w, b, kw
+
+
+def _run(fn, tensors, dy):
+    """Forward + backward; returns the output and the grads of every tensor that requires one."""
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
+    out = fn(*leaves)
+    out.backward(dy)
+    return out.detach(), [t.grad if t is not None else None for t in leaves]
+
+
+def _compare(fn_ours, fn_ref, tensors, dtype, rows):
+    y, grads = _run(fn_ours, tensors, dy := torch.randn_like(fn_ref(*tensors).detach()))
+    tensors64 = [t.double() if t is not None else None for t in tensors]
+    y64, grads64 = _run(fn_ref, tensors64, dy.double())
+    y_eager, grads_eager = _run(fn_ref, tensors, dy)
+    assert_close_to_reference(y, y64, y_eager, name="y")
+    for i, (g, g64, ge) in enumerate(zip(grads, grads64, grads_eager, strict=True)):
+        if g is not None:
+            assert_close_to_reference(g, g64, ge, name=f"grad{i}", rows=rows if i else 1)
+
+
+@pytest.mark.parametrize("opts", OPTION_SETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_options_against_spec(opts, dtype):
+    n = 48
+    x, w, b, kw = _make((2, 3, n), n, dtype, opts)
+
+    def ours(x, w, b):
+        return rmsnorm.rms_norm(x, (n,), w, 1e-5, bias=b, **kw)
+
+    def spec(x, w, b):  # the reference differentiated by autograd
+        return ref.rms_norm(x, w, 1e-5, bias=b, **kw)
+
+    _compare(ours, spec, [x, w, b], dtype, rows=6)
+
+
+@pytest.mark.parametrize("res_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("opts", OPTION_SETS[:3])
+def test_add_rms_norm_against_spec(res_dtype, opts):
+    n = 40
+    x, w, b, kw = _make((5, n), n, torch.bfloat16, opts)
+    r = torch.randn(5, n).to(res_dtype)
+    out, res = rmsnorm.add_rms_norm(x, r, n, w, 1e-5, bias=b, **kw)
+    assert res.dtype == res_dtype  # stored in the residual's dtype
+    assert out.dtype == ref.output_dtype(x.dtype, w, kw["casting_mode"])
+
+    def ours(x, r, w, b):
+        out, res = rmsnorm.add_rms_norm(x, r, n, w, 1e-5, bias=b, **kw)
+        return out.float() + 0.5 * res.float()  # both outputs carry gradient
+
+    def spec(x, r, w, b):
+        out, res = ref.add_rms_norm(x, r, w, 1e-5, bias=b, **kw)
+        return out.to(torch.promote_types(out.dtype, torch.float32)) + 0.5 * res.to(out.dtype)
+
+    _compare(ours, spec, [x, r, w, b], torch.bfloat16, rows=5)
+
+
+def test_add_rms_norm_residual_out_is_fp32_sum():
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    r = torch.randn(3, 16, dtype=torch.bfloat16)
+    _, res = rmsnorm.add_rms_norm(x, r, 16)
+    assert torch.equal(res, (x.float() + r.float()).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("has_w,has_b", [(True, True), (False, True), (False, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_against_spec(has_w, has_b, dtype):
+    n = 36
+    x = (torch.randn(4, 2, n) * 2 + 1).to(dtype)
+    w = torch.randn(n).to(dtype) if has_w else None
+    b = torch.randn(n).to(dtype) if has_b else None
+    _compare(
+        lambda x, w, b: rmsnorm.layer_norm(x, (n,), w, b),
+        lambda x, w, b: ref.layer_norm(x, w, b),
+        [x, w, b],
+        dtype,
+        rows=8,
+    )
+
+
+def test_matches_torch_layer_norm():
+    x, w, b = torch.randn(6, 50), torch.randn(50), torch.randn(50)
+    torch.testing.assert_close(
+        rmsnorm.layer_norm(x, 50, w, b), torch.nn.functional.layer_norm(x, (50,), w, b)
+    )
+
+
+def test_gradcheck_float64():
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    opts = dict(eps_mode="rms", offset=0.5, partial=0.5)
+    gradcheck = torch.autograd.gradcheck
+    assert gradcheck(lambda x, w, b: rmsnorm.rms_norm(x, 7, w, 1e-3, bias=b, **opts), (x, w, b))
+    assert gradcheck(lambda x, r, w: rmsnorm.add_rms_norm(x, r, 7, w, 1e-3), (x, r, w))
+    assert gradcheck(lambda x, w, b: rmsnorm.layer_norm(x, 7, w, b), (x, w, b))
+
+
+# ------------------------------------------------------------------------------------------------
+# Shapes and layouts
+# ------------------------------------------------------------------------------------------------
+def test_multi_dim_normalized_shape():
+    x, w = torch.randn(2, 3, 4, 5), torch.randn(4, 5)
+    y = rmsnorm.rms_norm(x, (4, 5), w, 1e-6)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (4, 5), w, 1e-6))
+
+
+def test_non_contiguous_inputs():
+    close, tf = torch.testing.assert_close, torch.nn.functional
+    base = torch.randn(8, 64)
+    x = base[:, ::2]  # last dim strided: must be made contiguous
+    close(rmsnorm.rms_norm(x, 32), tf.rms_norm(x, (32,)))
+    xt = torch.randn(16, 4).t()  # transposed
+    close(rmsnorm.layer_norm(xt, 16), tf.layer_norm(xt, (16,)))
+    rows = torch.randn(10, 48)[::3]  # strided rows, unit last stride
+    close(rmsnorm.rms_norm(rows, 48), tf.rms_norm(rows, (48,)))
+
+
+def test_zero_rows_forward_and_backward():
+    x = torch.randn(0, 3, 16, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    y = rmsnorm.rms_norm(x, 16, w)
+    assert y.shape == (0, 3, 16)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and torch.equal(w.grad, torch.zeros(16))
+    out, res = rmsnorm.add_rms_norm(x.detach(), x.detach(), 16)
+    assert out.shape == res.shape == (0, 3, 16)
+
+
+def test_input_is_not_modified_and_outputs_are_fresh():
+    x, r = torch.randn(4, 8), torch.randn(4, 8)
+    x0, r0 = x.clone(), r.clone()
+    out, res = rmsnorm.add_rms_norm(x, r, 8)
+    assert torch.equal(x, x0) and torch.equal(r, r0)
+    assert res.data_ptr() not in (x.data_ptr(), r.data_ptr())
+
+
+# ------------------------------------------------------------------------------------------------
+# Edge rows
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("eps_mode", ["mean_square", "rms"])
+def test_all_zero_row_gives_zeros_and_finite_grads(eps_mode):
+    x = torch.randn(3, 16)
+    x[1] = 0
+    x.requires_grad_()
+    w = torch.randn(16, requires_grad=True)
+    y = rmsnorm.rms_norm(x, 16, w, 1e-6, eps_mode=eps_mode)
+    assert torch.equal(y[1].detach(), torch.zeros(16))
+    y.backward(torch.randn_like(y))
+    assert x.grad.isfinite().all() and w.grad.isfinite().all()
+    ln = rmsnorm.layer_norm(x.detach(), 16)
+    assert torch.equal(ln[1], torch.zeros(16))
+
+
+def test_nan_and_inf_stay_in_their_row():
+    x = torch.randn(4, 16)
+    x[1, 3] = float("nan")
+    x[2, 0] = float("inf")
+    for y in (rmsnorm.rms_norm(x, 16), rmsnorm.layer_norm(x, 16)):
+        assert y[0].isfinite().all() and y[3].isfinite().all()
+        assert y[1].isnan().any()
+        assert not y[2].isfinite().all()
+
+
+def test_default_eps_is_torchs():
+    x = torch.full((1, 4), 1e-4, dtype=torch.bfloat16)
+    torch.testing.assert_close(rmsnorm.rms_norm(x, 4), torch.nn.functional.rms_norm(x, (4,)))
+    x64 = torch.full((1, 4), 1e-5, dtype=torch.float64)
+    torch.testing.assert_close(
+        rmsnorm.rms_norm(x64, 4), torch.nn.functional.rms_norm(x64, (4,)), rtol=1e-15, atol=0
+    )
+
+
+def test_autocast_cpu_leaves_ops_alone_like_torch():
+    # On CPU torch's autocast has no rule for rms_norm / layer_norm; neither do we.
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    w = torch.randn(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = rmsnorm.rms_norm(x, 8, w)
+        theirs = torch.nn.functional.rms_norm(x, (8,), w)
+        assert ours.dtype == theirs.dtype
+        assert rmsnorm.layer_norm(x.float(), 8).dtype == torch.float32
