@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 setup: $(VENV)/.installed
 
 report: setup
-	$(BIN)/rmsnorm info
+	$(BIN)/rmsnorm report --out $(OUT)
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --timeout 900 -q

@@ -10,20 +10,24 @@
 #    cores);
 # 3. runs the full benchmark (time-boxed) with the layout variants, writing gpu_bench.{csv,md,png};
 # 4. prints the test results and a summary table last.
-# Everything lands in $OUT: env.txt, tests_*.log, warm_*.log, bench.log, gpu_bench.*.
+# $OUT gets env.txt, summary.txt, gpu_bench.{csv,md,png} and logs.tgz (test, warm-up and
+# benchmark logs).
 # About 5–7 minutes on an H200; each step has a timeout, so it ends within ~9.5.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-benchmarks/results}
 PY=${PYTHON:-python3}
-SHARDS=${SHARDS:-4}
+SHARDS=${SHARDS:-6}
 TEST_TIMEOUT=${TEST_TIMEOUT:-200}  # per test shard (a deadlocked kernel ends here, not the run)
 WARM_TIMEOUT=${WARM_TIMEOUT:-200}
 BENCH_BUDGET=${BENCH_BUDGET:-140}  # seconds for the main plan; the variants get 90 more
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
+# Logs go to a scratch folder and come back as one archive: the device tool returns at most 8 files.
+LOG=$(mktemp -d)
+trap 'tar czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null' EXIT
 T0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - T0))s] $*"; }
 
@@ -36,7 +40,7 @@ stamp() { echo "[$(($(date +%s) - T0))s] $*"; }
 
 # 1. Liger-Kernel (pure Python) from a local wheel.
 if compgen -G ".whl/liger_kernel-*.whl" >/dev/null; then
-  if "$PY" -m pip install --no-index --no-deps --quiet .whl/liger_kernel-*.whl >"$OUT/liger_install.log" 2>&1; then
+  if "$PY" -m pip install --no-index --no-deps --quiet .whl/liger_kernel-*.whl >"$LOG/liger_install.log" 2>&1; then
     stamp "liger-kernel installed from .whl/"
   else
     stamp "liger-kernel install failed (see liger_install.log); benchmarking without it"
@@ -49,21 +53,21 @@ fi
 {
   "$PY" -m pytest tests/test_triton_kernels.py --collect-only -q -p no:cacheprovider 2>/dev/null
   "$PY" -m pytest tests -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null
-} | grep '::' | sort -u >"$OUT/test_ids.txt"
-stamp "$(wc -l <"$OUT/test_ids.txt") tests in $SHARDS shards; warming benchmark kernels in $SHARDS more processes"
+} | grep '::' | sort -u >"$LOG/test_ids.txt"
+stamp "$(wc -l <"$LOG/test_ids.txt") tests in $SHARDS shards; warming benchmark kernels in $SHARDS more processes"
 pids=()
 for ((i = 0; i < SHARDS; i++)); do
-  awk -v i="$i" -v n="$SHARDS" '(NR - 1) % n == i' "$OUT/test_ids.txt" >"$OUT/tests_shard$i.txt"
-  if [ -s "$OUT/tests_shard$i.txt" ]; then  # an empty list would make pytest run everything
+  awk -v i="$i" -v n="$SHARDS" '(NR - 1) % n == i' "$LOG/test_ids.txt" >"$LOG/tests_shard$i.txt"
+  if [ -s "$LOG/tests_shard$i.txt" ]; then  # an empty list would make pytest run everything
     # shellcheck disable=SC2046
-    timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -rfE -p no:cacheprovider $(cat "$OUT/tests_shard$i.txt") \
-      >"$OUT/tests_$i.log" 2>&1 &
+    timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -rfE -p no:cacheprovider $(cat "$LOG/tests_shard$i.txt") \
+      >"$LOG/tests_$i.log" 2>&1 &
     pids+=($!)
   else
-    echo "0 passed (empty shard)" >"$OUT/tests_$i.log"
+    echo "0 passed (empty shard)" >"$LOG/tests_$i.log"
   fi
   timeout "$WARM_TIMEOUT" "$PY" -m rmsnorm.bench.gpu --warm "$i/$SHARDS" --variants \
-    >"$OUT/warm_$i.log" 2>&1 &
+    >"$LOG/warm_$i.log" 2>&1 &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
@@ -71,36 +75,37 @@ stamp "tests and warm-up done"
 
 # 3. The benchmark (one process; kernels now mostly load from the caches).
 timeout $((BENCH_BUDGET + 200)) "$PY" -m rmsnorm bench --device cuda --out "$OUT" --variants \
-  --budget "$BENCH_BUDGET" >"$OUT/bench.log" 2>&1
+  --budget "$BENCH_BUDGET" >"$LOG/bench.log" 2>&1
 bench_rc=$?
 stamp "benchmark exit code $bench_rc (log: bench.log)"
-grep -E "^\[|failed|skipped|liger|copy " "$OUT/bench.log" | tail -40
+grep -E "failed|skipped|liger|copy " "$LOG/bench.log" | cut -c1-200 | tail -15
 
-# 4. Results last.
+# 4. Results last: the summary table, then the test results (the device tool returns the tail).
+echo
+echo "=== Benchmark summary (ours vs the best other provider; time ratio < 1 = ours faster) ==="
+if [ -f "$OUT/gpu_bench.csv" ]; then
+  "$PY" -c "import sys; from rmsnorm.bench import read_csv, summary; print(summary(read_csv(sys.argv[1])))" \
+    "$OUT/gpu_bench.csv" | tee "$OUT/summary.txt"
+else
+  echo "no gpu_bench.csv (see bench.log)"
+  tail -c 1500 "$LOG/bench.log"
+fi
 echo
 echo "=== GPU tests ==="
 test_rc=0
 for ((i = 0; i < SHARDS; i++)); do
   # pytest -q ends with e.g. "3 failed, 40 passed, 2 skipped in 51.2s"
-  last=$(grep -E "^[0-9]+ (passed|failed|skipped|errors?|deselected)" "$OUT/tests_$i.log" | tail -1)
+  last=$(grep -E "^[0-9]+ (passed|failed|skipped|errors?|deselected)" "$LOG/tests_$i.log" | tail -1)
   if [ -z "$last" ]; then
-    last="NO RESULT (timed out after ${TEST_TIMEOUT}s or crashed): $(tail -c 300 "$OUT/tests_$i.log")"
+    last="NO RESULT (timed out after ${TEST_TIMEOUT}s or crashed): $(tail -c 300 "$LOG/tests_$i.log")"
     test_rc=1
   elif echo "$last" | grep -qE "failed|error"; then
     test_rc=1
   fi
   echo "shard $i: $last"
 done
-grep -hE "^(FAILED|ERROR) " "$OUT"/tests_*.log | cut -c1-240 | head -30
-grep -h "warm shard" "$OUT"/warm_*.log || true
+grep -hE "^(FAILED|ERROR) " "$LOG"/tests_*.log | cut -c1-240 | head -30
+grep -h "warm shard" "$LOG"/warm_*.log | tr '\n' ';' || true
 echo
-echo "=== Benchmark summary (ours vs best other provider; time ratio < 1 = faster) ==="
-if [ -f "$OUT/gpu_bench.csv" ]; then
-  "$PY" -c "import sys; from rmsnorm.bench import read_csv, summary; print(summary(read_csv(sys.argv[1])))" \
-    "$OUT/gpu_bench.csv"
-else
-  echo "no gpu_bench.csv (see bench.log)"
-  tail -c 2000 "$OUT/bench.log"
-fi
 stamp "done (tests $([ $test_rc = 0 ] && echo passed || echo FAILED), benchmark rc $bench_rc)"
 exit $((test_rc | (bench_rc != 0)))

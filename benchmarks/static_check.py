@@ -90,19 +90,23 @@ def main() -> None:
     print(f"sm_{args.arch}, {args.sms} SMs; REG per thread, LOCAL = spill bytes per thread")
     print(f"{'kernel':24} {'dtype':9} {'N':>7}  config -> REG LOCAL smem  (max CTAs/SM by regs)")
     for dtype, n in cases:
-        for kind in ("fwd", "bwd", "ln_fwd", "ln_bwd"):
+        for kind in ("fwd", "bwd", "ln_fwd", "ln_bwd", "add_fwd", "add_bwd"):
+            add = kind.startswith("add_")
+            kind = kind.removeprefix("add_")
             cfg = _config._gpu_config(kind, n, dtype.itemsize, args.sms)
             m = 4
             x = torch.randn(m, n, dtype=dtype)
             w = torch.randn(n, dtype=dtype)
             _compiled.clear()
             with _config.override(**{kind: cfg}):
-                if kind == "fwd":
+                if kind == "fwd" and add:
+                    T.add_rms_norm_fwd(x, x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
+                elif kind == "fwd":
                     T.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
                 elif kind == "bwd":
                     r = torch.ones(m)
-                    T.rms_norm_bwd(x, x, w, None, r, None, 1e-6, "mean_square", "gemma", 0.0, n,
-                                   dtype, True)  # fmt: skip
+                    T.rms_norm_bwd(x, x, w, None, r, x if add else None, 1e-6, "mean_square",
+                                   "gemma", 0.0, n, dtype, True)  # fmt: skip
                 elif kind == "ln_fwd":
                     T.layer_norm_fwd(x, w, w, 1e-5)
                 else:
@@ -113,6 +117,7 @@ def main() -> None:
             threads = cfg.num_warps * 32
             ctas = min(65536 // max(1, u["REG"] * threads), 2048 // threads)
             layout = "split" if cfg.split > 1 else "loop" if cfg.loop else "single"
+            name = ("add:" if add else "") + name.removeprefix("_").removesuffix("_kernel")
             print(
                 f"{name:24} {str(dtype)[6:]:9} {n:>7}  {layout}:{cfg.block_m}x{cfg.block_n} "
                 f"w{cfg.num_warps} s{cfg.split} -> {u['REG']:3d} {u['LOCAL']:5d} {u['smem']:6d}"

@@ -106,3 +106,20 @@ def test_gpu_mode_dry_run(tmp_path):
     assert all(r.ms > 0 and r.bytes > 0 for r in rows)
     bench.write_markdown(rows, tmp_path / "dry.md")
     assert "## add_rms_norm" in (tmp_path / "dry.md").read_text()
+
+
+def test_variant_configs_include_the_defaults():
+    """The layout sweep: valid configs, each (kind, N) group holding the default config, and no
+    split grid larger than the SM count."""
+    pytest.importorskip("triton")
+    from rmsnorm.bench.variants import variant_configs
+    from rmsnorm.kernels.triton import _config
+
+    sms = 132
+    variants = variant_configs(sms)
+    for _kind, n, _label, cfg in variants:
+        assert cfg.split * cfg.block_n >= n or cfg.loop
+        assert cfg.split == 1 or cfg.programs <= sms
+    for kind, n in {(k, n) for k, n, _, _ in variants}:
+        default = _config._gpu_config(kind, n, 2, sms)
+        assert any(c == default for k, m, _, c in variants if (k, m) == (kind, n))

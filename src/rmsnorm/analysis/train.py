@@ -28,6 +28,9 @@ class TrainConfig:
     eval_interval: int = 50
     eval_batches: int = 4
     seed: int = 0
+    # Seed of the fixed validation windows; None: ``seed``. The training comparison fixes it so
+    # that every seed is scored on the same held-out bytes.
+    eval_seed: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_interval", "eval_batches"):
@@ -72,6 +75,65 @@ def evaluate(model: Transformer, corpus: Corpus, batches: int, batch_size: int, 
     return total / batches
 
 
+class Trainer:
+    """One model's training state (optimizer, data generator, history), advanced one step at a time.
+
+    :func:`train` runs it to the end; the training comparison advances several trainers in lockstep
+    so that every variant's steps are timed under the same machine load."""
+
+    def __init__(self, model: Transformer, corpus: Corpus, cfg: TrainConfig) -> None:
+        self.model, self.corpus, self.cfg = model, corpus, cfg
+        self.device = next(model.parameters()).device
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0},
+            ],
+            lr=cfg.lr,
+            betas=(0.9, 0.95),
+        )
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.history = TrainHistory(tokens_per_step=cfg.batch_size * model.cfg.seq_len)
+        self.step_index = 0
+
+    @property
+    def done(self) -> bool:
+        return self.step_index >= self.cfg.steps
+
+    def step(self) -> float:
+        """One optimizer step (timed: forward, backward, clipping, update), then the validation
+        loss if one is due. Returns the training loss."""
+        if self.done:
+            raise RuntimeError(f"training already ran its {self.cfg.steps} steps")
+        cfg, model, hist, step = self.cfg, self.model, self.history, self.step_index
+        model.train()
+        for group in self.opt.param_groups:
+            group["lr"] = cfg.lr_at(step)
+        x, y = self.corpus.batch("train", cfg.batch_size, model.cfg.seq_len, self.gen)
+        t0 = time.perf_counter()
+        logits = model(x.to(self.device))
+        loss = F.cross_entropy(logits.flatten(0, 1), y.to(self.device).flatten())
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        hist.step_time_s.append(time.perf_counter() - t0)
+        hist.train_loss.append(loss.item())
+        self.step_index += 1
+        if self.step_index % cfg.eval_interval == 0 or self.step_index == cfg.steps:
+            eval_seed = cfg.seed if cfg.eval_seed is None else cfg.eval_seed
+            hist.val_steps.append(self.step_index)
+            hist.val_loss.append(
+                evaluate(model, self.corpus, cfg.eval_batches, cfg.batch_size, eval_seed)
+            )
+        return hist.train_loss[-1]
+
+
 def train(
     model: Transformer,
     corpus: Corpus,
@@ -80,41 +142,10 @@ def train(
 ) -> TrainHistory:
     """Train ``model`` in place for ``cfg.steps`` steps; validation loss every ``eval_interval``
     steps and after the last. ``on_step(step, loss)`` is called after each step (progress bars)."""
-    device = next(model.parameters()).device
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0},
-        ],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
-    gen = torch.Generator().manual_seed(cfg.seed)
-    hist = TrainHistory(tokens_per_step=cfg.batch_size * model.cfg.seq_len)
-    model.train()
-    for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = cfg.lr_at(step)
-        x, y = corpus.batch("train", cfg.batch_size, model.cfg.seq_len, gen)
-        t0 = time.perf_counter()
-        logits = model(x.to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        hist.step_time_s.append(time.perf_counter() - t0)
-        hist.train_loss.append(loss.item())
-        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
-            hist.val_steps.append(step + 1)
-            hist.val_loss.append(
-                evaluate(model, corpus, cfg.eval_batches, cfg.batch_size, cfg.seed)
-            )
+    trainer = Trainer(model, corpus, cfg)
+    while not trainer.done:
+        step = trainer.step_index
+        loss = trainer.step()
         if on_step is not None:
-            on_step(step, hist.train_loss[-1])
-    return hist
+            on_step(step, loss)
+    return trainer.history

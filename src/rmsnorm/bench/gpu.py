@@ -55,10 +55,15 @@ def _compile(fn: Callable) -> Callable:
     # backward that may be replayed (retain_graph) for backward-only timing.
     torch._dynamo.config.cache_size_limit = 512
     torch._dynamo.config.accumulated_cache_size_limit = 4096
-    try:
-        torch._functorch.config.donated_buffer = False
-    except AttributeError:
-        pass
+    # Compiled graphs on disk, so warm-up processes (gpu_check.sh) save the timed run the
+    # compile; both are torch's defaults in recent releases, set here in case they are not.
+    for module, name, value in (
+        (torch._functorch.config, "donated_buffer", False),
+        (torch._functorch.config, "enable_autograd_cache", True),
+        (torch._inductor.config, "fx_graph_cache", True),
+    ):
+        if hasattr(module, name):
+            setattr(module, name, value)
     return torch.compile(fn, dynamic=False)
 
 

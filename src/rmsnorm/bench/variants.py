@@ -26,13 +26,15 @@ def variant_configs(sms: int) -> list[tuple[str, int, str, Config]]:
                 out.append(("fwd", n, f"single.w{warps}", Config(1, n, warps)))
         if n <= 16384:
             out.append(("fwd", n, "single.persist", Config(1, n, 16, programs=sms)))
+        # Split grids stay within one program per SM: these kernels need > 64 registers per
+        # thread, so a second one would not be co-resident and the row exchange would then rely
+        # on the hardware dispatching blocks in order.
         for chunk in (8192, 16384, 32768):
             split = -(-n // chunk)
             if 1 < split <= sms:
-                for per_sm in (1, 2):
-                    progs = (sms * per_sm // split) * split
-                    label = f"split{chunk}.x{per_sm}"
-                    out.append(("fwd", n, label, Config(1, chunk, 16, split=split, programs=progs)))
+                progs = (sms // split) * split
+                out.append(("fwd", n, f"split{chunk}", Config(1, chunk, 16, split=split,
+                                                                programs=progs)))  # fmt: skip
         for stages in (1, 2):
             cfg = Config(1, 8192, 16, loop=True, programs=sms * 2, num_stages=stages)
             out.append(("fwd", n, f"loop8192.s{stages}", cfg))
@@ -43,15 +45,14 @@ def variant_configs(sms: int) -> list[tuple[str, int, str, Config]]:
         for chunk in (4096, 8192, 16384):
             split = -(-n // chunk)
             if 1 < split <= sms:
-                for per_sm in (1, 2):
-                    progs = (sms * per_sm // split) * split
-                    label = f"split{chunk}.x{per_sm}"
-                    out.append(("bwd", n, label, Config(1, chunk, 16, split=split, programs=progs)))
+                progs = (sms // split) * split
+                out.append(("bwd", n, f"split{chunk}", Config(1, chunk, 16, split=split,
+                                                                programs=progs)))  # fmt: skip
         cfg = Config(1, 4096, 16, loop=True, programs=sms, num_stages=2)
         out.append(("bwd", n, "loop4096", cfg))
-    # QK-norm (N = 128): rows per tile and programs per SM
-    for bm in (16, 32, 64):
-        out.append(("fwd", 128, f"bm{bm}", Config(bm, 128, 4 if bm <= 32 else 8)))
+    # QK-norm (N = 128): rows per tile, warps and programs per SM
+    for bm, warps in ((16, 4), (32, 4), (32, 8), (64, 8)):
+        out.append(("fwd", 128, f"bm{bm}.w{warps}", Config(bm, 128, warps)))
     for bm in (8, 16, 32):
         for per_sm in (2, 4, 8):
             cfg = Config(bm, 128, 4, programs=sms * per_sm)
@@ -61,6 +62,11 @@ def variant_configs(sms: int) -> list[tuple[str, int, str, Config]]:
         for per_sm in (1, 2, 4):
             cfg = Config(1, 4096, warps, programs=sms * per_sm)
             out.append(("bwd", 4096, f"w{warps}.x{per_sm}", cfg))
+    # Every group also times the default config, in the same conditions as its alternatives.
+    for kind, n in dict.fromkeys((k, n) for k, n, _, _ in out):
+        default = _config._gpu_config(kind, n, 2, sms)
+        if not any(c == default for k, m, _, c in out if (k, m) == (kind, n)):
+            out.append((kind, n, "default", default))
     return out
 
 

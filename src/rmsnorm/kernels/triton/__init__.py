@@ -7,8 +7,6 @@ outputs, pick a cached launch config (``_config.py``) and launch. No autograd, n
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -18,11 +16,15 @@ from . import _config
 from ._config import Config, override
 from ._kernels import (
     _INTERPRETED,
+    CAST_GEMMA,
+    CAST_LLAMA,
+    CAST_NONE,
     _layer_norm_bwd_kernel,
     _layer_norm_fwd_kernel,
     _rms_norm_bwd_kernel,
     _rms_norm_fwd_kernel,
     _sum_partials_kernel,
+    flags,
 )
 
 __all__ = [
@@ -41,7 +43,7 @@ _TL = {
     torch.bfloat16: tl.bfloat16,
     torch.float64: tl.float64,
 }
-_CAST = {"gemma": 0, "llama": 1, "none": 2}
+_CAST = {"gemma": CAST_GEMMA, "llama": CAST_LLAMA, "none": CAST_NONE}
 _EPS_MODES = ("mean_square", "rms")
 
 
@@ -57,32 +59,48 @@ def _acc(*dtypes: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
     return (torch.float64, tl.float64) if torch.float64 in dtypes else (torch.float32, tl.float32)
 
 
-@functools.lru_cache(maxsize=256)
-def _layout(cfg: Config) -> dict:
-    """The constexprs and launch options a config contributes (shared dict: never mutated)."""
-    return {
+# ----------------------------------------------------------------------------------------------
+# Launch plans: everything about a launch that depends only on the call's signature (N, dtypes,
+# options, device), computed once. A call then allocates, looks up its plan and launches.
+# ----------------------------------------------------------------------------------------------
+_plans: dict = {}
+
+
+def _plan(key: tuple, build):
+    """The cached plan for `key`, built by `build()` on a miss; not cached while a test or a
+    benchmark overrides configs."""
+    plan = _plans.get(key)
+    if plan is None or _config.overridden():
+        plan = build()
+        if not _config.overridden():
+            _plans[key] = plan
+    return plan
+
+
+def _launches(cfg: Config, option_flags: int, extra: dict) -> list[dict]:
+    """The keyword arguments of each launch of a config: its tile and layout constexprs, FLAGS
+    (options + layout bits), the extra constexprs and the launch options."""
+    common = {
         "BLOCK_M": cfg.block_m,
         "BLOCK_N": cfg.block_n,
-        "LOOP": cfg.loop,
         "SPLIT": cfg.split,
         "SPLIT_P2": 1 << max(0, (cfg.split - 1).bit_length()),
-        # Only a persistent grid has a next row block to fetch early.
-        "PREFETCH": cfg.programs > 0,
         "num_warps": cfg.num_warps,
         "num_stages": cfg.num_stages,
+        **extra,
     }
+    base = option_flags | flags(loop=cfg.loop, prefetch=cfg.programs > 0)
+    if cfg.split > 1 and _INTERPRETED:
+        # The interpreter runs programs one after another: a split row runs as a publish launch
+        # and a finish launch instead of spinning on its counter.
+        return [dict(common, FLAGS=base | flags(phase=ph)) for ph in (1, 2)]
+    return [dict(common, FLAGS=base)]
 
 
-def _launch(kernel, cfg: Config, m: int, args: tuple, meta: dict) -> None:
-    """Launch `kernel` over `cfg.slots(m)` program slots (× split chunks). Under the interpreter,
-    programs run one after another, so a split layout runs as a publish launch then a finish launch
-    instead of spinning on its counter."""
+def _launch(kernel, cfg: Config, launches: list, m: int, args: tuple) -> None:
     grid = (cfg.slots(m) * cfg.split,)
-    if cfg.split > 1 and _INTERPRETED.value:
-        kernel[grid](*args, PHASE=1, **_layout(cfg), **meta)
-        kernel[grid](*args, PHASE=2, **_layout(cfg), **meta)
-    else:
-        kernel[grid](*args, PHASE=0, **_layout(cfg), **meta)
+    for kwargs in launches:
+        kernel[grid](*args, **kwargs)
 
 
 def _workspace(cfg: Config, m: int, nv: int, acc: torch.dtype, x: torch.Tensor):
@@ -99,34 +117,39 @@ def _workspace(cfg: Config, m: int, nv: int, acc: torch.dtype, x: torch.Tensor):
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
 def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    _check_mode(eps_mode, casting_mode)
     m, n = x.shape
-    dtypes = (x.dtype,) if residual is None else (x.dtype, residual.dtype)
-    acc, acc_tl = _acc(*dtypes)
-    y = torch.empty((m, n), dtype=output_dtype(x.dtype, weight, casting_mode), device=x.device)
-    h = None if residual is None else torch.empty((m, n), dtype=residual.dtype, device=x.device)
-    rstd = torch.empty((m,), dtype=acc, device=x.device)
+    dev = x.device
+    rdt = None if residual is None else residual.dtype
+    wdt = None if weight is None else weight.dtype
+    key = ("fwd", n, k < n, x.dtype, rdt, wdt, bias is not None, eps_mode, casting_mode, dev)
+
+    def build():
+        _check_mode(eps_mode, casting_mode)
+        acc, acc_tl = _acc(x.dtype) if rdt is None else _acc(x.dtype, rdt)
+        # Registers hold the widest input's tile: an fp32 residual sizes the tile as fp32.
+        size_dtype = x.dtype if rdt is None or rdt.itemsize <= x.dtype.itemsize else rdt
+        cfg = _config.choose("fwd", n, size_dtype, dev)
+        option_flags = flags(
+            res=rdt is not None, w=wdt is not None, b=bias is not None,
+            rms_eps=eps_mode == "rms", partial=k < n, cast=_CAST[casting_mode],
+        )  # fmt: skip
+        y_dtype = output_dtype(x.dtype, weight, casting_mode)
+        return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc
+
+    cfg, launches, y_dtype, acc = _plan(key, build)
+    y = torch.empty((m, n), dtype=y_dtype, device=dev)
+    h = None if rdt is None else torch.empty((m, n), dtype=rdt, device=dev)
+    rstd = torch.empty((m,), dtype=acc, device=dev)
     if m == 0:
         return y, h, rstd
-    # Registers hold the widest input's tile: an fp32 residual sizes the tile as fp32.
-    cfg = _config.choose("fwd", n, max(dtypes, key=lambda d: d.itemsize), x.device)
-    ws, cnt = _workspace(cfg, m, 1, acc, x)
+    ws, cnt = (x, x) if cfg.split == 1 else _workspace(cfg, m, 1, acc, x)
     res = x if residual is None else residual
-    hh = y if h is None else h
     args = (
-        x, res, y, hh, x if weight is None else weight, x if bias is None else bias, rstd, ws, cnt,
-        x.stride(0), res.stride(0), y.stride(0), hh.stride(0), m, n, k, float(eps), float(offset),
+        x, res, y, y if h is None else h, x if weight is None else weight,
+        x if bias is None else bias, rstd, ws, cnt, x.stride(0), res.stride(0), m, n, k, eps,
+        offset,
     )  # fmt: skip
-    meta = {
-        "HAS_RES": residual is not None,
-        "HAS_W": weight is not None,
-        "HAS_B": bias is not None,
-        "RMS_EPS": eps_mode == "rms",
-        "PARTIAL": k < n,
-        "CAST": _CAST[casting_mode],
-        "ACC": acc_tl,
-    }
-    _launch(_rms_norm_fwd_kernel, cfg, m, args, meta)
+    _launch(_rms_norm_fwd_kernel, cfg, launches, m, args)
     return y, h, rstd
 
 
@@ -184,6 +207,7 @@ def _reduce_partials(part: torch.Tensor, dw, db, need_dw: bool, need_db: bool, n
     _sum_partials_kernel[grid](
         part, dw, db, rows, n, part.stride(0),
         NEED_DW=need_dw, NEED_DB=need_db, BLOCK_R=block_r, BLOCK_N=block_n, ACC=acc_tl,
+        RNE=_INTERPRETED,
         num_warps=warps,
     )  # fmt: skip
 
@@ -215,37 +239,37 @@ def rms_norm_bwd(
     need_weight_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """RMSNorm backward (see :func:`rmsnorm.reference.rms_norm_bwd`): returns (dx, dw, db)."""
-    _check_mode(eps_mode, casting_mode)
     m, n = x.shape
-    acc, acc_tl = _acc(x.dtype, input_dtype)
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
+    has_w, has_dres = weight is not None, dresidual is not None
+    key = ("bwd", n, k < n, x.dtype, input_dtype, has_w, has_dres, need_dw, need_db, eps_mode,
+           casting_mode, x.device)  # fmt: skip
+
+    def build():
+        _check_mode(eps_mode, casting_mode)
+        acc, acc_tl = _acc(x.dtype, input_dtype)
+        cfg = _config.choose("bwd", n, x.dtype, x.device)
+        option_flags = flags(
+            res=has_dres, w=has_w, dw=need_dw, db=need_db, rms_eps=eps_mode == "rms",
+            partial=k < n, cast=_CAST[casting_mode],
+        )  # fmt: skip
+        extra = {"IN": _TL[input_dtype], "ACC": acc_tl}
+        return cfg, _launches(cfg, option_flags, extra), acc, acc_tl
+
+    cfg, launches, acc, acc_tl = _plan(key, build)
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
-    cfg = _config.choose("bwd", n, x.dtype, x.device)
     ws, cnt = _workspace(cfg, m, 2, acc, x)
-    slots = cfg.slots(m)
     ncols = n * (int(need_dw) + int(need_db))
-    part = torch.empty((slots, ncols), dtype=acc, device=x.device) if ncols else x
+    part = torch.empty((cfg.slots(m), ncols), dtype=acc, device=x.device) if ncols else x
     dres = x if dresidual is None else dresidual
     args = (
-        dy, x, x if weight is None else weight, rstd, dres, dx, part, ws, cnt,
-        dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0), part.stride(0) if ncols else 0,
-        m, n, k, float(eps), float(offset),
+        dy, x, weight if has_w else x, rstd, dres, dx, part, ws, cnt,
+        dy.stride(0), x.stride(0), dres.stride(0), m, n, k, offset,
     )  # fmt: skip
-    meta = {
-        "HAS_W": weight is not None,
-        "HAS_DRES": dresidual is not None,
-        "NEED_DW": need_dw,
-        "NEED_DB": need_db,
-        "RMS_EPS": eps_mode == "rms",
-        "PARTIAL": k < n,
-        "LLAMA": casting_mode == "llama",
-        "IN": _TL[input_dtype],
-        "ACC": acc_tl,
-    }
-    _launch(_rms_norm_bwd_kernel, cfg, m, args, meta)
+    _launch(_rms_norm_bwd_kernel, cfg, launches, m, args)
     if ncols:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db
@@ -262,20 +286,26 @@ def layer_norm_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm forward (see :func:`rmsnorm.reference.layer_norm_fwd`): returns (y, mean, rstd)."""
     m, n = x.shape
-    acc, acc_tl = _acc(x.dtype)
+    has_w, has_b = weight is not None, bias is not None
+    key = ("ln_fwd", n, x.dtype, has_w, has_b, x.device)
+
+    def build():
+        acc, acc_tl = _acc(x.dtype)
+        cfg = _config.choose("ln_fwd", n, x.dtype, x.device)
+        return cfg, _launches(cfg, flags(w=has_w, b=has_b), {"ACC": acc_tl}), acc
+
+    cfg, launches, acc = _plan(key, build)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     mean = torch.empty((m,), dtype=acc, device=x.device)
     rstd = torch.empty((m,), dtype=acc, device=x.device)
     if m == 0:
         return y, mean, rstd
-    cfg = _config.choose("ln_fwd", n, x.dtype, x.device)
     ws, cnt = _workspace(cfg, m, 2, acc, x)
     args = (
-        x, y, x if weight is None else weight, x if bias is None else bias, mean, rstd, ws, cnt,
-        x.stride(0), y.stride(0), m, n, float(eps),
+        x, y, weight if has_w else x, bias if has_b else x, mean, rstd, ws, cnt, x.stride(0),
+        m, n, eps,
     )  # fmt: skip
-    meta = {"HAS_W": weight is not None, "HAS_B": bias is not None, "ACC": acc_tl}
-    _launch(_layer_norm_fwd_kernel, cfg, m, args, meta)
+    _launch(_layer_norm_fwd_kernel, cfg, launches, m, args)
     return y, mean, rstd
 
 
@@ -290,23 +320,29 @@ def layer_norm_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm backward (see :func:`rmsnorm.reference.layer_norm_bwd`): returns (dx, dw, db)."""
     m, n = x.shape
-    acc, acc_tl = _acc(x.dtype)
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
+    has_w = weight is not None
+    key = ("ln_bwd", n, x.dtype, has_w, need_dw, need_db, x.device)
+
+    def build():
+        acc, acc_tl = _acc(x.dtype)
+        cfg = _config.choose("ln_bwd", n, x.dtype, x.device)
+        option_flags = flags(w=has_w, dw=need_dw, db=need_db)
+        return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), acc, acc_tl
+
+    cfg, launches, acc, acc_tl = _plan(key, build)
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
-    cfg = _config.choose("ln_bwd", n, x.dtype, x.device)
     ws, cnt = _workspace(cfg, m, 2, acc, x)
-    slots = cfg.slots(m)
     ncols = n * (int(need_dw) + int(need_db))
-    part = torch.empty((slots, ncols), dtype=acc, device=x.device) if ncols else x
+    part = torch.empty((cfg.slots(m), ncols), dtype=acc, device=x.device) if ncols else x
     args = (
-        dy, x, x if weight is None else weight, mean, rstd, dx, part, ws, cnt,
-        dy.stride(0), x.stride(0), dx.stride(0), part.stride(0) if ncols else 0, m, n,
+        dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dy.stride(0), x.stride(0),
+        m, n,
     )  # fmt: skip
-    meta = {"HAS_W": weight is not None, "NEED_DW": need_dw, "NEED_DB": need_db, "ACC": acc_tl}
-    _launch(_layer_norm_bwd_kernel, cfg, m, args, meta)
+    _launch(_layer_norm_bwd_kernel, cfg, launches, m, args)
     if ncols:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db

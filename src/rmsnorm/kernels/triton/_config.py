@@ -120,6 +120,11 @@ def _interpreter_config(kind: str, n: int, elem: int) -> Config:
 _overrides: dict[str, Config | Callable[[int, torch.dtype], Config]] = {}
 
 
+def overridden() -> bool:
+    """True inside :func:`override` (launch plans are then not cached)."""
+    return bool(_overrides)
+
+
 def choose(kind: str, n: int, dtype: torch.dtype, device: torch.device) -> Config:
     """The config for kernel `kind` ("fwd", "bwd", "ln_fwd", "ln_bwd") on rows of n elements."""
     forced = _overrides.get(kind)

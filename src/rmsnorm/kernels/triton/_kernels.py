@@ -27,15 +27,45 @@ import triton
 import triton.language as tl
 
 # Under the interpreter (chosen before triton is imported, so fixed for the process) fp32 -> bf16
-# casts truncate; GPUs round to nearest even. Kernels then round bf16 by hand (_cvt), so that
-# interpreted results, which feed later arithmetic (h of add_rms_norm, the llama/none roundings),
-# are the ones a GPU computes. On a GPU this is False and every cast is the native cvt.rn.
-_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+# casts truncate; GPUs round to nearest even. Kernels then round bf16 by hand (_cvt, flag F_RNE),
+# so that interpreted results, which feed later arithmetic (h of add_rms_norm, the llama/none
+# roundings), are the ones a GPU computes. On a GPU every cast is the native cvt.rn.
+_INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Casting modes, as integers for the kernels (see CONVENTIONS.md, "Casting modes").
 CAST_GEMMA: int = 0
 CAST_LLAMA: int = 1
 CAST_NONE: int = 2
+
+# The options of a launch travel as bits of one FLAGS constexpr: Triton binds every launch argument
+# in Python, each constexpr costing about as much as a tensor, and decoding-size calls are
+# launch-bound. Kernels test the bits with literals (noted by name): a global constexpr would be
+# re-validated by Triton on every launch, which costs more than the constexprs saved.
+F_LOOP = 1 << 0  # N > BLOCK_N: walk the row in column blocks
+F_PREFETCH = 1 << 1  # persistent grid: load row block i + 1 while computing i
+PHASE_SHIFT = 2  # 2 bits: 0 full, 1 publish only, 2 finish only (split rows, interpreter)
+F_RES = 1 << 4  # forward: a residual to add; backward: a d residual to add
+F_W = 1 << 5  # a weight γ
+F_B = 1 << 6  # a bias β (forward)
+F_DW = 1 << 7  # backward: write d weight partials
+F_DB = 1 << 8  # backward: write d bias partials
+F_RMS_EPS = 1 << 9  # eps_mode "rms": r = 1/(sqrt(ms) + eps)
+F_PARTIAL = 1 << 10  # K < N
+CAST_SHIFT = 11  # 2 bits: CAST_GEMMA / CAST_LLAMA / CAST_NONE
+F_RNE = 1 << 13  # round fp32 -> bf16 to nearest even by hand (see _cvt)
+
+
+def flags(
+    *, loop=False, prefetch=False, phase=0, res=False, w=False, b=False, dw=False, db=False,
+    rms_eps=False, partial=False, cast=CAST_GEMMA,
+) -> int:  # fmt: skip
+    """The FLAGS value of a launch (host side); F_RNE is set whenever the interpreter runs."""
+    return (
+        int(loop) * F_LOOP | int(prefetch) * F_PREFETCH | phase << PHASE_SHIFT | int(res) * F_RES
+        | int(w) * F_W | int(b) * F_B | int(dw) * F_DW | int(db) * F_DB
+        | int(rms_eps) * F_RMS_EPS | int(partial) * F_PARTIAL | cast << CAST_SHIFT
+        | int(_INTERPRETED) * F_RNE
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -66,9 +96,9 @@ def _sqrt(a, ACC: tl.constexpr):
 
 
 @triton.jit
-def _cvt(v, DT: tl.constexpr):
-    """v.to(DT), rounding to nearest even (see _INTERPRETED)."""
-    if _INTERPRETED and DT == tl.bfloat16 and v.dtype != tl.bfloat16:
+def _cvt(v, DT: tl.constexpr, RNE: tl.constexpr):
+    """v.to(DT), rounding to nearest even by hand for bf16 when RNE (see _INTERPRETED)."""
+    if RNE and DT == tl.bfloat16 and v.dtype != tl.bfloat16:
         bits = v.to(tl.float32).to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -77,9 +107,9 @@ def _cvt(v, DT: tl.constexpr):
 
 
 @triton.jit
-def _rnd(v, DT: tl.constexpr):
+def _rnd(v, DT: tl.constexpr, RNE: tl.constexpr):
     """Round v to DT's precision and back (a no-op when DT is v's dtype)."""
-    return _cvt(v, DT).to(v.dtype)
+    return _cvt(v, DT, RNE).to(v.dtype)
 
 
 @triton.jit
@@ -112,7 +142,7 @@ def _tile(P, rows, stride, cols, M, cmask):
 @triton.jit
 def _load_x(X, RES, H, rows64, cols, mask, stride_x, stride_res, stride_h,
             HAS_RES: tl.constexpr, STORE_H: tl.constexpr, ACC: tl.constexpr,
-            EVICT: tl.constexpr):  # fmt: skip
+            EVICT: tl.constexpr, RNE: tl.constexpr):  # fmt: skip
     """The normalized input tile in ACC: x, or h = x + residual rounded to the residual's dtype
     (stored to H when STORE_H) so the statistics are those of the h returned."""
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
@@ -120,7 +150,7 @@ def _load_x(X, RES, H, rows64, cols, mask, stride_x, stride_res, stride_h,
     if HAS_RES:
         res = tl.load(RES + rows64[:, None] * stride_res + cols[None, :], mask=mask, other=0.0,
                       eviction_policy=EVICT).to(ACC)  # fmt: skip
-        h = _cvt(x + res, H.dtype.element_ty)
+        h = _cvt(x + res, H.dtype.element_ty, RNE)
         if STORE_H:
             tl.store(H + rows64[:, None] * stride_h + cols[None, :], h, mask=mask)
         x = h.to(ACC)
@@ -129,7 +159,8 @@ def _load_x(X, RES, H, rows64, cols, mask, stride_x, stride_res, stride_h,
 
 @triton.jit
 def _rms_apply(x, r, w, b, off, HAS_W: tl.constexpr, HAS_B: tl.constexpr, CAST: tl.constexpr,
-               IN: tl.constexpr, OUT: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+               IN: tl.constexpr, OUT: tl.constexpr, ACC: tl.constexpr,
+               RNE: tl.constexpr):  # fmt: skip
     """y for an (BLOCK_M, BLOCK_N) ACC tile x and its (BLOCK_M,) r, rounded where the casting
     mode rounds (w, b are the raw (BLOCK_N,) loads; unused when absent)."""
     if CAST == 0:
@@ -145,24 +176,24 @@ def _rms_apply(x, r, w, b, off, HAS_W: tl.constexpr, HAS_B: tl.constexpr, CAST: 
             P: tl.constexpr = tl.float64
         else:
             P: tl.constexpr = tl.float32
-        y = _cvt(x * r[:, None], IN).to(P)
+        y = _cvt(x * r[:, None], IN, RNE).to(P)
         if HAS_W:
-            s = _rnd(w.to(P) + off.to(P), OUT)
-            y = _rnd(y * s[None, :], OUT)
+            s = _rnd(w.to(P) + off.to(P), OUT, RNE)
+            y = _rnd(y * s[None, :], OUT, RNE)
         if HAS_B:
-            y = _rnd(y + _rnd(b.to(P), OUT)[None, :], OUT)
+            y = _rnd(y + _rnd(b.to(P), OUT, RNE)[None, :], OUT, RNE)
     else:
         # "none": r rounded to the input dtype, each product rounded in the input dtype.
         if IN == tl.float64:
             P: tl.constexpr = tl.float64
         else:
             P: tl.constexpr = tl.float32
-        y = _rnd(_rnd(x.to(P), IN) * _rnd(r.to(P), IN)[:, None], IN)
+        y = _rnd(_rnd(x.to(P), IN, RNE) * _rnd(r.to(P), IN, RNE)[:, None], IN, RNE)
         if HAS_W:
-            s = _rnd(_rnd(w.to(P), IN) + off.to(P), IN)
-            y = _rnd(y * s[None, :], IN)
+            s = _rnd(_rnd(w.to(P), IN, RNE) + off.to(P), IN, RNE)
+            y = _rnd(y * s[None, :], IN, RNE)
         if HAS_B:
-            y = _rnd(y + _rnd(b.to(P), IN)[None, :], IN)
+            y = _rnd(y + _rnd(b.to(P), IN, RNE)[None, :], IN, RNE)
     return y
 
 
@@ -213,21 +244,27 @@ def _rms_norm_fwd_kernel(
     RSTD,  # (M,) ACC: r per row
     WS,  # (M, 1, SPLIT) ACC workspace (SPLIT > 1) else unused
     CNT,  # (cdiv(M, BLOCK_M),) int32 zeros: arrivals per row block (SPLIT > 1) else unused
-    stride_x, stride_res, stride_y, stride_h,  # row strides, in elements
+    stride_x, stride_res,  # input row strides, in elements (Y and H are contiguous)
     M, N, K,  # rows, columns, leading columns the RMS is taken over
     eps: tl.float64,
     offset: tl.float64,  # y = (offset + γ) ⊙ x̂ + β
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    LOOP: tl.constexpr,  # N > BLOCK_N: walk the row in column blocks
     SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,  # cooperating programs per row (and next pow2)
-    PHASE: tl.constexpr,  # 0 full; 1 publish partials only; 2 finish from published partials
-    PREFETCH: tl.constexpr,  # persistent grid: load row block i + 1 while computing i
-    HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    RMS_EPS: tl.constexpr,  # eps_mode "rms": r = 1/(sqrt(ms) + eps)
-    PARTIAL: tl.constexpr,  # K < N
-    CAST: tl.constexpr,  # CAST_GEMMA / CAST_LLAMA / CAST_NONE
+    FLAGS: tl.constexpr,  # F_LOOP, F_PREFETCH, phase, F_RES, F_W, F_B, F_RMS_EPS, F_PARTIAL, cast
     ACC: tl.constexpr,  # tl.float32, or tl.float64 for float64 inputs
 ):  # fmt: skip
+    LOOP: tl.constexpr = (FLAGS & 1) != 0  # F_LOOP
+    PREFETCH: tl.constexpr = (FLAGS & 2) != 0  # F_PREFETCH
+    PHASE: tl.constexpr = (FLAGS >> 2) & 3  # PHASE_SHIFT
+    RNE: tl.constexpr = (FLAGS & 8192) != 0  # F_RNE
+    HAS_RES: tl.constexpr = (FLAGS & 16) != 0  # F_RES
+    HAS_W: tl.constexpr = (FLAGS & 32) != 0  # F_W
+    HAS_B: tl.constexpr = (FLAGS & 64) != 0  # F_B
+    RMS_EPS: tl.constexpr = (FLAGS & 512) != 0  # F_RMS_EPS
+    PARTIAL: tl.constexpr = (FLAGS & 1024) != 0  # F_PARTIAL
+    CAST: tl.constexpr = (FLAGS >> 11) & 3  # CAST_SHIFT
+    stride_y = N
+    stride_h = N
     IN = X.dtype.element_ty
     OUT = Y.dtype.element_ty
     pid = tl.program_id(0)
@@ -255,7 +292,7 @@ def _rms_norm_fwd_kernel(
                 cols = c0 + tl.arange(0, BLOCK_N)
                 mask = rmask[:, None] & (cols < N)[None, :]
                 x = _load_x(X, RES, H, rows64, cols, mask, stride_x, stride_res, stride_h,
-                            HAS_RES, True, ACC, "evict_last")  # fmt: skip
+                            HAS_RES, True, ACC, "evict_last", RNE)  # fmt: skip
                 if PARTIAL:
                     x = tl.where((cols < K)[None, :], x, 0.0)
                 acc += x * x
@@ -268,11 +305,13 @@ def _rms_norm_fwd_kernel(
                 cmask = cols < N
                 mask = rmask[:, None] & cmask[None, :]
                 x = _load_x(X, RES, H, rows64, cols, mask, stride_x, stride_res, stride_h,
-                            HAS_RES, False, ACC, "evict_first")  # fmt: skip
+                            HAS_RES, False, ACC, "evict_first", RNE)  # fmt: skip
                 w = tl.load(W + cols, mask=cmask, other=0.0) if HAS_W else 0.0
                 b = tl.load(B + cols, mask=cmask, other=0.0) if HAS_B else 0.0
-                y = _rms_apply(x, r, w, b, off, HAS_W, HAS_B, CAST, IN, OUT, ACC)
-                tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _cvt(y, OUT), mask=mask)
+                y = _rms_apply(x, r, w, b, off, HAS_W, HAS_B, CAST, IN, OUT, ACC, RNE)
+                tl.store(
+                    Y + rows64[:, None] * stride_y + cols[None, :], _cvt(y, OUT, RNE), mask=mask
+                )
     else:
         cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
@@ -302,7 +341,7 @@ def _rms_norm_fwd_kernel(
                     res_raw = _tile(RES, rows, stride_res, cols, M, cmask)
             x = x_raw.to(ACC)
             if HAS_RES:
-                h = _cvt(x + res_raw.to(ACC), H.dtype.element_ty)
+                h = _cvt(x + res_raw.to(ACC), H.dtype.element_ty, RNE)
                 if PHASE != 1:
                     tl.store(H + rows64[:, None] * stride_h + cols[None, :], h, mask=mask)
                 x = h.to(ACC)
@@ -321,8 +360,10 @@ def _rms_norm_fwd_kernel(
             if PHASE != 1:
                 r = _inv_rms(ss, kf, eps_a, RMS_EPS, ACC)
                 tl.store(RSTD + rows, r, mask=rmask & _first_chunk(r_idx, part, BLOCK_M))
-                y = _rms_apply(x, r, w, b, off, HAS_W, HAS_B, CAST, IN, OUT, ACC)
-                tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _cvt(y, OUT), mask=mask)
+                y = _rms_apply(x, r, w, b, off, HAS_W, HAS_B, CAST, IN, OUT, ACC, RNE)
+                tl.store(
+                    Y + rows64[:, None] * stride_y + cols[None, :], _cvt(y, OUT, RNE), mask=mask
+                )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,19 +422,32 @@ def _rms_norm_bwd_kernel(
     PART,  # (slots, NEED_DW·N + NEED_DB·N) ACC: per-program partial d weight | d bias
     WS,  # (M, 2, SPLIT) ACC workspace (SPLIT > 1) else unused
     CNT,  # (cdiv(M, BLOCK_M),) int32 zeros (SPLIT > 1) else unused
-    stride_dy, stride_x, stride_dres, stride_dx, stride_part,  # row strides, in elements
+    stride_dy, stride_x, stride_dres,  # input row strides, in elements (DX is contiguous)
     M, N, K,
-    eps: tl.float64,  # unused by the math (r is saved), kept for a uniform signature
     offset: tl.float64,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
-    HAS_W: tl.constexpr, HAS_DRES: tl.constexpr,
-    NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,  # write d weight / d bias partials
-    RMS_EPS: tl.constexpr, PARTIAL: tl.constexpr,
-    LLAMA: tl.constexpr,  # d weight uses x̂ rounded to the input dtype, as the forward did
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+    FLAGS: tl.constexpr,  # F_LOOP, F_PREFETCH, phase, F_RES (d residual), F_W, F_DW, F_DB,
+    #                       F_RMS_EPS, F_PARTIAL, cast (llama: d weight uses x̂ rounded to IN)
     IN: tl.constexpr,  # the forward's input dtype
     ACC: tl.constexpr,
 ):  # fmt: skip
+    LOOP: tl.constexpr = (FLAGS & 1) != 0  # F_LOOP
+    PREFETCH: tl.constexpr = (FLAGS & 2) != 0  # F_PREFETCH
+    PHASE: tl.constexpr = (FLAGS >> 2) & 3  # PHASE_SHIFT
+    RNE: tl.constexpr = (FLAGS & 8192) != 0  # F_RNE
+    HAS_DRES: tl.constexpr = (FLAGS & 16) != 0  # F_RES
+    HAS_W: tl.constexpr = (FLAGS & 32) != 0  # F_W
+    NEED_DW: tl.constexpr = (FLAGS & 128) != 0  # F_DW
+    NEED_DB: tl.constexpr = (FLAGS & 256) != 0  # F_DB
+    RMS_EPS: tl.constexpr = (FLAGS & 512) != 0  # F_RMS_EPS
+    PARTIAL: tl.constexpr = (FLAGS & 1024) != 0  # F_PARTIAL
+    LLAMA: tl.constexpr = ((FLAGS >> 11) & 3) == 1  # CAST_SHIFT
+    stride_dx = N
+    if NEED_DW and NEED_DB:
+        stride_part = 2 * N
+    else:
+        stride_part = N
     pid = tl.program_id(0)
     slot = pid // SPLIT
     part = pid % SPLIT
@@ -457,11 +511,11 @@ def _rms_norm_bwd_kernel(
                     dx += tl.load(DRES + rows64[:, None] * stride_dres + cols[None, :], mask=mask,
                                   other=0.0, eviction_policy="evict_first").to(ACC)  # fmt: skip
                 tl.store(DX + rows64[:, None] * stride_dx + cols[None, :],
-                         _cvt(dx, DX.dtype.element_ty), mask=mask)  # fmt: skip
+                         _cvt(dx, DX.dtype.element_ty, RNE), mask=mask)  # fmt: skip
                 if NEED_DW:
                     xhat = x * r[:, None]
                     if LLAMA:
-                        xhat = _cvt(xhat, IN).to(ACC)
+                        xhat = _cvt(xhat, IN, RNE).to(ACC)
                     prev = tl.load(part_row + cols, mask=cmask & later, other=0.0)
                     tl.store(part_row + cols, prev + tl.sum(dy * xhat, axis=0), mask=cmask)
                 if NEED_DB:
@@ -525,11 +579,11 @@ def _rms_norm_bwd_kernel(
                 if HAS_DRES:
                     dx += dres.to(ACC)
                 tl.store(DX + rows64[:, None] * stride_dx + cols[None, :],
-                         _cvt(dx, DX.dtype.element_ty), mask=mask)  # fmt: skip
+                         _cvt(dx, DX.dtype.element_ty, RNE), mask=mask)  # fmt: skip
                 if NEED_DW:
                     xhat = x * r[:, None]
                     if LLAMA:
-                        xhat = _cvt(xhat, IN).to(ACC)
+                        xhat = _cvt(xhat, IN, RNE).to(ACC)
                     dw_acc += dy * xhat
                 if NEED_DB:
                     db_acc += dy
@@ -553,14 +607,21 @@ def _layer_norm_fwd_kernel(
     RSTD,  # (M,) ACC
     WS,  # (M, 2, SPLIT) ACC (SPLIT > 1) else unused
     CNT,  # (cdiv(M, BLOCK_M),) int32 zeros (SPLIT > 1) else unused
-    stride_x, stride_y,
+    stride_x,  # row stride of x, in elements (Y is contiguous)
     M, N,
     eps: tl.float64,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+    FLAGS: tl.constexpr,  # F_LOOP, F_PREFETCH, phase, F_W, F_B
     ACC: tl.constexpr,
 ):  # fmt: skip
+    LOOP: tl.constexpr = (FLAGS & 1) != 0  # F_LOOP
+    PREFETCH: tl.constexpr = (FLAGS & 2) != 0  # F_PREFETCH
+    PHASE: tl.constexpr = (FLAGS >> 2) & 3  # PHASE_SHIFT
+    RNE: tl.constexpr = (FLAGS & 8192) != 0  # F_RNE
+    HAS_W: tl.constexpr = (FLAGS & 32) != 0  # F_W
+    HAS_B: tl.constexpr = (FLAGS & 64) != 0  # F_B
+    stride_y = N
     pid = tl.program_id(0)
     slot = pid // SPLIT
     part = pid % SPLIT
@@ -610,7 +671,7 @@ def _layer_norm_fwd_kernel(
                 if HAS_B:
                     y = y + tl.load(B + cols, mask=cmask, other=0.0).to(ACC)[None, :]
                 tl.store(Y + rows64[:, None] * stride_y + cols[None, :],
-                         _cvt(y, Y.dtype.element_ty), mask=mask)  # fmt: skip
+                         _cvt(y, Y.dtype.element_ty, RNE), mask=mask)  # fmt: skip
     else:
         cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
@@ -666,7 +727,7 @@ def _layer_norm_fwd_kernel(
                 if HAS_B:
                     y = y + b[None, :]
                 tl.store(Y + rows64[:, None] * stride_y + cols[None, :],
-                         _cvt(y, Y.dtype.element_ty), mask=mask)  # fmt: skip
+                         _cvt(y, Y.dtype.element_ty, RNE), mask=mask)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -682,13 +743,25 @@ def _layer_norm_bwd_kernel(
     PART,  # (slots, NEED_DW·N + NEED_DB·N) ACC partials
     WS,  # (M, 2, SPLIT) ACC (SPLIT > 1) else unused
     CNT,  # (cdiv(M, BLOCK_M),) int32 zeros (SPLIT > 1) else unused
-    stride_dy, stride_x, stride_dx, stride_part,
+    stride_dy, stride_x,  # input row strides, in elements (DX is contiguous)
     M, N,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
-    HAS_W: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+    FLAGS: tl.constexpr,  # F_LOOP, F_PREFETCH, phase, F_W, F_DW, F_DB
     ACC: tl.constexpr,
 ):  # fmt: skip
+    LOOP: tl.constexpr = (FLAGS & 1) != 0  # F_LOOP
+    PREFETCH: tl.constexpr = (FLAGS & 2) != 0  # F_PREFETCH
+    PHASE: tl.constexpr = (FLAGS >> 2) & 3  # PHASE_SHIFT
+    RNE: tl.constexpr = (FLAGS & 8192) != 0  # F_RNE
+    HAS_W: tl.constexpr = (FLAGS & 32) != 0  # F_W
+    NEED_DW: tl.constexpr = (FLAGS & 128) != 0  # F_DW
+    NEED_DB: tl.constexpr = (FLAGS & 256) != 0  # F_DB
+    stride_dx = N
+    if NEED_DW and NEED_DB:
+        stride_part = 2 * N
+    else:
+        stride_part = N
     # dx = r·(g − mean(g) − x̂·mean(g ⊙ x̂)), g = dy ⊙ γ, x̂ = (x − μ)·r.
     pid = tl.program_id(0)
     slot = pid // SPLIT
@@ -746,7 +819,7 @@ def _layer_norm_bwd_kernel(
                     g = dy
                 dx = r[:, None] * (g - mg[:, None] - xhat * mgx[:, None])
                 tl.store(DX + rows64[:, None] * stride_dx + cols[None, :],
-                         _cvt(dx, DX.dtype.element_ty), mask=mask)  # fmt: skip
+                         _cvt(dx, DX.dtype.element_ty, RNE), mask=mask)  # fmt: skip
                 if NEED_DW:
                     prev = tl.load(part_row + cols, mask=cmask & later, other=0.0)
                     tl.store(part_row + cols, prev + tl.sum(dy * xhat, axis=0), mask=cmask)
@@ -809,7 +882,7 @@ def _layer_norm_bwd_kernel(
                 mgx = _div(sgx, nf, ACC)
                 dx = r[:, None] * (g - mg[:, None] - xhat * mgx[:, None])
                 tl.store(DX + rows64[:, None] * stride_dx + cols[None, :],
-                         _cvt(dx, DX.dtype.element_ty), mask=mask)  # fmt: skip
+                         _cvt(dx, DX.dtype.element_ty, RNE), mask=mask)  # fmt: skip
                 if NEED_DW:
                     dw_acc += dy * xhat
                 if NEED_DB:
@@ -833,6 +906,7 @@ def _sum_partials_kernel(
     NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     ACC: tl.constexpr,
+    RNE: tl.constexpr,  # see _cvt
 ):  # fmt: skip
     # grid: (cdiv(N, BLOCK_N), NEED_DW + NEED_DB); axis 1 picks d weight (0) or d bias.
     # The summation order depends only on n_rows and the block sizes: bit-identical across runs.
@@ -851,10 +925,10 @@ def _sum_partials_kernel(
     if NEED_DW:
         if NEED_DB:
             if which == 0:
-                tl.store(DW + cols, _cvt(tot, DW.dtype.element_ty), mask=cmask)
+                tl.store(DW + cols, _cvt(tot, DW.dtype.element_ty, RNE), mask=cmask)
             else:
-                tl.store(DB + cols, _cvt(tot, DB.dtype.element_ty), mask=cmask)
+                tl.store(DB + cols, _cvt(tot, DB.dtype.element_ty, RNE), mask=cmask)
         else:
-            tl.store(DW + cols, _cvt(tot, DW.dtype.element_ty), mask=cmask)
+            tl.store(DW + cols, _cvt(tot, DW.dtype.element_ty, RNE), mask=cmask)
     else:
-        tl.store(DB + cols, _cvt(tot, DB.dtype.element_ty), mask=cmask)
+        tl.store(DB + cols, _cvt(tot, DB.dtype.element_ty, RNE), mask=cmask)

@@ -1,0 +1,278 @@
+"""Inspect the norm layers of a model (``rmsnorm inspect``): load a local Hugging Face model
+directory or a built-in tiny model, run text or random tokens through it, and report, per norm
+layer, how centered its inputs are and what swapping LayerNorm for RMSNorm (or back) would change.
+
+Nothing is downloaded: Hugging Face models load with ``local_files_only=True`` and transformers is
+imported only when such a model is asked for.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .capture import NormCapture
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "LoadedModel",
+    "load_model",
+    "make_inputs",
+    "inspect_model",
+    "inspect_source",
+    "InspectResult",
+    "render_table",
+]
+
+BUILTIN_MODELS = {
+    "builtin": "the simulated 12-layer pre-LN transformer (LayerNorm) at initialization",
+    "builtin-rms": "the simulated 12-layer pre-LN transformer with RMSNorm, at initialization",
+    "tiny-gpt2": "a 2-layer Hugging Face GPT-2 from a config (random weights; needs transformers)",
+    "tiny-llama": "a 2-layer Hugging Face Llama from a config (random weights; needs transformers)",
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: ``forward(tokens)`` runs it on (batch, seq) token ids."""
+
+    name: str
+    model: nn.Module
+    vocab_size: int
+    max_len: int
+    tokenizer: object | None = None
+    kind: str = "torch"  # "builtin" (the simulated transformer), "hf" or "torch"
+
+    def forward(self, tokens: torch.Tensor):
+        if self.kind == "hf":
+            return self.model(input_ids=tokens)
+        return self.model(tokens)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ImportError(
+            "this model needs the transformers package (the hf extra): pip install 'rmsnorm[hf]'"
+        ) from exc
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _tiny_hf(name: str, seed: int) -> LoadedModel:
+    tf = _transformers()
+    torch.manual_seed(seed)
+    if name == "tiny-gpt2":
+        cfg = tf.GPT2Config(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=256,
+            n_positions=128,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    else:
+        cfg = tf.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+            max_position_embeddings=128,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+        )
+    model = tf.AutoModelForCausalLM.from_config(cfg)
+    return LoadedModel(name, model.eval(), 256, 128, None, "hf")
+
+
+def load_model(source: str, seed: int = 0) -> LoadedModel:
+    """A built-in name (:data:`BUILTIN_MODELS`) or the path of a local Hugging Face model directory
+    (``config.json`` plus weights; the tokenizer is used when its files are there). Raises
+    FileNotFoundError naming what was looked for when ``source`` is neither."""
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"model must be a built-in name or a directory path, got {source!r}")
+    if source in ("builtin", "builtin-rms"):
+        from .transformer import Transformer, TransformerConfig
+
+        torch.manual_seed(seed)
+        cfg = TransformerConfig(norm="rmsnorm" if source == "builtin-rms" else "layernorm")
+        return LoadedModel(
+            source, Transformer(cfg).eval(), cfg.vocab_size, cfg.seq_len, None, "builtin"
+        )
+    if source in ("tiny-gpt2", "tiny-llama"):
+        return _tiny_hf(source, seed)
+    path = Path(source).expanduser()
+    names = ", ".join(BUILTIN_MODELS)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model {source!r}: no such directory ({path.resolve()}). Looked for a built-in name "
+            f"({names}) or a local Hugging Face model directory containing config.json; nothing "
+            "is downloaded."
+        )
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model {source!r}: {path.resolve()} is not a Hugging Face model directory (looked "
+            f"for {path / 'config.json'}); built-in names are {names}"
+        )
+    tf = _transformers()
+    try:
+        model = tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise FileNotFoundError(
+            f"model {source!r}: could not load a causal LM from {path.resolve()} with "
+            f"local_files_only=True: {exc}"
+        ) from exc
+    tokenizer = None
+    try:
+        tokenizer = tf.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception:  # no tokenizer files: text falls back to bytes
+        tokenizer = None
+    cfg = model.config
+    max_len = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 1024)
+    vocab = getattr(cfg, "vocab_size", 256)
+    return LoadedModel(str(path), model.eval(), int(vocab), int(max_len), tokenizer, "hf")
+
+
+def make_inputs(
+    loaded: LoadedModel,
+    text: str | None = None,
+    *,
+    batch: int = 4,
+    seq_len: int = 64,
+    seed: int = 0,
+) -> tuple[torch.Tensor, str]:
+    """Token ids (batch, seq) and a description. ``text``: one sequence, through the model's
+    tokenizer when it has one, else as UTF-8 bytes (mod the vocabulary size); truncated to the
+    model's context. Without text: ``batch`` rows of ``seq_len`` uniform random tokens."""
+    for name, value in (("batch", batch), ("seq_len", seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if text is not None:
+        if not text:
+            raise ValueError("text is empty")
+        if loaded.tokenizer is not None:
+            ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, : loaded.max_len]
+            how = "tokenizer"
+        else:
+            raw = torch.tensor(list(text.encode("utf-8")), dtype=torch.int64)
+            ids = (raw % loaded.vocab_size)[None, : loaded.max_len]
+            how = "UTF-8 bytes"
+        return ids, f"text: {ids.shape[1]} tokens ({how})"
+    length = min(seq_len, loaded.max_len)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, loaded.vocab_size, (batch, length), generator=gen)
+    return ids, f"random tokens: {batch} × {length} (seed {seed})"
+
+
+@dataclass
+class InspectResult:
+    """Per norm layer summaries (see :meth:`NormLayerRecord.summary`) plus what was run."""
+
+    model: str
+    inputs: str
+    layers: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "inputs": self.inputs,
+            "machine": platform.platform(),
+            "torch": torch.__version__,
+            "norm_layers": len(self.layers),
+            "layers": self.layers,
+        }
+
+
+def inspect_model(
+    model: nn.Module,
+    inputs,
+    *,
+    name: str | None = None,
+    description: str = "",
+    forward=None,
+    max_tokens_per_layer: int | None = 100_000,
+) -> InspectResult:
+    """Run ``model`` once on ``inputs`` (a tensor → ``model(inputs)``, a dict → ``model(**inputs)``,
+    a tuple → ``model(*inputs)``; or pass ``forward``, a callable taking ``inputs``) with hooks on
+    every norm layer and return what each saw. Raises ValueError if the model has no norm layer."""
+    capture = NormCapture(model, max_tokens_per_layer)
+    if not capture.layers:
+        raise ValueError(
+            f"{name or type(model).__name__} has no LayerNorm / RMSNorm layers that the detection "
+            "rule recognises (see rmsnorm.analysis.capture)"
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), capture:
+            if forward is not None:
+                forward(inputs)
+            elif isinstance(inputs, dict):
+                model(**inputs)
+            elif isinstance(inputs, (tuple, list)):
+                model(*inputs)
+            else:
+                model(inputs)
+    finally:
+        model.train(was_training)
+    return InspectResult(name or type(model).__name__, description, capture.summary())
+
+
+def inspect_source(
+    source: str, text: str | None = None, *, batch: int = 4, seq_len: int = 64, seed: int = 0
+) -> InspectResult:
+    """:func:`load_model` + :func:`make_inputs` + :func:`inspect_model` (what the CLI runs)."""
+    loaded = load_model(source, seed)
+    ids, how = make_inputs(loaded, text, batch=batch, seq_len=seq_len, seed=seed)
+    return inspect_model(
+        loaded.model, ids, name=loaded.name, description=how, forward=loaded.forward
+    )
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return format(value, spec)
+
+
+def render_table(result: InspectResult):
+    """A rich Table of the per-layer numbers (rich is imported here, not at module import). Narrow
+    enough for 80 columns: long layer names fold, the numbers never do; the classes are listed
+    under the table."""
+    from rich.table import Table
+
+    classes = sorted({layer["class"] for layer in result.layers})
+    table = Table(
+        title=f"{result.model} — {result.inputs}",
+        title_justify="left",
+        caption=f"norm classes: {', '.join(classes)}; swap: LN→RMS or RMS→LN, same γ, β, ε",
+        caption_justify="left",
+    )
+    table.add_column("layer", overflow="fold")
+    table.add_column("kind", no_wrap=True)
+    for header in ("|μ|/σ\nmedian", "|μ|/σ\nq95", "μ²/RMS²\nmean", "cos\nLN, RMS", "swap\nmax|Δy|",
+                   "swap\nrel‖Δy‖"):  # fmt: skip
+        table.add_column(header, justify="right", no_wrap=True)
+    for layer in result.layers:
+        r, cos = layer["mu_over_sigma"], layer["predicted_cosine"]
+        table.add_row(
+            layer["name"],
+            "LN" if layer["kind"] == "layernorm" else "RMS",
+            _fmt(r["q50"], ".3g"),
+            _fmt(r["q95"], ".3g"),
+            _fmt(layer["mean_energy_share"]["mean"], ".1e"),
+            _fmt(cos["mean"], ".5f"),
+            _fmt(layer["swap_max_abs_diff"], ".3g"),
+            _fmt(layer["swap_rel_diff"], ".3g"),
+        )
+    return table

@@ -1,0 +1,304 @@
+"""The chapter's experiment, reproducible (``rmsnorm simulate``): run the simulated transformer and
+record, per token and per layer, the mean μ, standard deviation σ and RMS of the residual stream;
+optionally train it briefly and record the same numbers again.
+
+The residual stream is measured after the embedding and after each block (n_layers + 1 points).
+A ``planted_mean`` c adds c to every element of the input embeddings, so every row's μ moves by c:
+the detection test of the analysis.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .progress import ensure
+from .stats import (
+    RowStats,
+    identity_check,
+    measured_divergence,
+    predicted_cosine,
+    row_stats,
+    summarize,
+)
+from .transformer import NORM_POSITIONS, NORMS, Transformer, TransformerConfig
+
+__all__ = [
+    "SimulationConfig",
+    "StageStats",
+    "SimulationResult",
+    "simulate",
+    "write_simulation",
+    "INPUTS",
+]
+
+INPUTS = ("auto", "tokens", "gaussian", "text")
+
+
+@dataclass
+class SimulationConfig:
+    """What to simulate. ``inputs``: ``"tokens"`` (uniform random token ids through the model's
+    own, randomly initialised, embedding tables), ``"gaussian"`` (i.i.d. N(0, init_std²) vectors fed
+    as embeddings), ``"text"`` (validation windows of the corpus) or ``"auto"`` (tokens without
+    training, text with it). ``train_steps`` > 0 trains the same model on ``text`` (a path; the
+    Python standard-library corpus when None) and measures it again."""
+
+    n_layers: int = 12
+    d_model: int = 256
+    n_heads: int = 4
+    seq_len: int = 64
+    batch: int = 16
+    seed: int = 0
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    init_std: float = 0.02
+    inputs: str = "auto"
+    text: str | None = None
+    planted_mean: float = 0.0
+    train_steps: int = 0
+    train_batch: int = 16
+    lr: float = 3e-3
+    raw_tokens: int = 256  # per layer and stage, kept in the JSON
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "seq_len", "batch", "train_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("train_steps", "raw_tokens", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(
+                f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}"
+            )
+        if not (isinstance(self.init_std, (int, float)) and 0 < self.init_std < math.inf):
+            raise ValueError(f"init_std must be a finite number > 0, got {self.init_std!r}")
+        if not (isinstance(self.planted_mean, (int, float)) and math.isfinite(self.planted_mean)):
+            raise ValueError(f"planted_mean must be a finite number, got {self.planted_mean!r}")
+        if self.inputs not in INPUTS:
+            raise ValueError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
+        if self.text is not None and not Path(self.text).is_file():
+            raise FileNotFoundError(f"text: no such file {self.text!r}")
+
+    @property
+    def resolved_inputs(self) -> str:
+        if self.inputs != "auto":
+            return self.inputs
+        return "text" if self.train_steps > 0 else "tokens"
+
+    def transformer_config(self) -> TransformerConfig:
+        return TransformerConfig(
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            seq_len=self.seq_len,
+            norm=self.norm,
+            norm_position=self.norm_position,
+            init_std=self.init_std,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StageStats:
+    """Residual-stream statistics of one model state: (n_layers + 1, tokens) float64 tensors.
+    ``measured_cosine`` is cos(LayerNorm(h), RMSNorm(h)) from the two actual outputs (γ = 1, β = 0,
+    the model's ε) of each token's residual vector h, next to the prediction σ/RMS."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    rms: torch.Tensor
+    measured_cosine: torch.Tensor
+
+    def layer(self, i: int) -> RowStats:
+        return RowStats(self.mean[i], self.std[i], self.rms[i])
+
+    @property
+    def ratio(self) -> torch.Tensor:
+        return self.mean.abs() / self.std
+
+    @property
+    def cosine(self) -> torch.Tensor:
+        return predicted_cosine(self.mean, self.std)
+
+    def summary(self) -> list[dict]:
+        out = []
+        for i in range(self.mean.shape[0]):
+            s = self.layer(i)
+            out.append(
+                {
+                    "mu": summarize(s.mean),
+                    "sigma": summarize(s.std),
+                    "rms": summarize(s.rms),
+                    "mu_over_sigma": summarize(s.ratio),
+                    "mean_energy_share": summarize(s.mean_energy_share),
+                    "predicted_cosine": summarize(s.cosine),
+                    "measured_cosine": summarize(self.measured_cosine[i]),
+                    "cosine_max_abs_diff": float((s.cosine - self.measured_cosine[i]).abs().max()),
+                    "identity": identity_check(s),
+                }
+            )
+        return out
+
+    def raw(self, tokens: int) -> dict:
+        def r(t: torch.Tensor) -> list[list[float]]:
+            return [[float(f"{v:.6g}") for v in row[:tokens].tolist()] for row in t]
+
+        return {"mu": r(self.mean), "sigma": r(self.std), "rms": r(self.rms)}
+
+
+@dataclass
+class SimulationResult:
+    config: SimulationConfig
+    layer_names: list[str]
+    init: StageStats
+    trained: StageStats | None = None
+    train_history: dict | None = None
+    val_loss: dict = field(default_factory=dict)  # {"init": ..., "trained": ...} with training
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def stages(self) -> dict[str, StageStats]:
+        out = {"init": self.init}
+        if self.trained is not None:
+            out["trained"] = self.trained
+        return out
+
+    def to_dict(self) -> dict:
+        cfg = self.config
+        return {
+            "config": cfg.to_dict(),
+            "inputs": cfg.resolved_inputs,
+            "tokens_per_layer": int(self.init.mean.shape[1]),
+            "layers": self.layer_names,
+            "stages": {
+                name: {"per_layer": st.summary(), "raw": st.raw(cfg.raw_tokens)}
+                for name, st in self.stages.items()
+            },
+            "val_loss": self.val_loss,
+            "train_history": self.train_history,
+            "seconds": self.seconds,
+        }
+
+
+def _layer_names(n_layers: int) -> list[str]:
+    return ["embedding"] + [f"block {i + 1}" for i in range(n_layers)]
+
+
+@torch.no_grad()
+def _measure(
+    model: Transformer, cfg: SimulationConfig, inputs: torch.Tensor, kind: str
+) -> StageStats:
+    """Residual stream statistics with the planted mean added to the input embeddings."""
+    model.eval()
+    if kind == "gaussian":
+        emb = inputs
+    else:
+        emb = model.embed(inputs)
+    emb = emb + cfg.planted_mean
+    _, residuals = model(embeddings=emb, return_residuals=True)
+    stats = [row_stats(h) for h in residuals]  # each over the (batch·seq) tokens
+    measured = [measured_divergence(h.double(), model.cfg.eps)[0] for h in residuals]
+    return StageStats(
+        torch.stack([s.mean for s in stats]),
+        torch.stack([s.std for s in stats]),
+        torch.stack([s.rms for s in stats]),
+        torch.stack(measured),
+    )
+
+
+def _corpus(cfg: SimulationConfig):
+    from .corpus import stdlib_corpus, text_corpus
+
+    return text_corpus(cfg.text) if cfg.text is not None else stdlib_corpus()
+
+
+def simulate(
+    cfg: SimulationConfig | None = None, progress=None, label: str = "simulate"
+) -> SimulationResult:
+    """Run the experiment described by ``cfg`` (defaults: the chapter's 12-layer pre-LN
+    transformer at initialization on random tokens); ``label`` names its progress bars."""
+    cfg = cfg or SimulationConfig()
+    progress = ensure(progress)
+    kind = cfg.resolved_inputs
+    seconds: dict = {}
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    model = Transformer(cfg.transformer_config())
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    corpus = None
+    if kind == "text" or cfg.train_steps > 0:
+        corpus = _corpus(cfg)
+    if kind == "tokens":
+        inputs = torch.randint(0, model.cfg.vocab_size, (cfg.batch, cfg.seq_len), generator=gen)
+    elif kind == "gaussian":
+        inputs = cfg.init_std * torch.randn(cfg.batch, cfg.seq_len, cfg.d_model, generator=gen)
+    else:
+        inputs, _ = corpus.batch("val", cfg.batch, cfg.seq_len, gen)
+    with progress.task(f"{label}: forward at init", total=1) as advance:
+        init = _measure(model, cfg, inputs, kind)
+        advance()
+    seconds["init"] = time.perf_counter() - t0
+    result = SimulationResult(cfg, _layer_names(cfg.n_layers), init, seconds=seconds)
+    if cfg.train_steps > 0:
+        from .train import TrainConfig, evaluate, train
+
+        tcfg = TrainConfig(
+            steps=cfg.train_steps,
+            batch_size=cfg.train_batch,
+            lr=cfg.lr,
+            warmup=max(1, min(20, cfg.train_steps // 10)),
+            eval_interval=max(1, cfg.train_steps),
+            seed=cfg.seed,
+        )
+        t1 = time.perf_counter()
+        loss0 = evaluate(model, corpus, tcfg.eval_batches, tcfg.batch_size, tcfg.seed)
+        with progress.task(f"{label}: train {cfg.train_steps} steps", total=cfg.train_steps) as adv:
+            hist = train(model, corpus, tcfg, on_step=lambda step, loss: adv())
+        result.trained = _measure(model, cfg, inputs, kind)
+        result.val_loss = {"init": loss0, "trained": hist.val_loss[-1]}
+        result.train_history = {
+            "corpus": corpus.name,
+            "steps": cfg.train_steps,
+            "train_loss": [round(v, 5) for v in hist.train_loss],
+            "mean_step_s": sum(hist.step_time_s) / len(hist.step_time_s),
+        }
+        seconds["train"] = time.perf_counter() - t1
+    seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+def write_simulation(result: SimulationResult, out: str | Path, progress=None) -> dict[str, Path]:
+    """The figures and ``simulation.json`` into ``out``; returns {name: path}."""
+    from . import plots
+    from .io import write_json
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = ensure(progress)
+    files = {}
+    jobs = [
+        ("mean_histograms", plots.mean_histograms),
+        ("ratio_by_layer", plots.ratio_by_layer),
+        ("cosine_by_layer", plots.cosine_by_layer),
+    ]
+    with progress.task("simulate: figures", total=len(jobs)) as advance:
+        for name, fn in jobs:
+            files[name] = fn(result, out / f"{name}.png")
+            advance()
+    files["json"] = write_json(result.to_dict(), out / "simulation.json")
+    return files

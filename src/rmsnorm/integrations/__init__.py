@@ -1,0 +1,61 @@
+"""Integrations with the wider ecosystem: :func:`replace_norms` for plain PyTorch models, and the
+submodules ``hf`` (Hugging Face models) and ``distributed`` (sequence-parallel helpers). Nothing
+here imports transformers at import time."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..modules import LayerNorm, RMSNorm
+
+__all__ = ["replace_norms", "restore_norms"]
+
+# Our subclasses' extra attributes, at the values that compute exactly what torch's modules do.
+_RMS_EXTRAS = dict(eps_mode="mean_square", casting_mode="gemma", offset=0.0, partial=None)
+_SWAPS = {nn.RMSNorm: RMSNorm, nn.LayerNorm: LayerNorm}
+_BACK = {RMSNorm: nn.RMSNorm, LayerNorm: nn.LayerNorm}
+_MARK = "_rmsnorm_replaced"
+
+
+def replace_norms(model: nn.Module) -> list[str]:
+    """Make every ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` in ``model`` run this library's op.
+
+    In place and drop-in: each such module (exactly those classes, not subclasses, which may
+    override ``forward``) becomes an instance of :class:`rmsnorm.RMSNorm` /
+    :class:`rmsnorm.LayerNorm` with torch's semantics (``casting_mode="gemma"``, no offset, no
+    bias), keeping the same module object, Parameter objects, hooks and ``state_dict`` (the way
+    ``torch.nn.utils.parametrize`` swaps a module's class). Returns the names of the modules
+    replaced; :func:`restore_norms` undoes it.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    replaced = []
+    for name, module in model.named_modules():
+        new_cls = _SWAPS.get(type(module))
+        if new_cls is None:
+            continue
+        if new_cls is RMSNorm:
+            for key, value in _RMS_EXTRAS.items():
+                setattr(module, key, value)
+            module.register_parameter("bias", None)  # None parameters stay out of state_dict
+        module.__class__ = new_cls
+        object.__setattr__(module, _MARK, True)
+        replaced.append(name)
+    return replaced
+
+
+def restore_norms(model: nn.Module) -> list[str]:
+    """Undo :func:`replace_norms`: the modules it changed become torch's classes again (modules
+    that were this library's to begin with are left alone). Returns the names restored."""
+    restored = []
+    for name, module in model.named_modules():
+        if not module.__dict__.get(_MARK, False) or type(module) not in _BACK:
+            continue
+        if type(module) is RMSNorm:
+            for key in _RMS_EXTRAS:
+                delattr(module, key)
+            del module._parameters["bias"]
+        module.__class__ = _BACK[type(module)]
+        del module.__dict__[_MARK]
+        restored.append(name)
+    return restored

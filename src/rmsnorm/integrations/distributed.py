@@ -1,0 +1,86 @@
+"""Sequence-parallel training with this library's norms: when each rank normalizes its own slice of
+the sequence, the norm weights see only part of the tokens, so their gradients must be summed over
+the sequence-parallel group. DDP and FSDP2 need nothing from here (see docs/integrations.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..modules import LayerNorm, RMSNorm
+
+__all__ = ["norm_parameters", "all_reduce_norm_grads"]
+
+# Hugging Face norm classes are recognised by name, so this module never imports transformers.
+_NORM_TYPES = (RMSNorm, LayerNorm, nn.RMSNorm, nn.LayerNorm)
+
+
+def _is_norm(module: nn.Module) -> bool:
+    if isinstance(module, _NORM_TYPES):
+        return True
+    from .hf import CONVENTIONS, _qualname
+
+    return _qualname(type(module)) in CONVENTIONS
+
+
+def norm_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters (weight, bias) of every normalization layer in ``model``: this library's,
+    torch's, and the Hugging Face classes of :data:`rmsnorm.integrations.hf.CONVENTIONS`."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    seen, params = set(), []
+    for module in model.modules():
+        if _is_norm(module):
+            for p in module.parameters(recurse=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+    return params
+
+
+@torch.no_grad()
+def all_reduce_norm_grads(
+    model_or_params: nn.Module | Iterable[torch.Tensor], group: dist.ProcessGroup | None = None
+) -> int:
+    """Sum the gradients of the norm parameters over ``group`` (the sequence-parallel group), in
+    place, so every rank holds d weight / d bias of the whole sequence.
+
+    Call it once per optimizer step, after the last backward (gradient accumulation included) and
+    before the step; calling it after each micro-batch would sum earlier micro-batches twice.
+    Accepts a model (its :func:`norm_parameters`) or the parameters themselves; parameters without
+    a gradient are skipped, the same way on every rank. Gradients are flattened into one buffer per
+    dtype and device, so a model costs one collective per dtype. Returns the number of gradients
+    reduced.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "all_reduce_norm_grads needs an initialized process group "
+            "(torch.distributed.init_process_group)"
+        )
+    params = (
+        norm_parameters(model_or_params)
+        if isinstance(model_or_params, nn.Module)
+        else list(model_or_params)
+    )
+    grads = [p.grad for p in params if p.grad is not None]
+    buckets: dict[tuple, list[torch.Tensor]] = {}
+    for g in grads:
+        if g.is_sparse:
+            raise ValueError("all_reduce_norm_grads: sparse gradients are not supported")
+        if hasattr(g, "to_local"):  # a DTensor: its placements already say how it is reduced
+            raise TypeError(
+                "all_reduce_norm_grads takes plain (replicated) gradients, got a DTensor; "
+                "with FSDP2 / tensor parallelism let the DTensor placements do the reduction"
+            )
+        buckets.setdefault((g.dtype, g.device), []).append(g)
+    for bucket in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+    return len(grads)

@@ -1,0 +1,85 @@
+"""The lab's commands (``rmsnorm simulate / inspect / report``) at tiny sizes through typer's
+CliRunner: every promised file, and clear errors that name the bad option."""
+
+import json
+import re
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rmsnorm.cli import app
+
+TINY = ["--layers", "2", "--width", "32", "--heads", "2", "--seq-len", "16", "--batch", "4"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def plain(result) -> str:
+    """Output without rich's colour codes and box-drawing line breaks."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", result.output)
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def test_simulate_writes_files(runner, tmp_path):
+    result = runner.invoke(
+        app, ["simulate", "--out", str(tmp_path), *TINY, "--planted-mean", "0.1"]
+    )
+    assert result.exit_code == 0, result.output
+    for name in ("mean_histograms.png", "ratio_by_layer.png", "cosine_by_layer.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    data = json.loads((tmp_path / "simulation.json").read_text())
+    assert data["config"]["planted_mean"] == 0.1 and data["config"]["n_layers"] == 2
+
+
+def test_inspect_writes_json(runner, tmp_path):
+    out = tmp_path / "inspect.json"
+    result = runner.invoke(
+        app, ["inspect", "--model", "builtin", "--text", "hello", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["norm_layers"] == 25 and "UTF-8 bytes" in data["inputs"]
+    assert "norm_f" in result.output and "LN" in result.output
+
+
+def test_report_quick_writes_files(runner, tmp_path):
+    result = runner.invoke(
+        app,
+        ["report", "--quick", "--train-steps", "0", "--planted-mean", "0", "--out", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    for name in ("report.md", "report.html", "report.json", "figures/sigma_mu_plane.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["simulate", "--layers", "-1"], "--layers"),
+        (
+            ["simulate", "--width", "30", "--heads", "4"],
+            "--width (30) must be divisible by --heads (4)",
+        ),
+        (["simulate", "--text", "/nonexistent/t.txt"], "--text"),
+        (["simulate", "--norm", "batchnorm"], "norm must be one of"),
+        (["inspect", "--model", "/nonexistent/model"], "no such directory"),
+        (["report", "--model", "/nonexistent/model", "--quick"], "no such directory"),
+        (["report", "--train-steps", "-3"], "--train-steps"),
+    ],
+)
+def test_bad_arguments(runner, tmp_path, args, message):
+    result = runner.invoke(app, [*args, "--out", str(tmp_path)] if args[0] != "inspect" else args)
+    assert result.exit_code != 0
+    assert message in plain(result)

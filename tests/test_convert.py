@@ -1,0 +1,269 @@
+"""The exact LayerNorm -> RMSNorm conversion: logits unchanged (float32 and float64) for the lab
+transformer, GPT-2 (tied head) and GPT-NeoX (parallel and sequential residual); refusals; model
+directories and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from rmsnorm import LayerNorm, RMSNorm
+from rmsnorm.analysis.transformer import Transformer, TransformerConfig
+from rmsnorm.convert import (
+    ConversionError,
+    _logits,
+    convert_directory,
+    layernorm_to_rmsnorm,
+    load_model,
+    random_tokens,
+    recenter_,
+    residual_writers,
+    save_model,
+    verify_conversion,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny models: thread contention on a busy 2-core machine costs far more than the arithmetic.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _perturb(model: nn.Module) -> nn.Module:
+    """Norm γ, β away from 1, 0 and embeddings with a clear mean along the hidden dim, so that
+    a missed centering or a dropped β shows in the logits."""
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+            if any(k in name for k in ("norm", "ln_", "layernorm", "layer_norm")):
+                p.add_(0.3 * noise)
+            elif "emb" in name or "wte" in name or "wpe" in name:
+                p.add_(0.1 * noise[..., :1])  # one offset per row: a mean along the hidden dim
+    return model.eval()
+
+
+def lab(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    cfg = dict(n_layers=3, d_model=32, n_heads=4, seq_len=16, vocab_size=40, **overrides)
+    return _perturb(Transformer(TransformerConfig(**cfg)))
+
+
+def gpt2(**overrides) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=32, **overrides
+    )
+    return _perturb(transformers.GPT2LMHeadModel(cfg))
+
+
+def neox(**overrides) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=32, **overrides,
+    )  # fmt: skip
+    return _perturb(transformers.GPTNeoXForCausalLM(cfg))
+
+
+MODELS = {
+    "lab": lab,
+    "lab-no-bias": lambda: lab(bias=False),
+    "gpt2-tied": gpt2,
+    "gpt-neox-parallel": neox,
+    "gpt-neox-sequential-tied": lambda: neox(use_parallel_residual=False, tie_word_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_equal_float32_and_float64(name):
+    model = MODELS[name]()
+    assert verify_conversion(model, torch.float32) <= 1e-5
+    assert verify_conversion(model, torch.float64) <= 1e-10
+
+
+@pytest.mark.parametrize("name", ["lab", "gpt2-tied", "gpt-neox-parallel"])
+def test_centering_is_what_makes_it_exact(name):
+    """The same swap without centering the writers changes the logits by far more than the
+    tolerance: the test above would catch a missed writer."""
+    from rmsnorm.convert import _plan, _swap_norms
+
+    model = MODELS[name]().double()
+    tokens = random_tokens(model)
+    ref = _logits(model, tokens)
+    _swap_norms(_plan(model), model)
+    assert (_logits(model, tokens) - ref).abs().max() > 1e-3
+
+
+def test_converted_model_structure_and_original_untouched():
+    model = gpt2()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    wte = model.transformer.wte.weight
+    assert model.lm_head.weight is wte
+    converted = layernorm_to_rmsnorm(model)
+    # The original is not modified.
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert isinstance(model.transformer.ln_f, nn.LayerNorm)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    # Untied: the head keeps the original embedding; the embedding table is centered.
+    assert converted.lm_head.weight is not converted.transformer.wte.weight
+    assert torch.equal(converted.lm_head.weight, wte)
+    assert converted.config.tie_word_embeddings is False
+    assert converted.transformer.wte.weight.double().mean(dim=1).abs().max() < 1e-7
+    norms = [m for m in converted.modules() if isinstance(m, RMSNorm)]
+    assert len(norms) == 2 * 2 + 1
+    assert not any(isinstance(m, nn.LayerNorm) for m in converted.modules())
+    for m in norms:
+        assert m.eps_mode == "mean_square" and m.eps == model.config.layer_norm_epsilon
+        assert m.bias is not None and m.offset == 0.0
+    # The state_dict keeps the LayerNorm keys (plus the now separate head).
+    assert set(converted.state_dict()) == set(state) | {"lm_head.weight"}
+
+
+def test_residual_stream_is_zero_mean():
+    model = layernorm_to_rmsnorm(lab().double())
+    _, residuals = model(random_tokens(model), return_residuals=True)
+    for h in residuals:
+        assert (h.mean(dim=-1).abs() / h.square().mean(dim=-1).sqrt()).max() < 1e-12
+
+
+def test_residual_writers_lists_every_writer():
+    names = residual_writers(lab())
+    assert names[:2] == ["tok_emb.weight", "pos_emb.weight"]
+    assert len(names) == 2 + 3 * 4  # per block: attn.proj and mlp.proj, weight and bias
+    assert "transformer.wte.weight" in residual_writers(gpt2())
+
+
+@pytest.mark.parametrize("recenter", [True, False])
+def test_recenter_keeps_training_exact(recenter):
+    """Fine-tuning the converted model with recenter_ after each step: it stays exactly the
+    LayerNorm model with the same weights. Without it, AdamW's uncentered updates let the stream's
+    mean drift and the two part (here by ~0.1 in three steps)."""
+    model = layernorm_to_rmsnorm(lab().double())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = random_tokens(model, batch=4)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(
+            model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()
+        )
+        loss.backward()
+        opt.step()
+        if recenter:
+            recenter_(model)
+    twin = _layernorm_twin(model)
+    with torch.no_grad():
+        diff = (model(tokens) - twin(tokens)).abs().max().item()
+    assert diff <= 1e-10 if recenter else diff > 1e-3
+
+
+def _layernorm_twin(model: Transformer) -> Transformer:
+    """The same weights with every RMSNorm replaced by a LayerNorm (same γ, β, ε)."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    for parent in list(twin.modules()):
+        for attr, child in list(parent.named_children()):
+            if isinstance(child, RMSNorm):
+                ln = LayerNorm(child.normalized_shape, eps=child.eps, dtype=child.weight.dtype)
+                ln.weight, ln.bias = child.weight, child.bias
+                setattr(parent, attr, ln)
+    return twin
+
+
+def test_refusals_are_clear():
+    with pytest.raises(ConversionError, match="post-LN"):
+        layernorm_to_rmsnorm(lab(norm_position="post"))
+    with pytest.raises(ConversionError, match="only LayerNorm models"):
+        layernorm_to_rmsnorm(lab(norm="rmsnorm"))
+    with pytest.raises(ConversionError, match="unknown architecture"):
+        layernorm_to_rmsnorm(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)))
+    with pytest.raises(ConversionError, match="already converted"):
+        layernorm_to_rmsnorm(layernorm_to_rmsnorm(lab()))
+    with pytest.raises(ConversionError, match="cross-attention"):
+        layernorm_to_rmsnorm(gpt2(add_cross_attention=True))
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        layernorm_to_rmsnorm("gpt2")
+    with pytest.raises(ConversionError, match="expects a model returned by"):
+        recenter_(gpt2())
+    # A LayerNorm the layout does not know about: refused before anything is changed.
+    model = lab()
+    model.blocks[0].attn.extra = nn.LayerNorm(32)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ConversionError, match=r"blocks\.0\.attn\.extra"):
+        layernorm_to_rmsnorm(model, inplace=True)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+def test_refuses_unknown_hf_architecture():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4,
+    )  # fmt: skip
+    with pytest.raises(ConversionError, match="model_type='llama'"):
+        layernorm_to_rmsnorm(transformers.LlamaForCausalLM(cfg))
+
+
+@pytest.mark.parametrize("name", ["lab", "gpt2-tied"])
+def test_convert_directory_round_trip(name, tmp_path):
+    model = MODELS[name]()
+    save_model(model, tmp_path / "src")
+    report = convert_directory(tmp_path / "src", tmp_path / "dst", repeats=1, seq_len=8)
+    assert report.max_abs_logit_diff["float32"] <= 1e-5
+    assert report.max_abs_logit_diff["float64"] <= 1e-10
+    assert report.untied_head == (name == "gpt2-tied")
+    assert all(t > 0 for t in report.inference_s.values())
+    reloaded = load_model(tmp_path / "dst")
+    assert any(isinstance(m, RMSNorm) for m in reloaded.modules())
+    tokens = random_tokens(model, seq_len=8)
+    with torch.no_grad():
+        assert (_logits(reloaded, tokens) - _logits(model, tokens)).abs().max() <= 1e-5
+
+
+def test_converted_checkpoint_loads_in_plain_transformers(tmp_path):
+    """The written weights are the equivalent LayerNorm model for anyone without this library."""
+    transformers = pytest.importorskip("transformers")
+    model = gpt2()
+    save_model(layernorm_to_rmsnorm(model), tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is False
+    plain = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, local_files_only=True).eval()
+    tokens = random_tokens(model, seq_len=8)
+    with torch.no_grad():
+        assert (plain(tokens).logits - model(tokens).logits).abs().max() <= 1e-5
+
+
+def test_load_model_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model directory not found"):
+        load_model(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="neither a Hugging Face config"):
+        load_model(tmp_path)
+
+
+def test_cli_convert(tmp_path):
+    from typer.testing import CliRunner
+
+    from rmsnorm.cli import app
+
+    save_model(lab(), tmp_path / "src")
+    runner = CliRunner()
+    args = ["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--repeats", "1"]
+    result = runner.invoke(app, args + ["--json-out", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert "max |Δ logits| (float64)" in result.output and "inference" in result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["max_abs_logit_diff"]["float32"] <= 1e-5
+    save_model(lab(norm_position="post"), tmp_path / "post")
+    result = runner.invoke(app, ["convert", str(tmp_path / "post"), str(tmp_path / "x")])
+    assert result.exit_code == 1 and "post-LN" in result.output

@@ -1,0 +1,64 @@
+"""The report (analysis/report.py, plots.py, page.py): every promised file from the tiny
+configuration, a self-contained HTML page and consistent numbers."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from rmsnorm.analysis.page import Page
+from rmsnorm.analysis.report import ReportConfig, build_report
+
+FIGURES = (
+    "mean_histograms", "ratio_by_layer", "cosine_by_layer", "divergence_curve", "sigma_mu_plane",
+    "timing", "trained_mean_histograms", "trained_ratio_by_layer", "model_layers",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_quick_report_writes_everything(tmp_path):
+    summary = build_report(ReportConfig.quick(model="builtin-rms"), tmp_path)
+    for name in FIGURES:
+        path = tmp_path / "figures" / f"{name}.png"
+        assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(FIGURES)
+    # self-contained: no external assets or links to local files
+    assert not re.search(r'(src|href)="(?!data:)', html)
+    md = (tmp_path / "report.md").read_text()
+    assert "figures/divergence_curve.png" in md and "## 1. The identity" in md
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["identity"]["max_rel_error"] < 1e-12
+    assert data["simulation"]["max_cosine_pred_vs_measured"] < 1e-9
+    assert data["planted"]["median_mu_over_sigma"] > data["simulation"]["median_mu_over_sigma"]
+    assert data["model"]["norm_layers"] == 25
+    assert {r["impl"] for r in data["timing"]["results"]} == {
+        "rmsnorm.rms_norm", "rmsnorm.layer_norm", "torch F.rms_norm", "torch F.layer_norm"
+    }  # fmt: skip
+    assert set(summary["files"]) >= set(FIGURES) | {"report.md", "report.html", "report.json"}
+
+
+def test_bad_model_fails_before_running(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        build_report(ReportConfig.quick(model=str(tmp_path / "missing")), tmp_path / "out")
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_page_renders_escaped_tables():
+    page = Page("t")
+    page.h2("Numbers")
+    page.h2("Notes", numbered=False)
+    page.table(["|μ|/σ", "x"], [["0.1", "<b>"]])
+    md = page.markdown(Path("."))
+    assert "## 1. Numbers" in md and "## Notes" in md and "\\|μ\\|/σ" in md
+    html = page.html()
+    assert "&lt;b&gt;" in html and "<th>|μ|/σ</th>" in html
