@@ -297,6 +297,19 @@ def test_large_rows_and_many_blocks(dtype):
     _check(dw, g64[1], ge[1], "dweight", rows=m)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_caller_tensors_stay_resizable(dtype):
+    # Tensor.numpy() marks a storage non-resizable for good; FSDP2 frees parameters by resizing
+    # their storage to 0, which then failed
+    x, dy = torch.randn(300, 300).to(dtype), torch.randn(300, 300).to(dtype)
+    w, b = torch.randn(300).to(dtype), torch.randn(300).to(dtype)
+    y, rstd = cpu.rms_norm_fwd(x, w, b, 1e-6, "mean_square", "gemma", 0.0, 300)
+    grads = cpu.rms_norm_bwd(dy, x, w, b, rstd, dy, 1e-6, "mean_square", "gemma", 0.0, 300, dtype)
+    yl, mean, rl = cpu.layer_norm_fwd(x, w, b, 1e-5)
+    for t in (x, dy, w, b, y, rstd, *grads, yl, mean, rl):
+        t.untyped_storage().resize_(0)
+
+
 def test_float64_and_mixed_float64_go_to_the_reference():
     x = torch.randn(5, 12, dtype=torch.float64)
     w = torch.randn(12, dtype=torch.float64)

@@ -77,6 +77,26 @@ def _warn_fork() -> None:
     )
 
 
+class _Memory:
+    """A tensor's memory as numpy sees it, by address. ``Tensor.numpy()`` would mark the tensor's
+    storage as never resizable again (FSDP2 resizes parameter storages to free them; that failed),
+    so the kernels get their arrays this way; the array keeps the tensor alive through this."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: torch.Tensor, numel: int, typestr: str):
+        self.tensor = t
+        self.__array_interface__ = {
+            "data": (t.data_ptr(), False), "shape": (numel,), "typestr": typestr, "version": 3,
+        }  # fmt: skip
+
+
+def _array(t: torch.Tensor, numel: int | None = None) -> np.ndarray:
+    """numel elements from t's first one, as float32, float64 or raw 16-bit patterns (uint16)."""
+    typestr = {torch.float32: "<f4", torch.float64: "<f8"}.get(t.dtype, "<u2")
+    return np.asarray(_Memory(t, t.numel() if numel is None else numel, typestr))
+
+
 def _rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(float32 view, uint16 view, row stride, dtype code) of a 2-D tensor's storage, no copy.
 
@@ -88,25 +108,25 @@ def _rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int, int]:
     if n > 1 and t.stride(1) != 1:
         t = t.contiguous()
     stride = t.stride(0) if m > 1 else n
-    flat = torch.as_strided(t.detach(), ((m - 1) * stride + n,), (1,))
+    flat = _array(t, (m - 1) * stride + n)
     code = _CODES[t.dtype]
     if code == K.F32:
-        return flat.numpy(), _NO_U16, stride, code
-    return _NO_F32, flat.view(torch.int16).numpy().view(np.uint16), stride, code
+        return flat, _NO_U16, stride, code
+    return _NO_F32, flat, stride, code
 
 
 def _out(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(float32 view, uint16 view) of a fresh contiguous output."""
     if t.dtype == torch.float32:
-        return t.view(-1).numpy(), _NO_U16
-    return _NO_F32, t.view(-1).view(torch.int16).numpy().view(np.uint16)
+        return _array(t), _NO_U16
+    return _NO_F32, _array(t)
 
 
 def _vec(t: torch.Tensor | None, n: int) -> np.ndarray:
     """A (N,) float32 parameter as a contiguous array (ones when absent: × 1 is exact)."""
     if t is None:
         return np.ones(n, np.float32)
-    return t.detach().to(torch.float32).contiguous().numpy()
+    return _array(t.detach().to(torch.float32).contiguous())
 
 
 def _threads(elements: int) -> None:
@@ -174,7 +194,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
     _threads(m * n)
     K.forward(
         xf, xu, xs, xc, rf, ru, rs, rc, residual is not None, hf, hu, yf, yu, _CODES[out_dtype],
-        s, b, bias is not None, _NO_F32, rstd.numpy(), m, n, k, float(eps), K.RMS_NORM,
+        s, b, bias is not None, _NO_F32, _array(rstd), m, n, k, float(eps), K.RMS_NORM,
         _EPS_MODES[eps_mode], *_rounding(casting_mode, x.dtype, out_dtype),
         _fwd_rows_per_block(m, n),
     )  # fmt: skip
@@ -215,8 +235,8 @@ def _bwd(dy, x, scale, mean, rstd, dresidual, norm, eps_mode, k, c_xhat, dw_p, d
     dx = torch.empty((m, n), dtype=x.dtype)
     need_dw = need and dw_p is not None
     need_db = need and db_p is not None
-    dw64 = np.empty(n if need_dw else 0, np.float64)
-    db64 = np.empty(n if need_db else 0, np.float64)
+    dw64 = torch.empty(n if need_dw else 0, dtype=torch.float64)
+    db64 = torch.empty(n if need_db else 0, dtype=torch.float64)
     dyf, dyu, dys, dyc = _rows(dy)
     xf, xu, xs, xc = _rows(x)
     if dresidual is not None:
@@ -224,15 +244,15 @@ def _bwd(dy, x, scale, mean, rstd, dresidual, norm, eps_mode, k, c_xhat, dw_p, d
     else:
         drf, dru, drs, drc = _NO_F32, _NO_U16, 0, K.F32
     dxf, dxu = _out(dx)
-    mean_np = _NO_F32 if mean is None else mean.detach().to(torch.float32).contiguous().numpy()
+    mean_np = _NO_F32 if mean is None else _vec(mean, m)
     _threads(m * n)
     K.backward(
         dyf, dyu, dys, dyc, xf, xu, xs, xc, drf, dru, drs, drc, dresidual is not None, dxf, dxu,
-        scale, mean_np, rstd.detach().to(torch.float32).contiguous().numpy(), m, n, k, norm,
-        eps_mode, c_xhat, need_dw, need_db, _bwd_rows_per_block(m), dw64, db64,
+        scale, mean_np, _vec(rstd, m), m, n, k, norm, eps_mode, c_xhat, need_dw, need_db,
+        _bwd_rows_per_block(m), _array(dw64), _array(db64),
     )  # fmt: skip
-    dw = torch.from_numpy(dw64).to(dw_p.dtype) if need_dw else _empty_grad(x)
-    db = torch.from_numpy(db64).to(db_p.dtype) if need_db else _empty_grad(x)
+    dw = dw64.to(dw_p.dtype) if need_dw else _empty_grad(x)
+    db = db64.to(db_p.dtype) if need_db else _empty_grad(x)
     return dx, dw, db
 
 
@@ -274,7 +294,7 @@ def layer_norm_fwd(x, weight, bias, eps):
     K.forward(
         xf, xu, xs, xc, _NO_F32, _NO_U16, 0, K.F32, False, _NO_F32, _NO_U16, yf, yu, xc,
         _vec(weight, n), _NO_F32 if bias is None else _vec(bias, n), bias is not None,
-        mean.numpy(), rstd.numpy(),
+        _array(mean), _array(rstd),
         m, n, n, float(eps), K.LAYER_NORM, K.MEAN_SQUARE, K.F32, K.F32, K.F32, K.F32,
         _fwd_rows_per_block(m, n),
     )  # fmt: skip
