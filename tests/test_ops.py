@@ -143,3 +143,36 @@ def test_export():
     ep = torch.export.export(net, (x, r))
     torch.testing.assert_close(ep.module()(x, r), net(x, r))
     assert "rmsnorm.rms_norm_fwd" in str(ep.graph)
+
+
+# ------------------------------------------------------------------------------------------------
+# The eager fast path: launchers called directly only where the dispatcher had nothing else to do
+# ------------------------------------------------------------------------------------------------
+def test_fast_path_matches_the_op_and_steps_aside_for_modes_and_autograd():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, r, w = _t(5, 16), _t(5, 16), _t(16)
+    direct = [
+        rmsnorm.rms_norm(x, 16, w),
+        *rmsnorm.add_rms_norm(x, r, 16, w),
+        rmsnorm.layer_norm(x, 16),
+    ]
+    with Record() as mode:
+        via_op = [rmsnorm.rms_norm(x, 16, w), *rmsnorm.add_rms_norm(x, r, 16, w)]
+        via_op.append(rmsnorm.layer_norm(x, 16))
+    assert {"rmsnorm.rms_norm_fwd.default", "rmsnorm.add_rms_norm_fwd.default",
+            "rmsnorm.layer_norm_fwd.default"} <= set(mode.seen)  # fmt: skip
+    for a, b in zip(direct, via_op, strict=True):
+        assert torch.equal(a, b)
+    assert rmsnorm.rms_norm(x, 16, w.requires_grad_()).grad_fn is not None
+    with torch.no_grad():
+        assert rmsnorm.rms_norm(x, 16, w).grad_fn is None

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _ops  # noqa: F401  (registers torch.ops.rmsnorm.*)
+from . import _backend, _ops  # noqa: F401  (_ops registers torch.ops.rmsnorm.*)
 from .reference import CASTING_MODES, EPS_MODES, default_eps, partial_size
 
 __all__ = ["rms_norm", "add_rms_norm", "layer_norm"]
@@ -137,6 +137,27 @@ def _autocast_to_fp32(device_type: str, devices: tuple[str, ...]) -> bool:
     return device_type in devices and torch.is_autocast_enabled(device_type)
 
 
+def _forward(name: str, *tensors: torch.Tensor | None):
+    """The forward to call: the custom op, or, when the dispatcher could do nothing but route the
+    call to the backend (eager, no gradient wanted, plain CPU/CUDA tensors, no mode or transform
+    active), the backend's launcher itself. Decoding-size calls are launch-bound and the dispatcher
+    plus the autograd wrapper cost several times a kernel launch; compile, export, autograd,
+    dispatch modes and tensor subclasses always see the op."""
+    if (
+        torch.compiler.is_compiling()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+        or torch._C._are_functorch_transforms_active()
+        or tensors[0].device.type not in ("cpu", "cuda")
+    ):
+        return getattr(torch.ops.rmsnorm, name)
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return getattr(torch.ops.rmsnorm, name)
+    return getattr(_backend.launchers(tensors[0].device.type), name)
+
+
 # ----------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------
@@ -169,7 +190,7 @@ def rms_norm(
     offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
     if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
-    y, _ = torch.ops.rmsnorm.rms_norm_fwd(
+    y, _ = _forward("rms_norm_fwd", input, weight, bias)(
         _rows(input, n),
         _flat(weight, n),
         _flat(bias, n),
@@ -216,7 +237,7 @@ def add_rms_norm(
     offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
     if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
-    y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
+    y, h, _ = _forward("add_rms_norm_fwd", input, residual, weight, bias)(
         _rows(input, n),
         _rows(residual, n),
         _flat(weight, n),
@@ -248,7 +269,7 @@ def layer_norm(
     eps = _check_eps(eps, input)
     if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_LN):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
-    y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(
+    y, _, _ = _forward("layer_norm_fwd", input, weight, bias)(
         _rows(input, n), _flat(weight, n), _flat(bias, n), eps
     )
     return y.view(input.shape)
