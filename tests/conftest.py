@@ -12,6 +12,12 @@ import pytest  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
+# Under pytest-xdist, share the cores between workers: two workers of two torch threads each on two
+# cores wait on each other's threads (a training step measured 10x slower that way).
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 
 @pytest.fixture(autouse=True)
 def _seed():
