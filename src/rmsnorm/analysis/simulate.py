@@ -25,7 +25,7 @@ from .stats import (
     row_stats,
     summarize,
 )
-from .transformer import NORM_POSITIONS, NORMS, Transformer, TransformerConfig
+from .transformer import Transformer, TransformerConfig
 
 __all__ = [
     "SimulationConfig",
@@ -65,7 +65,8 @@ class SimulationConfig:
     raw_tokens: int = 256  # per layer and stage, kept in the JSON
 
     def __post_init__(self) -> None:
-        for name in ("n_layers", "d_model", "n_heads", "seq_len", "batch", "train_batch"):
+        self.transformer_config()  # the model's own checks: sizes, heads, norm, init_std
+        for name in ("batch", "train_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -73,18 +74,6 @@ class SimulationConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
-        if self.norm_position not in NORM_POSITIONS:
-            raise ValueError(
-                f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}"
-            )
-        if not (isinstance(self.init_std, (int, float)) and 0 < self.init_std < math.inf):
-            raise ValueError(f"init_std must be a finite number > 0, got {self.init_std!r}")
         if not (isinstance(self.planted_mean, (int, float)) and math.isfinite(self.planted_mean)):
             raise ValueError(f"planted_mean must be a finite number, got {self.planted_mean!r}")
         if self.inputs not in INPUTS:

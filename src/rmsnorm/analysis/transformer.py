@@ -60,8 +60,8 @@ class TransformerConfig:
             )
         if not 0.0 < self.partial <= 1.0:
             raise ValueError(f"partial must be in (0, 1], got {self.partial!r}")
-        if not self.init_std > 0.0:
-            raise ValueError(f"init_std must be > 0, got {self.init_std!r}")
+        if not (isinstance(self.init_std, (int, float)) and 0 < self.init_std < math.inf):
+            raise ValueError(f"init_std must be a finite number > 0, got {self.init_std!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
