@@ -25,8 +25,10 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-def test_quick_report_writes_everything(tmp_path):
-    summary = build_report(ReportConfig.quick(model="builtin-rms"), tmp_path)
+def test_quick_report_writes_everything(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative --out, as `make report` passes
+    summary = build_report(ReportConfig.quick(model="builtin-rms"), Path("rep"))
+    tmp_path = tmp_path / "rep"
     for name in FIGURES:
         path = tmp_path / "figures" / f"{name}.png"
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -35,7 +37,11 @@ def test_quick_report_writes_everything(tmp_path):
     # self-contained: no external assets or links to local files
     assert not re.search(r'(src|href)="(?!data:)', html)
     md = (tmp_path / "report.md").read_text()
-    assert "figures/divergence_curve.png" in md and "## 1. The identity" in md
+    assert "## 1. The identity" in md
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(links) == len(FIGURES)
+    for link in links:  # every image the Markdown page shows exists beside it
+        assert link.startswith("figures/") and (tmp_path / link).is_file(), link
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["identity"]["max_rel_error"] < 1e-12
     assert data["simulation"]["max_cosine_pred_vs_measured"] < 1e-9

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,8 +86,9 @@ class Page:
                 lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
                 lines.append("")
             elif kind == "figure":
-                rel = block[1].relative_to(relative_to) if block[1].is_absolute() else block[1]
-                lines += [f"![{block[2]}]({rel.as_posix()})", "", f"*{block[2]}*", ""]
+                # relpath works whether the report folder was given as a relative or absolute path
+                rel = Path(os.path.relpath(block[1], relative_to)).as_posix()
+                lines += [f"![{block[2]}]({rel})", "", f"*{block[2]}*", ""]
             elif kind == "code":
                 lines += ["```", block[1], "```", ""]
         return "\n".join(lines)
