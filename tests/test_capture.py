@@ -10,13 +10,7 @@ import rmsnorm
 from rmsnorm.analysis import capture, inspection
 from rmsnorm.analysis.transformer import Transformer, TransformerConfig
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class T5StyleLayerNorm(nn.Module):

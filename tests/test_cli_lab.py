@@ -5,7 +5,6 @@ import json
 import re
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from rmsnorm.cli import app
@@ -13,12 +12,7 @@ from rmsnorm.cli import app
 TINY = ["--layers", "2", "--width", "32", "--heads", "2", "--seq-len", "16", "--batch", "4"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

@@ -25,14 +25,7 @@ from rmsnorm.convert import (
     verify_conversion,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: thread contention on a busy 2-core machine costs far more than the arithmetic.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _perturb(model: nn.Module) -> nn.Module:

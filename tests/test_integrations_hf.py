@@ -84,14 +84,7 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: with two threads on a busy 2-core machine a forward+backward takes ~2 s of
-    # thread contention instead of ~30 ms of arithmetic.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _qualified(short: str) -> str:

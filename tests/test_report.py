@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from rmsnorm.analysis.page import Page
 from rmsnorm.analysis.report import ReportConfig, build_report
@@ -17,12 +16,7 @@ FIGURES = (
 )  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_quick_report_writes_everything(tmp_path, monkeypatch):

@@ -11,12 +11,7 @@ from rmsnorm.analysis.simulate import SimulationConfig, simulate, write_simulati
 TINY = dict(n_layers=2, d_model=32, n_heads=2, seq_len=16, batch=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_shapes_and_consistency():

@@ -8,14 +8,7 @@ import torch
 
 from rmsnorm.analysis import stats
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # pytest -n 2 on 2 cores: one torch thread per worker avoids oversubscription
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rows_with_ratio(ratios, d=64, sigma=0.5, seed=0):
