@@ -158,6 +158,21 @@ def _forward(name: str, *tensors: torch.Tensor | None):
     return getattr(_backend.launchers(tensors[0].device.type), name)
 
 
+def _rms_arguments(
+    input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+):
+    """The checks rms_norm and add_rms_norm share, then autocast; returns what the op needs:
+    (input, weight, bias, N, eps, offset, k)."""
+    shape, n = _normalized_shape(input, normalized_shape)
+    _check_param(weight, "weight", shape, input)
+    _check_param(bias, "bias", shape, input)
+    eps = _check_eps(eps, input)
+    offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
+    if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_RMS):
+        input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
+    return input, weight, bias, n, eps, offset, partial_size(n, partial)
+
+
 # ----------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------
@@ -183,13 +198,9 @@ def rms_norm(
     ``eps=None`` is the machine epsilon of the compute dtype, as there.
     """
     _check_float_tensor(input, "input")
-    shape, n = _normalized_shape(input, normalized_shape)
-    _check_param(weight, "weight", shape, input)
-    _check_param(bias, "bias", shape, input)
-    eps = _check_eps(eps, input)
-    offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
-    if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_RMS):
-        input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
+    input, weight, bias, n, eps, offset, k = _rms_arguments(
+        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+    )
     y, _ = _forward("rms_norm_fwd", input, weight, bias)(
         _rows(input, n),
         _flat(weight, n),
@@ -198,7 +209,7 @@ def rms_norm(
         eps_mode,
         casting_mode,
         offset,
-        partial_size(n, partial),
+        k,
     )
     return y.view(input.shape)
 
@@ -230,13 +241,9 @@ def add_rms_norm(
         )
     if residual.device != input.device:
         raise ValueError(f"residual is on {residual.device} but input is on {input.device}")
-    shape, n = _normalized_shape(input, normalized_shape)
-    _check_param(weight, "weight", shape, input)
-    _check_param(bias, "bias", shape, input)
-    eps = _check_eps(eps, input)
-    offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
-    if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_RMS):
-        input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
+    input, weight, bias, n, eps, offset, k = _rms_arguments(
+        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+    )
     y, h, _ = _forward("add_rms_norm_fwd", input, residual, weight, bias)(
         _rows(input, n),
         _rows(residual, n),
@@ -246,7 +253,7 @@ def add_rms_norm(
         eps_mode,
         casting_mode,
         offset,
-        partial_size(n, partial),
+        k,
     )
     return y.view(input.shape), h.view(input.shape)
 
