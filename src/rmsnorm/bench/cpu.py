@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from . import Row, machine, make_row
-from .gpu import _inputs, _mode_fn, _providers
+from .providers import _inputs, _mode_fn, _providers
 
 _NS = (512, 1024, 4096, 16384)
 _MN = 2**25
