@@ -216,6 +216,15 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _bwd_buffers(cfg: Config, m: int, n: int, need_dw: bool, need_db: bool, acc, x: torch.Tensor):
+    """The backward's split-row workspace and counter, and its per-program d weight / d bias
+    partials (slots, N·#grads) in the accumulator dtype (x stands in when no partials are kept)."""
+    ws, cnt = _workspace(cfg, m, 2, acc, x)
+    ncols = n * (int(need_dw) + int(need_db))
+    part = torch.empty((cfg.slots(m), ncols), dtype=acc, device=x.device) if ncols else x
+    return ws, cnt, part
+
+
 def _zero_grads(dw, db, need_dw, need_db):
     if need_dw:
         dw.zero_()
@@ -261,16 +270,14 @@ def rms_norm_bwd(
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
-    ws, cnt = _workspace(cfg, m, 2, acc, x)
-    ncols = n * (int(need_dw) + int(need_db))
-    part = torch.empty((cfg.slots(m), ncols), dtype=acc, device=x.device) if ncols else x
+    ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
     dres = x if dresidual is None else dresidual
     args = (
         dy, x, weight if has_w else x, rstd, dres, dx, part, ws, cnt,
         dy.stride(0), x.stride(0), dres.stride(0), m, n, k, offset,
     )  # fmt: skip
     _launch(_rms_norm_bwd_kernel, cfg, launches, m, args)
-    if ncols:
+    if need_dw or need_db:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db
 
@@ -335,14 +342,12 @@ def layer_norm_bwd(
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
-    ws, cnt = _workspace(cfg, m, 2, acc, x)
-    ncols = n * (int(need_dw) + int(need_db))
-    part = torch.empty((cfg.slots(m), ncols), dtype=acc, device=x.device) if ncols else x
+    ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
     args = (
         dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dy.stride(0), x.stride(0),
         m, n,
     )  # fmt: skip
     _launch(_layer_norm_bwd_kernel, cfg, launches, m, args)
-    if ncols:
+    if need_dw or need_db:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db
