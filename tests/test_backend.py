@@ -73,7 +73,7 @@ def test_use_backend_as_a_plain_call():
         assert _backend.current() == "reference"
     finally:
         rmsnorm.use_backend(None)
-    assert _backend._forced is None
+    assert _backend._choice.forced is None
 
 
 def test_auto_falls_back_to_reference_on_devices_without_kernels():
@@ -98,3 +98,121 @@ def test_info_command_runs():
     )
     assert res.returncode == 0, res.stderr
     assert "torch" in res.stdout and "backend" in res.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# use_backend is per thread, restores on exit, and is honoured (or refused clearly) by compile
+# ------------------------------------------------------------------------------------------------
+def test_use_backend_is_per_thread(monkeypatch):
+    import threading
+
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    entered, release = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        with rmsnorm.use_backend("reference"):
+            entered.set()
+            release.wait(10)
+            seen["inside"] = _backend.current()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    entered.wait(10)
+    seen["main"] = _backend.current()  # the other thread's block does not reach this one
+    release.set()
+    t.join(10)
+    assert seen == {"main": "auto", "inside": "reference"}
+    with rmsnorm.use_backend("reference"):
+        t = threading.Thread(target=lambda: seen.update(new=_backend.current()))
+        t.start()
+        t.join(10)
+    assert seen["new"] == "auto"  # a new thread starts from the environment
+
+
+def test_blocks_exiting_out_of_order_in_two_threads_leave_nothing_set(monkeypatch):
+    import threading
+
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        with rmsnorm.use_backend("reference"):
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with rmsnorm.use_backend("reference"):
+            b_in.set()
+            a_out.wait(10)
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert _backend.current() == "auto"
+
+
+def test_one_object_entered_twice_runs_both_blocks_with_its_backend(monkeypatch):
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    ctx = rmsnorm.use_backend("reference")
+    with ctx:
+        assert _backend.current() == "reference"
+    assert _backend.current() == "auto"
+    with ctx:
+        assert _backend.current() == "reference"
+        with ctx:
+            assert _backend.current() == "reference"
+        assert _backend.current() == "reference"
+    assert _backend.current() == "auto"
+
+
+def _spy_reference(monkeypatch):
+    from rmsnorm import reference
+
+    calls = []
+    real = reference.rms_norm_fwd
+
+    def spy(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(reference, "rms_norm_fwd", spy)
+    return calls
+
+
+def test_compiled_code_runs_on_the_backend_in_force_when_it_runs(monkeypatch):
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    if "cpu" not in BACKENDS:
+        pytest.skip("needs a second CPU backend to tell them apart")
+    torch._dynamo.reset()
+    calls = _spy_reference(monkeypatch)
+    fn = torch.compile(lambda x: rmsnorm.rms_norm(x, 8) * 2, fullgraph=True)
+    x = torch.randn(3, 8)
+    fn(x)
+    assert calls == []
+    with rmsnorm.use_backend("reference"):
+        fn(x)
+    assert calls == [1]
+
+
+def test_use_backend_inside_a_compiled_function(monkeypatch):
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    torch._dynamo.reset()
+    calls = _spy_reference(monkeypatch)
+
+    def fn(x):
+        with rmsnorm.use_backend("reference"):
+            return rmsnorm.rms_norm(x, 8) * 2
+
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(torch.compile(fn)(x), rmsnorm.rms_norm(x, 8) * 2)
+    assert calls  # honoured: dynamo ran the block eagerly
+    assert _backend.current() == "auto"
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="enter it around the call to the compiled function"):
+        torch.compile(fn, fullgraph=True)(x)
+    assert _backend.current() == "auto"

@@ -1,5 +1,6 @@
 """The public functions: shapes, dtypes, options, gradients and edge rows, against the spec."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -209,3 +210,119 @@ def test_autocast_cpu_leaves_ops_alone_like_torch():
         theirs = torch.nn.functional.rms_norm(x, (8,), w)
         assert ours.dtype == theirs.dtype
         assert rmsnorm.layer_norm(x.float(), 8).dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# What torch's norms accept and return, beyond values
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "shape_arg, eps",
+    [
+        (np.int64(8), np.float32(1e-6)),
+        ([np.int32(8)], np.float64(1e-6)),
+        (torch.tensor(8), torch.tensor(1e-6)),
+        ((torch.tensor(8),), 1),
+        (torch.Size([8]), 1e-6),
+    ],
+    ids=["np-scalars", "np-list", "0d-tensors", "tuple-of-0d", "Size"],
+)
+def test_numpy_scalars_and_0d_tensors_are_accepted(shape_arg, eps):
+    x, w, b = torch.randn(3, 8), torch.randn(8), torch.randn(8)
+    tf = torch.nn.functional
+    expected = tf.rms_norm(x, (8,), w, float(eps))
+    torch.testing.assert_close(rmsnorm.rms_norm(x, shape_arg, w, eps), expected)
+    torch.testing.assert_close(rmsnorm.add_rms_norm(x, x, shape_arg, w, eps)[1], x + x)
+    torch.testing.assert_close(
+        rmsnorm.layer_norm(x, shape_arg, w, b, eps), tf.layer_norm(x, (8,), w, b, float(eps))
+    )
+    if not isinstance(shape_arg, torch.Tensor):  # as torch.nn.RMSNorm, which iterates it
+        module = rmsnorm.RMSNorm(shape_arg, eps=eps)
+        torch.testing.assert_close(module(x), tf.rms_norm(x, (8,), None, float(eps)))
+    torch.testing.assert_close(
+        rmsnorm.rms_norm(x, 8, w, offset=np.float32(0.5)), tf.rms_norm(x, (8,), w + 0.5)
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        lambda: torch.randn(3, 4, 5).permute(1, 0, 2),  # rows contiguous, leading dims permuted
+        lambda: torch.randn(4, 6).t(),  # the normalized dim itself strided
+    ],
+    ids=["channels_last", "permuted", "transposed"],
+)
+def test_output_memory_format_is_torchs(make):
+    # torch's rms_norm keeps a channels_last input's format, its layer_norm returns contiguous rows
+    tf = torch.nn.functional
+    x = make()
+    n = x.shape[-1]
+    w = torch.randn(n)
+    for ours, theirs in (
+        (rmsnorm.rms_norm(x, n, w), tf.rms_norm(x, (n,), w)),
+        (rmsnorm.layer_norm(x, n, w), tf.layer_norm(x, (n,), w)),
+        (rmsnorm.add_rms_norm(x, x, n, w)[0], tf.rms_norm(x + x, (n,), w)),
+        (rmsnorm.add_rms_norm(x, x, n, w)[1], x + x),
+    ):
+        torch.testing.assert_close(ours, theirs)
+        assert ours.stride() == theirs.stride()
+    xg = x.detach().clone().requires_grad_()  # the autograd path returns the same layout
+    assert rmsnorm.rms_norm(xg, n, w).stride() == tf.rms_norm(x, (n,), w).stride()
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_outputs_are_tensors_of_their_own_not_views(grad):
+    x = torch.randn(2, 3, 16, requires_grad=grad)
+    w = torch.randn(4, 4, requires_grad=grad)
+    outs = [
+        rmsnorm.rms_norm(x, 16),
+        *rmsnorm.add_rms_norm(x, x, 16),
+        rmsnorm.layer_norm(x, 16),
+        rmsnorm.rms_norm(x.view(2, 3, 4, 4), (4, 4), w),
+        rmsnorm.RMSNorm(16)(x),
+    ]
+    for out in outs:
+        assert out._base is None and not out._is_view()
+
+
+def test_jit_trace_records_the_ops_and_generalises_over_rows():
+    fn = lambda x: rmsnorm.rms_norm(x, 8) + rmsnorm.layer_norm(x, 8)  # noqa: E731
+    traced = torch.jit.trace(fn, torch.randn(3, 8))
+    assert "rmsnorm::rms_norm_fwd" in str(traced.graph)
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(traced(x), fn(x))
+
+
+def test_fx_symbolic_trace_of_models_holding_the_modules():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = rmsnorm.RMSNorm(8, offset=1.0)
+            self.add = rmsnorm.AddRMSNorm(8)
+            self.ln = rmsnorm.LayerNorm(8)
+
+        def forward(self, x):
+            y, h = self.add(self.norm(x), x)
+            return self.ln(y + h) + rmsnorm.rms_norm(h, 8)
+
+    net = Net()
+    gm = torch.fx.symbolic_trace(net)
+    targets = {getattr(n.target, "__name__", n.target) for n in gm.graph.nodes}
+    assert {"rms_norm", "add_rms_norm", "layer_norm"} <= targets
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(gm(x), net(x))
+
+
+def test_torch_function_subclasses_see_the_function():
+    seen = []
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    x = torch.randn(3, 8).as_subclass(Logged)
+    y = rmsnorm.rms_norm(x, 8)
+    assert "rms_norm" in seen and type(y) is Logged
+    torch.testing.assert_close(y.as_subclass(torch.Tensor), rmsnorm.rms_norm(torch.Tensor(x), 8))

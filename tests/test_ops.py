@@ -20,12 +20,16 @@ def _rms_samples():
     xb = _t(5, 12, dtype=torch.bfloat16, grad=True)
     strided = _t(12, 16)[::2]  # strided rows reach the op as they are
     return [
-        (x, w, b, 1e-6, "mean_square", "gemma", 0.0, 16),
-        (x, w, None, 1e-5, "rms", "llama", 1.0, 4),
-        (xb, _t(12, grad=True), None, 1e-6, "mean_square", "llama", 0.0, 12),
-        (xb, None, None, 1e-6, "rms", "none", 0.0, 12),
-        (strided, w.detach(), None, 1e-6, "mean_square", "gemma", 0.0, 16),
-        (_t(0, 16, grad=True), w, None, 1e-6, "mean_square", "gemma", 0.0, 16),
+        (x, 1, w, b, 1e-6, "mean_square", "gemma", 0.0, 16),
+        (x, 1, w, None, 1e-5, "rms", "llama", 1.0, 4),
+        (xb, 1, _t(12, grad=True), None, 1e-6, "mean_square", "llama", 0.0, 12),
+        (xb, 1, None, None, 1e-6, "rms", "none", 0.0, 12),
+        (strided, 1, w.detach(), None, 1e-6, "mean_square", "gemma", 0.0, 16),
+        (_t(0, 16, grad=True), 1, w, None, 1e-6, "mean_square", "gemma", 0.0, 16),
+        # the ops take inputs in their own shape: 3-d, 1-d, and two normalized dims
+        (_t(2, 3, 16, grad=True), 1, w, b, 1e-6, "mean_square", "gemma", 0.0, 16),
+        (_t(16, grad=True), 1, w, None, 1e-6, "mean_square", "gemma", 0.0, 16),
+        (_t(2, 4, 4, grad=True), 2, _t(4, 4, grad=True), None, 1e-6, "rms", "gemma", 0.0, 8),
     ]
 
 
@@ -36,51 +40,106 @@ def test_opcheck_rms_norm_fwd(args):
 
 @pytest.mark.parametrize("res_dtype", [torch.float32, torch.bfloat16])
 def test_opcheck_add_rms_norm_fwd(res_dtype):
-    x = _t(4, 16, dtype=torch.bfloat16, grad=True)
-    r = _t(4, 16, dtype=res_dtype, grad=True)
+    x = _t(2, 4, 16, dtype=torch.bfloat16, grad=True)
+    r = _t(2, 4, 16, dtype=res_dtype, grad=True)
     opcheck(
         ops.add_rms_norm_fwd.default,
-        (x, r, _t(16, grad=True), _t(16, grad=True), 1e-6, "rms", "gemma", 1.0, 8),
+        (x, r, 1, _t(16, grad=True), _t(16, grad=True), 1e-6, "rms", "gemma", 1.0, 8),
     )
 
 
 def test_opcheck_layer_norm_fwd():
-    opcheck(ops.layer_norm_fwd.default, (_t(5, 24, grad=True), _t(24, grad=True), None, 1e-5))
-    opcheck(ops.layer_norm_fwd.default, (_t(5, 24, dtype=torch.float16), None, _t(24), 1e-5))
+    opcheck(ops.layer_norm_fwd.default, (_t(5, 24, grad=True), 1, _t(24, grad=True), None, 1e-5))
+    opcheck(ops.layer_norm_fwd.default, (_t(5, 24, dtype=torch.float16), 1, None, _t(24), 1e-5))
+    opcheck(ops.layer_norm_fwd.default, (_t(2, 3, 4, grad=True), 2, _t(3, 4), _t(3, 4), 1e-5))
 
 
 def test_opcheck_backward_ops():
-    x, dy, w = _t(6, 16), _t(6, 16), _t(16)
-    rstd = torch.rand(6) + 0.5
+    x, dy, w = _t(2, 3, 16), _t(2, 3, 16), _t(16)
+    rstd = torch.rand(2, 3) + 0.5
     for need in (True, False):
-        opcheck(
-            ops.rms_norm_bwd.default,
-            (
-                dy,
-                x,
-                w,
-                _t(16),
-                rstd,
-                _t(6, 16),
-                1e-6,
-                "mean_square",
-                "llama",
-                0.0,
-                16,
-                torch.bfloat16,
-                need,
-            ),
-        )
-        opcheck(ops.layer_norm_bwd.default, (dy, x, w, None, torch.randn(6), rstd, need))
+        args = (dy, x, 1, w, _t(16), rstd, _t(2, 3, 16), 1e-6, "mean_square", "llama", 0.0, 16,
+                torch.bfloat16, need)  # fmt: skip
+        opcheck(ops.rms_norm_bwd.default, args)
+        opcheck(ops.layer_norm_bwd.default, (dy, x, 1, w, None, torch.randn(2, 3), rstd, need))
 
 
-def test_double_backward_is_refused_clearly():
-    x = _t(3, 8, grad=True)
-    w = _t(8, grad=True)
-    y = rmsnorm.rms_norm(x, 8, w)
-    (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
-    with pytest.raises(NotImplementedError, match="double backward"):
-        gx.sum().backward()
+def test_statistics_have_the_leading_shape():
+    x = _t(2, 3, 4, 5)
+    assert ops.rms_norm_fwd(x, 1, None, None, 1e-6, "mean_square", "gemma", 0.0, 5)[1].shape == (
+        2, 3, 4,
+    )  # fmt: skip
+    _, mean, rstd = ops.layer_norm_fwd(x, 2, None, None, 1e-5)
+    assert mean.shape == rstd.shape == (2, 3)
+
+
+# ------------------------------------------------------------------------------------------------
+# The ops are public through torch.ops: they check what their kernels rely on
+# ------------------------------------------------------------------------------------------------
+_X = _t(4, 16)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: ops.rms_norm_fwd(_X, 1, _t(8), None, 1e-6, "mean_square", "gemma", 0.0, 16),
+         "weight must hold one element per row element"),
+        (lambda: ops.rms_norm_fwd(_X, 1, None, _t(32), 1e-6, "mean_square", "gemma", 0.0, 16),
+         "bias must hold"),
+        (lambda: ops.rms_norm_fwd(_X, 3, None, None, 1e-6, "mean_square", "gemma", 0.0, 16),
+         "norm_dims must be in"),
+        (lambda: ops.rms_norm_fwd(_X, 1, None, None, 1e-6, "bogus", "gemma", 0.0, 16),
+         "eps_mode"),
+        (lambda: ops.rms_norm_fwd(_X, 1, None, None, 1e-6, "rms", "gemma", 0.0, 17), "k must"),
+        (lambda: ops.rms_norm_fwd(_X, 1, None, None, -1.0, "rms", "gemma", 0.0, 16), "eps"),
+        (lambda: ops.rms_norm_fwd(_X.int(), 1, None, None, 1e-6, "rms", "gemma", 0.0, 16),
+         "x must be float32"),
+        (lambda: ops.add_rms_norm_fwd(_X, _t(4, 8), 1, None, None, 1e-6, "rms", "gemma", 0.0, 8),
+         "residual must have the shape of x"),
+        (lambda: ops.layer_norm_fwd(_X, 1, _t(15), None, 1e-5), "weight must hold"),
+        (lambda: ops.layer_norm_bwd(_X, _X, 1, None, None, _t(3), _t(4), True),
+         "mean must hold one value per row"),
+        (lambda: ops.rms_norm_bwd(_t(4, 8), _X, 1, None, None, _t(4), None, 1e-6, "rms",
+                                  "gemma", 0.0, 16, torch.float32, True), "dy must have the shape"),
+        (lambda: ops.rms_norm_bwd(_X, _X, 1, _t(16), None, _t(4).int(), None, 1e-6, "rms",
+                                  "gemma", 0.0, 16, torch.float32, True), "rstd must be float32"),
+    ],
+)  # fmt: skip
+def test_raw_ops_refuse_what_their_kernels_cannot_read(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_raw_ops_accept_any_layout():
+    # A transposed input has no unit stride along the row; the op copies it, never misreads it.
+    x = _t(16, 6).t()
+    y, _ = ops.rms_norm_fwd(x, 1, None, None, 1e-6, "mean_square", "gemma", 0.0, 16)
+    torch.testing.assert_close(y, rmsnorm.reference.rms_norm(x.contiguous()))
+
+
+# ------------------------------------------------------------------------------------------------
+# Double backward: create_graph=True runs the spec's backward as differentiable torch operations
+# ------------------------------------------------------------------------------------------------
+def test_double_backward_matches_torch():
+    x = _t(3, 8, dtype=torch.float64, grad=True)
+    w = _t(8, dtype=torch.float64, grad=True)
+
+    def penalty(fn):
+        (gx,) = torch.autograd.grad(fn(x, w).sin().sum(), x, create_graph=True)
+        return torch.autograd.grad(gx.square().sum(), (x, w))
+
+    ours = penalty(lambda x, w: rmsnorm.rms_norm(x, 8, w, 1e-6))
+    theirs = penalty(lambda x, w: torch.nn.functional.rms_norm(x, (8,), w, 1e-6))
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_backward_ops_say_they_are_not_differentiable_themselves():
+    x, dy = _t(3, 8, grad=True), _t(3, 8)
+    dx, _, _ = ops.rms_norm_bwd(dy, x, 1, None, None, torch.ones(3), None, 1e-6, "mean_square",
+                                "gemma", 0.0, 8, torch.float32, False)  # fmt: skip
+    with pytest.raises(NotImplementedError, match="double backward through rms_norm"):
+        dx.sum().backward()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -176,3 +235,35 @@ def test_fast_path_matches_the_op_and_steps_aside_for_modes_and_autograd():
     assert rmsnorm.rms_norm(x, 16, w.requires_grad_()).grad_fn is not None
     with torch.no_grad():
         assert rmsnorm.rms_norm(x, 16, w).grad_fn is None
+
+
+def test_compiled_training_runs_the_backward_ops():
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    code = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            code[name] = gm.code
+            return make_boxed_func(gm)
+
+        return compiler
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+    x, w = _t(4, 16, grad=True), _t(16, grad=True)
+    fn = torch.compile(
+        lambda x, w: (
+            rmsnorm.rms_norm(x, 16, w)
+            + rmsnorm.layer_norm(x, 16, w)
+            + rmsnorm.add_rms_norm(x, x, 16, w)[0]
+        ),
+        backend=backend,
+        fullgraph=True,
+    )
+    fn(x, w).sum().backward()
+    for op in ("rms_norm_fwd", "add_rms_norm_fwd", "layer_norm_fwd"):
+        assert f"torch.ops.rmsnorm.{op}" in code["fw"]
+    for op in ("rms_norm_bwd", "layer_norm_bwd"):
+        assert f"torch.ops.rmsnorm.{op}" in code["bw"]

@@ -13,12 +13,23 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 from types import ModuleType
+
+import torch
 
 BACKENDS = ("auto", "reference", "cpu", "triton")
 ENV_VAR = "RMSNORM_BACKEND"
 
-_forced: str | None = None  # set by use_backend(); wins over the environment variable
+
+class _Choice(threading.local):
+    """The override of :func:`use_backend`, per thread (as torch's own mode switches are: a block in
+    one thread never changes what another thread runs). New threads start without one."""
+
+    forced: str | None = None
+
+
+_choice = _Choice()
 _modules: dict[str, ModuleType] = {}
 _probes: dict[str, bool] = {}  # per-process answers to "is X usable here?" (ops ask on every call)
 
@@ -30,35 +41,77 @@ def _check_name(name: object, what: str) -> str:
 
 
 def current() -> str:
-    """The backend in force: :func:`use_backend`, else ``$RMSNORM_BACKEND``, else ``"auto"``."""
-    if _forced is not None:
-        return _forced
+    """The backend in force in this thread: :func:`use_backend`, else ``$RMSNORM_BACKEND``, else
+    ``"auto"``."""
+    forced = _choice.forced
+    if forced is not None:
+        return forced
+    if _environ is not None and _environ.get(_ENV_KEY) is None:
+        return "auto"  # the common case, without os.environ's per-read encoding (~0.5 µs)
     env = os.environ.get(ENV_VAR)
     if not env:
         return "auto"
     return _check_name(env, f"the environment variable {ENV_VAR}")
 
 
+# The mapping behind os.environ (CPython keeps the process environment there, keys encoded).
+_environ: dict | None = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey(ENV_VAR) if hasattr(os.environ, "encodekey") else ENV_VAR
+
+
+_IN_COMPILE = (
+    "rmsnorm.use_backend is not traced by torch.compile: enter it around the call to the compiled "
+    "function (compiled ops choose their backend each time they run)"
+)
+
+
+def _not_traced() -> None:
+    """A graph break with the reason when dynamo traces a use_backend block (importing dynamo at
+    import time instead, for torch.compiler.disable, would add ~1 s to ``import rmsnorm``)."""
+    if torch.compiler.is_compiling():
+        from torch import _dynamo
+
+        _dynamo.graph_break(msg=_IN_COMPILE)
+
+
 class use_backend:
-    """Force a backend for every op: ``rmsnorm.use_backend("reference")`` sets it until changed;
-    ``with rmsnorm.use_backend("triton"): ...`` sets it for the block and restores the previous
-    choice. ``"auto"`` returns to automatic selection; ``None`` removes the override (the
-    environment variable applies again)."""
+    """Force a backend for the ops this thread runs.
+
+    ``rmsnorm.use_backend("reference")`` sets it until changed; ``with rmsnorm.use_backend("cpu"):``
+    sets it for the block and restores, on leaving, what was in force on entering (blocks may nest,
+    and one object may be entered again). ``"auto"`` returns to automatic selection; ``None``
+    removes the override, so ``$RMSNORM_BACKEND`` applies again.
+
+    The choice is per thread, like ``torch.set_grad_enabled``: other threads are unaffected, and a
+    new thread starts from ``$RMSNORM_BACKEND``.
+
+    ``torch.compile``: compiled code runs on the backend in force when it runs (the ops choose it at
+    run time, not at trace time), so set it around the call to a compiled function. Used inside a
+    function being compiled, it is not traced: dynamo runs that function eagerly from there (a
+    graph break), and with ``fullgraph=True`` it is an error that says so.
+    """
 
     def __init__(self, name: str | None):
-        global _forced
+        _not_traced()
         if name is not None:
             _check_name(name, "backend name")
-        self._previous = _forced
         self.name = name
-        _forced = name
+        self._before_init = _choice.forced
+        self._restore: list[str | None] = []
+        self._fresh = True
+        _choice.forced = name
 
     def __enter__(self) -> use_backend:
+        _not_traced()
+        # The first entry restores what was in force before the constructor set the choice.
+        self._restore.append(self._before_init if self._fresh else _choice.forced)
+        self._fresh = False
+        _choice.forced = self.name
         return self
 
     def __exit__(self, *exc: object) -> None:
-        global _forced
-        _forced = self._previous
+        _not_traced()
+        _choice.forced = self._restore.pop()
 
     def __repr__(self) -> str:
         return f"use_backend({self.name!r})"
@@ -120,6 +173,16 @@ def _triton_for(device_type: str) -> ModuleType:
 def launchers(device_type: str) -> ModuleType:
     """The backend module that runs ops on tensors of ``device_type`` under the current choice."""
     name = current()
+    mod = _resolved.get((name, device_type))
+    if mod is None:
+        mod = _resolved[(name, device_type)] = _resolve(name, device_type)
+    return mod
+
+
+_resolved: dict[tuple[str, str], ModuleType] = {}  # (choice, device type) -> backend module
+
+
+def _resolve(name: str, device_type: str) -> ModuleType:
     if name == "auto":
         if device_type == "cuda" and triton_installed():  # CUDA and ROCm
             return _load("triton")

@@ -1,62 +1,192 @@
-"""The ``torch.library`` custom ops: schemas, fake (meta) implementations, autograd, per-device
-kernels.
+"""The ``torch.library`` custom ops: schemas, the checks their kernels rely on, fake (meta)
+implementations and autograd.
 
-Every op takes 2-D (M, N) tensors (last dim contiguous) and returns fresh tensors, so ranks never
-change across calls and ``torch.compile`` / ``torch.export`` see one opaque node per op. The
-low-level ``torch.library.Library`` registration is used instead of the ``@custom_op`` decorator:
-its per-call Python overhead is several times smaller, and decoding-size calls are launch-bound (see
-PERF.md). Which implementation runs is decided per call by :mod:`rmsnorm._backend`.
+Every op takes its tensors in their own shape, with ``norm_dims`` trailing dims normalized (one row
+of N elements per position of the leading dims), and returns fresh tensors: outputs keep the
+input's shape and the per-row statistics have the leading shape, so ``torch.compile`` /
+``torch.export`` see one opaque node per op and DTensor can shard the leading dims. The low-level
+``torch.library.Library`` registration is used instead of the ``@custom_op`` decorator: its per-call
+Python overhead is several times smaller. Which implementation runs is decided per call by
+:mod:`rmsnorm._backend`; :mod:`rmsnorm._launch` calls it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _backend
-from .reference import compute_dtype, output_dtype
+from . import _autograd, _launch
+from .reference import CASTING_MODES, EPS_MODES, compute_dtype, output_dtype
 
 _lib = torch.library.Library("rmsnorm", "DEF")  # noqa: TOR901 (module-lifetime registration)
 
 _RMS_ARGS = "float eps, str eps_mode, str casting_mode, float offset, int k"
 _lib.define(
-    f"rms_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, {_RMS_ARGS}) -> (Tensor, Tensor)"
+    "rms_norm_fwd(Tensor x, int norm_dims, Tensor? weight, Tensor? bias, "
+    f"{_RMS_ARGS}) -> (Tensor, Tensor)"
 )
 _lib.define(
-    "add_rms_norm_fwd(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, "
+    "add_rms_norm_fwd(Tensor x, Tensor residual, int norm_dims, Tensor? weight, Tensor? bias, "
     f"{_RMS_ARGS}) -> (Tensor, Tensor, Tensor)"
 )
 _lib.define(
-    "rms_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor rstd, "
+    "rms_norm_bwd(Tensor dy, Tensor x, int norm_dims, Tensor? weight, Tensor? bias, Tensor rstd, "
     f"Tensor? dresidual, {_RMS_ARGS}, ScalarType input_dtype, bool need_weight_grad) "
     "-> (Tensor, Tensor, Tensor)"
 )
 _lib.define(
-    "layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)"
+    "layer_norm_fwd(Tensor x, int norm_dims, Tensor? weight, Tensor? bias, float eps) "
+    "-> (Tensor, Tensor, Tensor)"
 )
 _lib.define(
-    "layer_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
-    "bool need_weight_grad) -> (Tensor, Tensor, Tensor)"
+    "layer_norm_bwd(Tensor dy, Tensor x, int norm_dims, Tensor? weight, Tensor? bias, "
+    "Tensor mean, Tensor rstd, bool need_weight_grad) -> (Tensor, Tensor, Tensor)"
 )
 
 OP_NAMES = ("rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd")
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
 
 # ----------------------------------------------------------------------------------------------
-# Device implementations: look up the backend for the tensor's device, call its launcher.
+# Checks: the ops are public through torch.ops, so they verify what their kernels rely on (a
+# weight shorter than a row would otherwise be read past its end). The functional API validates
+# with friendlier messages first and calls the kernels without repeating these.
 # ----------------------------------------------------------------------------------------------
-def _device_impl(name: str):
-    def impl(*args):
-        return getattr(_backend.launchers(args[0].device.type), name)(*args)
-
-    impl.__name__ = f"{name}_impl"
-    return impl
+def _fail(op: str, message: str) -> None:
+    raise ValueError(f"rmsnorm.{op}: {message}")
 
 
-for _name in OP_NAMES:
+def _check_rows(op: str, x: torch.Tensor, norm_dims: int, name: str = "x") -> int:
+    """N, the elements of one row; x must be floating point with at least norm_dims dims."""
+    if x.dtype not in _FLOATS:
+        _fail(op, f"{name} must be float32, bfloat16, float16 or float64, got {x.dtype}")
+    if not 1 <= norm_dims <= x.dim():
+        _fail(op, f"norm_dims must be in [1, {name}.dim()={x.dim()}], got {norm_dims}")
+    n = 1
+    for d in x.shape[x.dim() - norm_dims :]:
+        n *= d
+    if n == 0:
+        _fail(op, f"the normalized dims of {name} {list(x.shape)} hold no elements")
+    return n
+
+
+def _check_same(op: str, t: torch.Tensor | None, x: torch.Tensor, name: str) -> None:
+    if t is None:
+        return
+    if t.shape != x.shape:
+        _fail(op, f"{name} must have the shape of x {list(x.shape)}, got {list(t.shape)}")
+    if t.dtype not in _FLOATS:
+        _fail(op, f"{name} must be a floating-point tensor, got {t.dtype}")
+    if t.device != x.device:
+        _fail(op, f"{name} is on {t.device} but x is on {x.device}")
+
+
+def _check_param(op: str, p: torch.Tensor | None, x: torch.Tensor, n: int, name: str) -> None:
+    if p is None:
+        return
+    if p.numel() != n:
+        _fail(op, f"{name} must hold one element per row element (N={n}), got {p.numel()}")
+    if p.dtype not in _FLOATS:
+        _fail(op, f"{name} must be a floating-point tensor, got {p.dtype}")
+    if p.device != x.device:
+        _fail(op, f"{name} is on {p.device} but x is on {x.device}")
+
+
+def _check_stat(op: str, s: torch.Tensor, x: torch.Tensor, norm_dims: int, name: str) -> None:
+    rows = x.numel() // max(1, _check_rows(op, x, norm_dims))
+    if s.numel() != rows:
+        _fail(op, f"{name} must hold one value per row ({rows}), got {s.numel()}")
+    if s.dtype not in (torch.float32, torch.float64):
+        _fail(op, f"{name} must be float32 or float64, got {s.dtype}")
+    if s.device != x.device:
+        _fail(op, f"{name} is on {s.device} but x is on {x.device}")
+
+
+def _check_rms(op: str, eps: float, eps_mode: str, casting_mode: str, k: int, n: int) -> None:
+    if eps_mode not in EPS_MODES:
+        _fail(op, f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    if casting_mode not in CASTING_MODES:
+        _fail(op, f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+    if not 1 <= k <= n:
+        _fail(op, f"k must be in [1, N={n}], got {k}")
+    if not eps >= 0.0:
+        _fail(op, f"eps must be >= 0, got {eps}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Device implementations: check, then launch on the backend chosen for the tensor's device.
+# ----------------------------------------------------------------------------------------------
+def _rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    n = _check_rows("rms_norm_fwd", x, norm_dims)
+    _check_param("rms_norm_fwd", weight, x, n, "weight")
+    _check_param("rms_norm_fwd", bias, x, n, "bias")
+    _check_rms("rms_norm_fwd", eps, eps_mode, casting_mode, k, n)
+    y, rstd = _launch.rms_norm_fwd(
+        x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+    )
+    return y, _launch.leading(rstd, x, norm_dims)
+
+
+def _add_rms_norm_fwd(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    n = _check_rows("add_rms_norm_fwd", x, norm_dims)
+    _check_same("add_rms_norm_fwd", residual, x, "residual")
+    _check_param("add_rms_norm_fwd", weight, x, n, "weight")
+    _check_param("add_rms_norm_fwd", bias, x, n, "bias")
+    _check_rms("add_rms_norm_fwd", eps, eps_mode, casting_mode, k, n)
+    y, h, rstd = _launch.add_rms_norm_fwd(
+        x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+    )
+    return y, h, _launch.leading(rstd, x, norm_dims)
+
+
+def _rms_norm_bwd(
+    dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    input_dtype, need_weight_grad,
+):  # fmt: skip
+    n = _check_rows("rms_norm_bwd", x, norm_dims)
+    _check_same("rms_norm_bwd", dy, x, "dy")
+    _check_same("rms_norm_bwd", dresidual, x, "dresidual")
+    _check_param("rms_norm_bwd", weight, x, n, "weight")
+    _check_param("rms_norm_bwd", bias, x, n, "bias")
+    _check_stat("rms_norm_bwd", rstd, x, norm_dims, "rstd")
+    _check_rms("rms_norm_bwd", eps, eps_mode, casting_mode, k, n)
+    return _launch.rms_norm_bwd(
+        dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+        input_dtype, need_weight_grad,
+    )  # fmt: skip
+
+
+def _layer_norm_fwd(x, norm_dims, weight, bias, eps):
+    n = _check_rows("layer_norm_fwd", x, norm_dims)
+    _check_param("layer_norm_fwd", weight, x, n, "weight")
+    _check_param("layer_norm_fwd", bias, x, n, "bias")
+    if not eps >= 0.0:
+        _fail("layer_norm_fwd", f"eps must be >= 0, got {eps}")
+    y, mean, rstd = _launch.layer_norm_fwd(x, norm_dims, weight, bias, eps)
+    return y, _launch.leading(mean, x, norm_dims), _launch.leading(rstd, x, norm_dims)
+
+
+def _layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
+    n = _check_rows("layer_norm_bwd", x, norm_dims)
+    _check_same("layer_norm_bwd", dy, x, "dy")
+    _check_param("layer_norm_bwd", weight, x, n, "weight")
+    _check_param("layer_norm_bwd", bias, x, n, "bias")
+    _check_stat("layer_norm_bwd", mean, x, norm_dims, "mean")
+    _check_stat("layer_norm_bwd", rstd, x, norm_dims, "rstd")
+    return _launch.layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad)
+
+
+_IMPLS = {
+    "rms_norm_fwd": _rms_norm_fwd,
+    "add_rms_norm_fwd": _add_rms_norm_fwd,
+    "rms_norm_bwd": _rms_norm_bwd,
+    "layer_norm_fwd": _layer_norm_fwd,
+    "layer_norm_bwd": _layer_norm_bwd,
+}
+for _name, _impl in _IMPLS.items():
     # CPU and CUDA (ROCm too) have kernels; every other device runs the reference on the device.
-    _lib.impl(_name, _device_impl(_name), "CPU")
-    _lib.impl(_name, _device_impl(_name), "CUDA")
-    _lib.impl(_name, _device_impl(_name), "CompositeExplicitAutograd")
+    for _key in ("CPU", "CUDA", "CompositeExplicitAutograd"):
+        _lib.impl(_name, _impl, _key)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -67,6 +197,10 @@ def _stat_dtype(*dtypes: torch.dtype) -> torch.dtype:
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
+def _stat(x: torch.Tensor, norm_dims: int, dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty(x.shape[: x.dim() - norm_dims], dtype=dtype)
+
+
 def _param_grad(x: torch.Tensor, p: torch.Tensor | None, need: bool) -> torch.Tensor:
     if p is None or not need:
         return x.new_empty((0,), dtype=compute_dtype(x.dtype))
@@ -74,122 +208,98 @@ def _param_grad(x: torch.Tensor, p: torch.Tensor | None, need: bool) -> torch.Te
 
 
 @torch.library.register_fake("rmsnorm::rms_norm_fwd")
-def _(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def _(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
     y = x.new_empty(x.shape, dtype=output_dtype(x.dtype, weight, casting_mode))
-    return y, x.new_empty(x.shape[:1], dtype=_stat_dtype(x.dtype))
+    return y, _stat(x, norm_dims, _stat_dtype(x.dtype))
 
 
 @torch.library.register_fake("rmsnorm::add_rms_norm_fwd")
-def _(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def _(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
     y = x.new_empty(x.shape, dtype=output_dtype(x.dtype, weight, casting_mode))
     h = residual.new_empty(residual.shape)
-    return y, h, x.new_empty(x.shape[:1], dtype=_stat_dtype(x.dtype, residual.dtype))
+    return y, h, _stat(x, norm_dims, _stat_dtype(x.dtype, residual.dtype))
 
 
 @torch.library.register_fake("rmsnorm::rms_norm_bwd")
 def _(
-    dy,
-    x,
-    weight,
-    bias,
-    rstd,
-    dresidual,
-    eps,
-    eps_mode,
-    casting_mode,
-    offset,
-    k,
-    input_dtype,
-    need_weight_grad,
-):
+    dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    input_dtype, need_weight_grad,
+):  # fmt: skip
     dx = x.new_empty(x.shape)
     return dx, _param_grad(x, weight, need_weight_grad), _param_grad(x, bias, need_weight_grad)
 
 
 @torch.library.register_fake("rmsnorm::layer_norm_fwd")
-def _(x, weight, bias, eps):
-    stat = x.new_empty(x.shape[:1], dtype=_stat_dtype(x.dtype))
-    return x.new_empty(x.shape), stat, stat.new_empty(stat.shape)
+def _(x, norm_dims, weight, bias, eps):
+    mean = _stat(x, norm_dims, _stat_dtype(x.dtype))
+    return x.new_empty(x.shape), mean, mean.new_empty(mean.shape)
 
 
 @torch.library.register_fake("rmsnorm::layer_norm_bwd")
-def _(dy, x, weight, bias, mean, rstd, need_weight_grad):
+def _(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
     dx = x.new_empty(x.shape)
     return dx, _param_grad(x, weight, need_weight_grad), _param_grad(x, bias, need_weight_grad)
 
 
 # ----------------------------------------------------------------------------------------------
-# Autograd: the forward ops save x (or h) and the per-row statistics; the backward ops recompute x̂.
+# Autograd of the ops (what compiled graphs, exported programs, dispatch modes and tensor
+# subclasses run). The backward formulas are shared with the eager path in rmsnorm._autograd.
 # ----------------------------------------------------------------------------------------------
-def _rowwise(t: torch.Tensor) -> torch.Tensor:
-    # Incoming gradients may be expanded (stride 0) or transposed; kernels need a unit last stride.
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _maybe(grad: torch.Tensor, needed: bool) -> torch.Tensor | None:
-    return grad if needed else None
-
-
 def _rms_setup(ctx, inputs, output):
-    x, weight, bias, *params = inputs
-    ctx.save_for_backward(x, weight, bias, output[1])
-    ctx.params = params
+    x, norm_dims, weight, bias, *params = inputs
+    ctx.save_for_backward(_autograd.saveable(x), weight, bias, output[1])
+    ctx.norm_dims, ctx.params = norm_dims, params
 
 
 def _rms_backward(ctx, dy, _drstd):
     x, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dw, db = torch.ops.rmsnorm.rms_norm_bwd(
-        _rowwise(dy), x, weight, bias, rstd, None, *ctx.params, x.dtype, need[1] or need[2]
-    )
-    return (
-        _maybe(dx, need[0]),
-        _maybe(dw, need[1]),
-        _maybe(db, need[2]),
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+    dx, dw, db = _autograd.rms_norm_backward(
+        torch.ops.rmsnorm, dy, None, x, ctx.norm_dims, weight, bias, rstd, ctx.params, x.dtype,
+        need[0], need[2], need[3],
+    )  # fmt: skip
+    return dx, None, dw, db, None, None, None, None, None
 
 
 def _add_setup(ctx, inputs, output):
-    x, residual, weight, bias, *params = inputs
+    x, residual, norm_dims, weight, bias, *params = inputs
     ctx.save_for_backward(output[1], weight, bias, output[2])
-    ctx.params = params
-    ctx.input_dtype = x.dtype
+    ctx.norm_dims, ctx.params, ctx.input_dtype = norm_dims, params, x.dtype
 
 
 def _add_backward(ctx, dy, dh, _drstd):
     h, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dh = None if dh is None else _rowwise(dh)
-    dx, dw, db = torch.ops.rmsnorm.rms_norm_bwd(
-        _rowwise(dy), h, weight, bias, rstd, dh, *ctx.params, ctx.input_dtype, need[2] or need[3]
-    )
-    # d input = d residual = dx (the gradient reaching h); each in its own tensor's dtype.
+    dx, dw, db = _autograd.rms_norm_backward(
+        torch.ops.rmsnorm, dy, dh, h, ctx.norm_dims, weight, bias, rstd, ctx.params,
+        ctx.input_dtype, need[0] or need[1], need[3], need[4],
+    )  # fmt: skip
+    # d input = d residual = the gradient reaching h; each in its own tensor's dtype.
     dinput = dx.to(ctx.input_dtype) if need[0] else None
-    return dinput, _maybe(dx, need[1]), _maybe(dw, need[2]), _maybe(db, need[3]), *(None,) * 5
+    return dinput, dx if need[1] else None, None, dw, db, *(None,) * 5
 
 
 def _ln_setup(ctx, inputs, output):
-    x, weight, bias, _eps = inputs
-    ctx.save_for_backward(x, weight, bias, output[1], output[2])
+    x, norm_dims, weight, bias, _eps = inputs
+    ctx.save_for_backward(_autograd.saveable(x), weight, bias, output[1], output[2])
+    ctx.norm_dims, ctx.eps = norm_dims, _eps
 
 
 def _ln_backward(ctx, dy, _dmean, _drstd):
     x, weight, bias, mean, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dw, db = torch.ops.rmsnorm.layer_norm_bwd(
-        _rowwise(dy), x, weight, bias, mean, rstd, need[1] or need[2]
-    )
-    return _maybe(dx, need[0]), _maybe(dw, need[1]), _maybe(db, need[2]), None
+    dx, dw, db = _autograd.layer_norm_backward(
+        torch.ops.rmsnorm, dy, x, ctx.norm_dims, weight, bias, mean, rstd, ctx.eps,
+        need[0], need[2], need[3],
+    )  # fmt: skip
+    return dx, None, dw, db, None
 
 
-def _no_double_backward(ctx, *grads):
+def _bwd_not_differentiable(ctx, *grads):
     raise NotImplementedError(
-        "rmsnorm: double backward (create_graph=True through the backward) is not supported"
+        "rmsnorm: the backward ops (rms_norm_bwd, layer_norm_bwd) are not differentiable "
+        "themselves; double backward through rms_norm / add_rms_norm / layer_norm works (with "
+        "create_graph=True their backward runs as differentiable torch operations)"
     )
 
 
@@ -204,5 +314,5 @@ torch.library.register_autograd(
 torch.library.register_autograd("rmsnorm::layer_norm_fwd", _ln_backward, setup_context=_ln_setup)
 for _name in ("rms_norm_bwd", "layer_norm_bwd"):
     torch.library.register_autograd(
-        f"rmsnorm::{_name}", _no_double_backward, setup_context=_no_setup
+        f"rmsnorm::{_name}", _bwd_not_differentiable, setup_context=_no_setup
     )

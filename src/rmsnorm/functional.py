@@ -1,35 +1,63 @@
-"""The functional API: validate arguments, flatten to (M, N) rows, call the custom op, restore the
-shape.
+"""The functional API: validate arguments, choose the cheapest path that is correct for the call,
+return the output in the input's shape and memory format.
 
 Signatures and defaults follow ``torch.nn.functional.rms_norm`` / ``layer_norm``; the conventions
 (``eps_mode``, ``casting_mode``, ``offset``, ``bias``, ``partial``) are keyword-only and documented
 in :mod:`rmsnorm.reference`, which states each formula.
+
+The paths, from the cheapest:
+
+1. eager, no gradient wanted, plain tensors on CPU/CUDA: the backend's launcher, called directly;
+2. eager with gradients: an ``autograd.Function`` calling the launchers (no dispatcher round trip);
+3. ``torch.compile`` / ``torch.export`` / ``torch.jit.trace``, dispatch and function modes, tensor
+   subclasses (DTensor, ...), other devices: the custom ops ``torch.ops.rmsnorm.*``;
+4. forward-mode AD and ``torch.func`` transforms (``jvp``, ``vmap``, ``grad``, ``jacrev``,
+   ``hessian``): the spec itself (:mod:`rmsnorm.reference`) as torch operations, which every
+   transform supports.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from collections.abc import Sequence
 
 import torch
+from torch.overrides import handle_torch_function
 
-from . import _backend, _ops  # noqa: F401  (_ops registers torch.ops.rmsnorm.*)
+from . import _autograd, _launch, _ops  # noqa: F401  (_ops registers torch.ops.rmsnorm.*)
+from . import reference as ref
 from .reference import CASTING_MODES, EPS_MODES, default_eps, partial_size
 
 __all__ = ["rms_norm", "add_rms_norm", "layer_norm"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # Devices on which torch's autocast runs rms_norm / layer_norm in float32
-# (aten/src/ATen/autocast_mode.cpp);
-# on CPU autocast leaves both ops alone, and so do we.
+# (aten/src/ATen/autocast_mode.cpp); on CPU autocast leaves both ops alone, and so do we.
 _AUTOCAST_FP32_RMS = ("cuda", "xpu", "mtia", "maia")
 _AUTOCAST_FP32_LN = _AUTOCAST_FP32_RMS + ("mps",)
 
 ShapeLike = int | Sequence[int] | torch.Size
 
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+_has_torch_function = torch._C._has_torch_function_variadic
+_functorch_active = torch._C._are_functorch_transforms_active
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_tracing = torch._C._get_tracing_state
+_is_compiling = torch.compiler.is_compiling
+_fwAD = torch.autograd.forward_ad
+_default_eps = {dt: default_eps(dt) for dt in _FLOAT_DTYPES}
+
+# The paths (module docstring).
+_LAUNCH, _FUNCTION, _OP, _SPEC = 0, 1, 2, 3
+
 
 # ----------------------------------------------------------------------------------------------
-# Validation: every message names the argument and the expected form.
+# Validation: every message names the argument and the expected form. The common cases (an int
+# or one-element tuple shape, a float eps) are checked first and cheaply: a decoding step calls a
+# norm per layer, and each check here costs as much as the kernel at that size.
 # ----------------------------------------------------------------------------------------------
 def _check_float_tensor(t: object, name: str) -> None:
     if not isinstance(t, torch.Tensor):
@@ -41,53 +69,95 @@ def _check_float_tensor(t: object, name: str) -> None:
         )
 
 
-def _normalized_shape(input: torch.Tensor, normalized_shape: ShapeLike) -> tuple[tuple, int]:
-    """The normalized dims as a tuple and their element count N (input's trailing dims)."""
-    if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
-        shape = (normalized_shape,)
-    elif isinstance(normalized_shape, (Sequence, torch.Size)) and all(
-        isinstance(d, (int, torch.SymInt)) and not isinstance(d, bool) for d in normalized_shape
-    ):
-        shape = tuple(normalized_shape)
-    else:
+def _dim(d: object) -> int:
+    """One dim of normalized_shape: an int, a NumPy integer or a 0-d integer tensor (as torch)."""
+    if isinstance(d, bool) or isinstance(d, float):
+        raise TypeError
+    if isinstance(d, torch.SymInt):
+        return d  # type: ignore[return-value]
+    return operator.index(d)
+
+
+def _shape_tuple(normalized_shape: object) -> tuple:
+    try:
+        if isinstance(normalized_shape, (Sequence, torch.Size)) and not isinstance(
+            normalized_shape, str
+        ):
+            return tuple(_dim(d) for d in normalized_shape)
+        return (_dim(normalized_shape),)
+    except TypeError:
         raise TypeError(
             f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
-        )
-    if len(shape) == 0:
+        ) from None
+
+
+def _normalized(input: torch.Tensor, normalized_shape: ShapeLike) -> tuple[int, int]:
+    """(norm_dims, N): how many trailing dims of input are normalized, and their element count."""
+    if input.dtype not in _FLOAT_DTYPES:
+        _check_float_tensor(input, "input")
+    shape = input.shape
+    if type(normalized_shape) is int and shape and shape[-1] == normalized_shape > 0:
+        return 1, normalized_shape
+    if (
+        type(normalized_shape) is tuple
+        and len(normalized_shape) == 1
+        and type(normalized_shape[0]) is int
+        and shape
+        and shape[-1] == normalized_shape[0] > 0
+    ):
+        return 1, normalized_shape[0]
+    dims = _shape_tuple(normalized_shape)
+    if len(dims) == 0:
         raise ValueError("normalized_shape must name at least one dimension, got ()")
-    if input.dim() < len(shape) or tuple(input.shape[input.dim() - len(shape) :]) != shape:
+    if len(shape) < len(dims) or tuple(shape[len(shape) - len(dims) :]) != dims:
         raise ValueError(
-            f"normalized_shape {list(shape)} must match the trailing dimensions of input, "
-            f"whose shape is {list(input.shape)}"
+            f"normalized_shape {list(dims)} must match the trailing dimensions of input, "
+            f"whose shape is {list(shape)}"
         )
-    n = math.prod(shape)
+    n = math.prod(dims)
     if n == 0:
-        raise ValueError(f"normalized_shape {list(shape)} has no elements to normalize over")
-    return shape, n
+        raise ValueError(f"normalized_shape {list(dims)} has no elements to normalize over")
+    return len(dims), n
 
 
-def _check_param(p: torch.Tensor | None, name: str, shape: tuple, input: torch.Tensor) -> None:
+def _check_param(
+    p: torch.Tensor | None, name: str, input: torch.Tensor, norm_dims: int, n: int
+) -> None:
     if p is None:
         return
-    _check_float_tensor(p, name)
-    if tuple(p.shape) != shape:
+    if not isinstance(p, torch.Tensor) or p.dtype not in _FLOAT_DTYPES:
+        _check_float_tensor(p, name)
+    if p.dim() != norm_dims or (
+        p.shape[0] != n if norm_dims == 1 else p.shape != input.shape[input.dim() - norm_dims :]
+    ):
+        shape = list(input.shape[input.dim() - norm_dims :])
         raise ValueError(
-            f"{name} must have shape {list(shape)} (the normalized_shape), got {list(p.shape)}"
+            f"{name} must have shape {shape} (the normalized_shape), got {list(p.shape)}"
         )
-    if p.device != input.device:
+    if not (p.is_cpu and input.is_cpu) and p.device != input.device:
         raise ValueError(f"{name} is on {p.device} but input is on {input.device}")
 
 
 def _check_eps(eps: object, input: torch.Tensor) -> float:
     if eps is None:
-        return default_eps(input.dtype)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a float or None, got {type(eps).__name__}")
-    eps = float(eps)
+        return _default_eps[input.dtype]
+    if type(eps) is not float:
+        if isinstance(eps, torch.Tensor) and eps.dim() == 0 and eps.is_floating_point():
+            eps = eps.item()
+        elif isinstance(eps, numbers.Real) and not isinstance(eps, bool):
+            eps = float(eps)
+        else:
+            raise TypeError(f"eps must be a float or None, got {type(eps).__name__}")
     # Comparisons (unlike math.isfinite) stay traceable under torch.compile; NaN fails them too.
     if not (0.0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
     return eps
+
+
+def _real(value: object) -> float | None:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def _check_rms_options(
@@ -97,34 +167,79 @@ def _check_rms_options(
         raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
-    if (
-        isinstance(offset, bool)
-        or not isinstance(offset, (int, float))
-        or not (-math.inf < offset < math.inf)
-    ):
+    if type(offset) is not float:
+        real = _real(offset)
+        if real is None:
+            raise ValueError(f"offset must be a finite float, got {offset!r}")
+        offset = real
+    if not (-math.inf < offset < math.inf):
         raise ValueError(f"offset must be a finite float, got {offset!r}")
     if offset != 0.0 and weight is None:
         raise ValueError(
             f"offset={offset} scales the weight (offset + weight) and needs a weight, "
             "got weight=None"
         )
-    if partial is not None and (
-        isinstance(partial, bool)
-        or not isinstance(partial, (int, float))
-        or not (0.0 < partial <= 1.0)
-    ):
-        raise ValueError(f"partial must be a float in (0, 1] or None, got {partial!r}")
-    return float(offset)
+    if partial is not None:
+        p = _real(partial)
+        if p is None or not (0.0 < p <= 1.0):
+            raise ValueError(f"partial must be a float in (0, 1] or None, got {partial!r}")
+    return offset
 
 
-def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """(M, N) view of t when possible; kernels need a unit stride along N (rows may be strided)."""
-    t2 = t.reshape(-1, n)
-    return t2 if n == 1 or t2.stride(-1) == 1 else t2.contiguous()
+# ----------------------------------------------------------------------------------------------
+# Paths
+# ----------------------------------------------------------------------------------------------
+def _path(*tensors: torch.Tensor | None) -> int:
+    """Which of the four paths (module docstring) this call takes."""
+    if _functorch_active() or _fwAD._current_level >= 0:
+        return _SPEC
+    if _is_compiling() or _dispatch_modes() or _function_modes() or _tracing() is not None:
+        return _OP
+    grad = False
+    for t in tensors:
+        if t is not None:
+            kind = type(t)
+            if kind is not _Tensor and kind is not _Parameter:
+                return _OP
+            if t.requires_grad:
+                grad = True
+    x = tensors[0]
+    if not (x.is_cpu or x.is_cuda):
+        return _OP
+    return _FUNCTION if grad and torch.is_grad_enabled() else _LAUNCH
 
 
-def _flat(p: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    return None if p is None else p.reshape(n)
+def _like(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """out (computed contiguous) in the memory format torch's rms_norm gives it: a channels_last
+    (or channels_last_3d) input gets a channels_last output; any other layout a contiguous one."""
+    if input.is_contiguous() or input.dim() not in (4, 5):
+        return out
+    fmt = torch.channels_last if input.dim() == 4 else torch.channels_last_3d
+    return out.contiguous(memory_format=fmt) if input.is_contiguous(memory_format=fmt) else out
+
+
+def _like_sum(h: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """add_rms_norm's residual_out (computed contiguous) with the strides ``input + residual``
+    would have: a dense input's, whatever its permutation."""
+    if input.is_contiguous():
+        return h
+    like = torch.empty_like(input, dtype=h.dtype)  # contiguous unless input is dense
+    return h if like.is_contiguous() else like.copy_(h)
+
+
+def _spec_rows(input: torch.Tensor, n: int) -> torch.Tensor:
+    return input.reshape(-1, n)
+
+
+def _spec_vec(p: torch.Tensor | None) -> torch.Tensor | None:
+    return None if p is None else p.reshape(-1)
+
+
+def _autocast_to_fp32(input: torch.Tensor, devices: tuple[str, ...]) -> bool:
+    if input.is_cpu:
+        return False
+    device_type = input.device.type
+    return device_type in devices and torch.is_autocast_enabled(device_type)
 
 
 def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -133,44 +248,61 @@ def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.float()
 
 
-def _autocast_to_fp32(device_type: str, devices: tuple[str, ...]) -> bool:
-    return device_type in devices and torch.is_autocast_enabled(device_type)
-
-
-def _forward(name: str, *tensors: torch.Tensor | None):
-    """The forward to call: the custom op, or, when the dispatcher could do nothing but route the
-    call to the backend (eager, no gradient wanted, plain CPU/CUDA tensors, no mode or transform
-    active), the backend's launcher itself. Decoding-size calls are launch-bound and the dispatcher
-    plus the autograd wrapper cost several times a kernel launch; compile, export, autograd,
-    dispatch modes and tensor subclasses always see the op."""
-    if (
-        torch.compiler.is_compiling()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._is_torch_function_mode_enabled()
-        or torch._C._are_functorch_transforms_active()
-        or tensors[0].device.type not in ("cpu", "cuda")
-    ):
-        return getattr(torch.ops.rmsnorm, name)
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
-            return getattr(torch.ops.rmsnorm, name)
-    return getattr(_backend.launchers(tensors[0].device.type), name)
-
-
 def _rms_arguments(
     input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
 ):
-    """The checks rms_norm and add_rms_norm share, then autocast; returns what the op needs:
-    (input, weight, bias, N, eps, offset, k)."""
-    shape, n = _normalized_shape(input, normalized_shape)
-    _check_param(weight, "weight", shape, input)
-    _check_param(bias, "bias", shape, input)
+    """The checks rms_norm and add_rms_norm share; returns what the op needs:
+    (norm_dims, N, eps, offset, k)."""
+    norm_dims, n = _normalized(input, normalized_shape)
+    _check_param(weight, "weight", input, norm_dims, n)
+    _check_param(bias, "bias", input, norm_dims, n)
     eps = _check_eps(eps, input)
-    offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
-    if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_RMS):
-        input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
-    return input, weight, bias, n, eps, offset, partial_size(n, partial)
+    if (
+        type(offset) is not float
+        or offset != 0.0
+        or partial is not None
+        or eps_mode != "mean_square"
+        or casting_mode != "gemma"
+    ):
+        offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
+    k = n if partial is None else partial_size(n, float(partial))
+    return norm_dims, n, eps, offset, k
+
+
+def _add_arguments(
+    input, residual, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+):
+    """:func:`_rms_arguments` and the residual's checks."""
+    _check_float_tensor(input, "input")
+    _check_float_tensor(residual, "residual")
+    if residual.shape != input.shape:
+        raise ValueError(
+            f"residual must have the shape of input {list(input.shape)}, got {list(residual.shape)}"
+        )
+    if not (residual.is_cpu and input.is_cpu) and residual.device != input.device:
+        raise ValueError(f"residual is on {residual.device} but input is on {input.device}")
+    return _rms_arguments(
+        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+    )
+
+
+def _ln_arguments(input, normalized_shape, weight, bias, eps):
+    """layer_norm's checks; returns (norm_dims, N, eps)."""
+    norm_dims, n = _normalized(input, normalized_shape)
+    _check_param(weight, "weight", input, norm_dims, n)
+    _check_param(bias, "bias", input, norm_dims, n)
+    return norm_dims, n, _check_eps(eps, input)
+
+
+def _untraced(check, *args):
+    """check(*args) with torch.jit.trace paused: while tracing, sizes are tensors and every shape
+    comparison would warn that the trace takes it as a constant, which is what it should do."""
+    state = _tracing()
+    torch._C._set_tracing_state(None)
+    try:
+        return check(*args)
+    finally:
+        torch._C._set_tracing_state(state)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -197,21 +329,41 @@ def rms_norm(
     ⌊p·N⌋ elements. Positional arguments and defaults match ``torch.nn.functional.rms_norm``;
     ``eps=None`` is the machine epsilon of the compute dtype, as there.
     """
-    _check_float_tensor(input, "input")
-    input, weight, bias, n, eps, offset, k = _rms_arguments(
-        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
-    )
-    y, _ = _forward("rms_norm_fwd", input, weight, bias)(
-        _rows(input, n),
-        _flat(weight, n),
-        _flat(bias, n),
-        eps,
-        eps_mode,
-        casting_mode,
-        offset,
-        k,
-    )
-    return y.view(input.shape)
+    if _has_torch_function(input, weight, bias):
+        return handle_torch_function(
+            rms_norm, (input, weight, bias), input, normalized_shape, weight, eps,
+            eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
+            partial=partial,
+        )  # fmt: skip
+    if not isinstance(input, torch.Tensor):
+        _check_float_tensor(input, "input")
+    args = (input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial)
+    if _tracing() is None:
+        norm_dims, n, eps, offset, k = _rms_arguments(*args)
+    else:
+        norm_dims, n, eps, offset, k = _untraced(_rms_arguments, *args)
+    if _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
+        input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
+    path = _path(input, weight, bias)
+    if path == _LAUNCH:
+        y, _ = _launch.rms_norm_fwd(
+            input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+        )
+    elif path == _FUNCTION:
+        y = _autograd.RMSNormFunction.apply(
+            input, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
+        )
+    elif path == _OP:
+        y, _ = torch.ops.rmsnorm.rms_norm_fwd(
+            input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+        )
+    else:
+        y, _ = ref.rms_norm_fwd(
+            _spec_rows(input, n), _spec_vec(weight), _spec_vec(bias), eps, eps_mode,
+            casting_mode, offset, k,
+        )  # fmt: skip
+        y = y.reshape(input.shape)
+    return _like(y, input)
 
 
 def add_rms_norm(
@@ -233,29 +385,39 @@ def add_rms_norm(
     residual stream with bf16 inputs is allowed); out = rms_norm(residual_out) with ``input``'s
     dtype as the input dtype of the casting mode. Keywords as :func:`rms_norm`.
     """
-    _check_float_tensor(input, "input")
-    _check_float_tensor(residual, "residual")
-    if residual.shape != input.shape:
-        raise ValueError(
-            f"residual must have the shape of input {list(input.shape)}, got {list(residual.shape)}"
+    if _has_torch_function(input, residual, weight, bias):
+        return handle_torch_function(
+            add_rms_norm, (input, residual, weight, bias), input, residual, normalized_shape,
+            weight, eps, eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
+            partial=partial,
+        )  # fmt: skip
+    args = (input, residual, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias)
+    if _tracing() is None:
+        norm_dims, n, eps, offset, k = _add_arguments(*args, partial)
+    else:
+        norm_dims, n, eps, offset, k = _untraced(_add_arguments, *args, partial)
+    if _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
+        input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
+    path = _path(input, residual, weight, bias)
+    if path == _LAUNCH:
+        y, h, _ = _launch.add_rms_norm_fwd(
+            input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
-    if residual.device != input.device:
-        raise ValueError(f"residual is on {residual.device} but input is on {input.device}")
-    input, weight, bias, n, eps, offset, k = _rms_arguments(
-        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
-    )
-    y, h, _ = _forward("add_rms_norm_fwd", input, residual, weight, bias)(
-        _rows(input, n),
-        _rows(residual, n),
-        _flat(weight, n),
-        _flat(bias, n),
-        eps,
-        eps_mode,
-        casting_mode,
-        offset,
-        k,
-    )
-    return y.view(input.shape), h.view(input.shape)
+    elif path == _FUNCTION:
+        y, h = _autograd.AddRMSNormFunction.apply(
+            input, residual, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
+        )
+    elif path == _OP:
+        y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
+            input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+        )
+    else:
+        y, h, _ = ref.add_rms_norm_fwd(
+            _spec_rows(input, n), _spec_rows(residual, n), _spec_vec(weight), _spec_vec(bias),
+            eps, eps_mode, casting_mode, offset, k,
+        )  # fmt: skip
+        y, h = y.reshape(input.shape), h.reshape(input.shape)
+    return _like(y, input), _like_sum(h, input)
 
 
 def layer_norm(
@@ -269,14 +431,26 @@ def layer_norm(
     y = weight ⊙ (x − μ) / sqrt(σ² + ε) + bias with σ² the population variance over the trailing
     ``normalized_shape`` dims; statistics in fp32 (fp64 for fp64 inputs), output in input's dtype.
     """
-    _check_float_tensor(input, "input")
-    shape, n = _normalized_shape(input, normalized_shape)
-    _check_param(weight, "weight", shape, input)
-    _check_param(bias, "bias", shape, input)
-    eps = _check_eps(eps, input)
-    if _autocast_to_fp32(input.device.type, _AUTOCAST_FP32_LN):
+    if _has_torch_function(input, weight, bias):
+        return handle_torch_function(
+            layer_norm, (input, weight, bias), input, normalized_shape, weight, bias, eps
+        )
+    if not isinstance(input, torch.Tensor):
+        _check_float_tensor(input, "input")
+    if _tracing() is None:
+        norm_dims, n, eps = _ln_arguments(input, normalized_shape, weight, bias, eps)
+    else:
+        norm_dims, n, eps = _untraced(_ln_arguments, input, normalized_shape, weight, bias, eps)
+    if _autocast_to_fp32(input, _AUTOCAST_FP32_LN):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
-    y, _, _ = _forward("layer_norm_fwd", input, weight, bias)(
-        _rows(input, n), _flat(weight, n), _flat(bias, n), eps
-    )
-    return y.view(input.shape)
+    path = _path(input, weight, bias)
+    if path == _LAUNCH:
+        y, _, _ = _launch.layer_norm_fwd(input, norm_dims, weight, bias, eps)
+    elif path == _FUNCTION:
+        y = _autograd.LayerNormFunction.apply(input, weight, bias, norm_dims, eps)
+    elif path == _OP:
+        y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
+    else:
+        y, _, _ = ref.layer_norm_fwd(_spec_rows(input, n), _spec_vec(weight), _spec_vec(bias), eps)
+        y = y.reshape(input.shape)
+    return y  # contiguous whatever the input layout, as torch.nn.functional.layer_norm

@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import functional as F
-from .functional import _check_rms_options
+from .functional import _check_rms_options, add_rms_norm, layer_norm, rms_norm
 
 __all__ = ["RMSNorm", "AddRMSNorm", "LayerNorm"]
 
@@ -62,17 +61,12 @@ class RMSNorm(nn.RMSNorm):
         if getattr(self, "bias", None) is not None:
             nn.init.zeros_(self.bias)
 
-    def _options(self) -> dict:
-        return dict(
-            eps_mode=self.eps_mode,
-            casting_mode=self.casting_mode,
-            offset=self.offset,
-            bias=self.bias,
-            partial=self.partial,
-        )
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps, **self._options())
+        return rms_norm(
+            x, self.normalized_shape, self.weight, self.eps, eps_mode=self.eps_mode,
+            casting_mode=self.casting_mode, offset=self.offset, bias=self.bias,
+            partial=self.partial,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         extra = [super().extra_repr()]
@@ -97,9 +91,11 @@ class AddRMSNorm(RMSNorm):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return F.add_rms_norm(
-            x, residual, self.normalized_shape, self.weight, self.eps, **self._options()
-        )
+        return add_rms_norm(
+            x, residual, self.normalized_shape, self.weight, self.eps, eps_mode=self.eps_mode,
+            casting_mode=self.casting_mode, offset=self.offset, bias=self.bias,
+            partial=self.partial,
+        )  # fmt: skip
 
 
 class LayerNorm(nn.LayerNorm):
@@ -107,4 +103,4 @@ class LayerNorm(nn.LayerNorm):
     ``state_dict`` are torch's."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

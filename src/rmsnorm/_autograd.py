@@ -1,0 +1,172 @@
+"""The backward of every op, shared by the custom ops' registered autograd and the eager path, and
+the eager path's ``autograd.Function`` classes.
+
+Without ``create_graph`` the backward runs the backward kernels. With ``create_graph=True`` (double
+backward: gradient penalties, Hessian-vector products, MAML) it runs the spec's written-out backward
+(:func:`rmsnorm.reference.rms_norm_bwd`, :func:`~rmsnorm.reference.layer_norm_bwd`) as torch
+operations, with the per-row statistics recomputed from the input, so autograd can differentiate it
+again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _launch
+from . import reference as ref
+
+
+def saveable(x: torch.Tensor) -> torch.Tensor:
+    """x, or a copy of it when it is an inference tensor (created under ``torch.inference_mode``),
+    which autograd refuses to save; torch's own norms accept such inputs with a trainable weight."""
+    return x.clone() if x.is_inference() else x
+
+
+def _row_size(x: torch.Tensor, norm_dims: int) -> int:
+    return math.prod(x.shape[x.dim() - norm_dims :])
+
+
+def _flat(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else t.reshape(-1, n)
+
+
+def _vec(p: torch.Tensor | None) -> torch.Tensor | None:
+    return None if p is None else p.reshape(-1)
+
+
+def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, params, input_dtype, need_params):
+    """The written-out RMSNorm backward as differentiable torch operations of (dy, x, weight)."""
+    eps, eps_mode, casting_mode, offset, k = params
+    n = _row_size(x, norm_dims)
+    x2 = x.reshape(-1, n)
+    cd = torch.promote_types(ref.compute_dtype(x.dtype), ref.compute_dtype(input_dtype))
+    rstd = ref._rstd(x2.to(cd), eps, eps_mode, k)  # recomputed: its derivative in x is needed
+    dx, dw, db = ref.rms_norm_bwd(
+        dy.reshape(-1, n), x2, _vec(weight), _vec(bias), rstd, _flat(dh, n), eps, eps_mode,
+        casting_mode, offset, k, input_dtype, need_params,
+    )  # fmt: skip
+    dw = dw.reshape(weight.shape) if dw.numel() else dw
+    db = db.reshape(bias.shape) if db.numel() else db
+    return dx.reshape(x.shape), dw, db
+
+
+def _spec_ln_backward(dy, x, norm_dims, weight, bias, eps, need_params):
+    """The written-out LayerNorm backward as differentiable torch operations of (dy, x, weight)."""
+    n = _row_size(x, norm_dims)
+    x2 = x.reshape(-1, n)
+    _, mean, rstd = ref.layer_norm_fwd(x2, None, None, eps)  # recomputed, differentiable in x
+    dx, dw, db = ref.layer_norm_bwd(
+        dy.reshape(-1, n), x2, _vec(weight), _vec(bias), mean, rstd, need_params
+    )
+    dw = dw.reshape(weight.shape) if dw.numel() else dw
+    db = db.reshape(bias.shape) if db.numel() else db
+    return dx.reshape(x.shape), dw, db
+
+
+def rms_norm_backward(
+    ops, dy, dh, x, norm_dims, weight, bias, rstd, params, input_dtype, need_x, need_w, need_b
+):
+    """(d x, d weight, d bias) of rms_norm at x, or of add_rms_norm at its sum h = x (then dh, the
+    gradient reaching h directly, is added to d x). ``ops`` runs the backward kernel: the custom
+    ops (``torch.ops.rmsnorm``) or :mod:`rmsnorm._launch`, which have the same signatures."""
+    if not (need_x or need_w or need_b):
+        return None, None, None
+    if dy is None:  # only h's gradient reached add_rms_norm
+        dy = torch.zeros_like(x, dtype=ref.output_dtype(input_dtype, weight, params[2]))
+    if torch.is_grad_enabled():  # create_graph=True: keep the backward differentiable
+        dx, dw, db = _spec_rms_backward(
+            dy, dh, x, norm_dims, weight, bias, params, input_dtype, need_w or need_b
+        )
+    else:
+        dx, dw, db = ops.rms_norm_bwd(
+            dy, x, norm_dims, weight, bias, rstd, dh, *params, input_dtype, need_w or need_b
+        )
+    return dx if need_x else None, dw if need_w else None, db if need_b else None
+
+
+def layer_norm_backward(
+    ops, dy, x, norm_dims, weight, bias, mean, rstd, eps, need_x, need_w, need_b
+):
+    """(d x, d weight, d bias) of layer_norm; as :func:`rms_norm_backward`."""
+    if not (need_x or need_w or need_b):
+        return None, None, None
+    if torch.is_grad_enabled():
+        dx, dw, db = _spec_ln_backward(dy, x, norm_dims, weight, bias, eps, need_w or need_b)
+    else:
+        dx, dw, db = ops.layer_norm_bwd(
+            dy, x, norm_dims, weight, bias, mean, rstd, need_w or need_b
+        )
+    return dx if need_x else None, dw if need_w else None, db if need_b else None
+
+
+# ----------------------------------------------------------------------------------------------
+# The eager path: plain tensors with gradients, outside compile, modes and transforms. A Python
+# autograd.Function calling the launchers costs a fraction of the dispatcher plus the custom op's
+# autograd wrapper, and is what a decoding- or training-size eager call pays on every step.
+# ----------------------------------------------------------------------------------------------
+class RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k):
+        y, rstd = _launch.rms_norm_fwd(
+            x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+        )
+        ctx.save_for_backward(saveable(x), weight, bias)
+        ctx.rstd, ctx.norm_dims = rstd, norm_dims
+        ctx.params = (eps, eps_mode, casting_mode, offset, k)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = rms_norm_backward(
+            _launch, dy, None, x, ctx.norm_dims, weight, bias, ctx.rstd, ctx.params, x.dtype,
+            need[0], need[1], need[2],
+        )  # fmt: skip
+        return dx, dw, db, None, None, None, None, None, None
+
+
+class AddRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k):
+        y, h, rstd = _launch.add_rms_norm_fwd(
+            x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+        )
+        ctx.save_for_backward(h, weight, bias)
+        ctx.rstd, ctx.norm_dims = rstd, norm_dims
+        ctx.params = (eps, eps_mode, casting_mode, offset, k)
+        ctx.input_dtype = x.dtype
+        ctx.set_materialize_grads(False)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        h, weight, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = rms_norm_backward(
+            _launch, dy, dh, h, ctx.norm_dims, weight, bias, ctx.rstd, ctx.params,
+            ctx.input_dtype, need[0] or need[1], need[2], need[3],
+        )  # fmt: skip
+        dinput = dx.to(ctx.input_dtype) if need[0] else None
+        return dinput, dx if need[1] else None, dw, db, *(None,) * 6
+
+
+class LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, norm_dims, eps):
+        y, mean, rstd = _launch.layer_norm_fwd(x, norm_dims, weight, bias, eps)
+        ctx.save_for_backward(saveable(x), weight, bias)
+        ctx.stats, ctx.norm_dims, ctx.eps = (mean, rstd), norm_dims, eps
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = layer_norm_backward(
+            _launch, dy, x, ctx.norm_dims, weight, bias, *ctx.stats, ctx.eps,
+            need[0], need[1], need[2],
+        )  # fmt: skip
+        return dx, dw, db, None, None

@@ -1,0 +1,103 @@
+"""Calls of the backend launchers on tensors in their own shape: flatten to (M, N) rows, launch on
+the backend in force for the device, give the outputs the input's shape.
+
+The functions have the signatures of the ops in :mod:`rmsnorm._ops` and check nothing: the ops check
+their arguments before calling these, and the functional API validates its own and calls these
+directly when the dispatcher has nothing to add (eager calls on plain tensors).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _backend
+
+_below_views = torch._C._AutoDispatchBelowADInplaceOrView
+
+
+def _launchers(x: torch.Tensor):
+    return _backend.launchers("cpu" if x.is_cpu else x.device.type)
+
+
+def _rows(t: torch.Tensor, norm_dims: int) -> torch.Tensor:
+    """t as (M, N) rows with a unit stride along N (rows themselves may be strided)."""
+    if t.dim() == 2 and norm_dims == 1:
+        t2 = t
+    else:
+        n = t.shape[-1] if norm_dims == 1 else math.prod(t.shape[t.dim() - norm_dims :])
+        t2 = t.reshape(-1, n)
+    return t2 if t2.stride(-1) == 1 or t2.shape[-1] == 1 else t2.contiguous()
+
+
+def _vec(p: torch.Tensor | None) -> torch.Tensor | None:
+    return p if p is None or p.dim() == 1 else p.reshape(-1)
+
+
+def _flat(stat: torch.Tensor) -> torch.Tensor:
+    return stat if stat.dim() == 1 else stat.reshape(-1)
+
+
+def _shaped(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """t (fresh) in like's shape, as a tensor of its own rather than a view: a view would make the
+    output of a norm look like a view to autograd (FSDP warns on modules that return one)."""
+    if t.shape == like.shape:
+        return t
+    with _below_views():
+        return t.view(like.shape)
+
+
+def leading(stat: torch.Tensor, x: torch.Tensor, norm_dims: int) -> torch.Tensor:
+    """A per-row statistic (M,) in x's leading shape."""
+    if x.dim() == norm_dims + 1:
+        return stat
+    with _below_views():
+        return stat.view(x.shape[: x.dim() - norm_dims])
+
+
+def _param_grad(g: torch.Tensor, p: torch.Tensor | None) -> torch.Tensor:
+    if p is None or p.dim() == 1 or g.numel() == 0:
+        return g
+    with _below_views():
+        return g.view(p.shape)
+
+
+def rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    y, rstd = _launchers(x).rms_norm_fwd(
+        _rows(x, norm_dims), _vec(weight), _vec(bias), eps, eps_mode, casting_mode, offset, k
+    )
+    return _shaped(y, x), rstd
+
+
+def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    y, h, rstd = _launchers(x).add_rms_norm_fwd(
+        _rows(x, norm_dims), _rows(residual, norm_dims), _vec(weight), _vec(bias),
+        eps, eps_mode, casting_mode, offset, k,
+    )  # fmt: skip
+    return _shaped(y, x), _shaped(h, x), rstd
+
+
+def rms_norm_bwd(
+    dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    input_dtype, need_weight_grad,
+):  # fmt: skip
+    dr = None if dresidual is None else _rows(dresidual, norm_dims)
+    dx, dw, db = _launchers(x).rms_norm_bwd(
+        _rows(dy, norm_dims), _rows(x, norm_dims), _vec(weight), _vec(bias), _flat(rstd), dr,
+        eps, eps_mode, casting_mode, offset, k, input_dtype, need_weight_grad,
+    )  # fmt: skip
+    return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
+
+
+def layer_norm_fwd(x, norm_dims, weight, bias, eps):
+    y, mean, rstd = _launchers(x).layer_norm_fwd(_rows(x, norm_dims), _vec(weight), _vec(bias), eps)
+    return _shaped(y, x), mean, rstd
+
+
+def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
+    dx, dw, db = _launchers(x).layer_norm_bwd(
+        _rows(dy, norm_dims), _rows(x, norm_dims), _vec(weight), _vec(bias),
+        _flat(mean), _flat(rstd), need_weight_grad,
+    )  # fmt: skip
+    return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
