@@ -89,6 +89,8 @@ def test_bad_backend_variable_is_one_line(tmp_path):
     assert "Traceback" not in out + err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "RMSNORM_BACKEND" in lines[0] and "'bogus'" in lines[0]
+    rc, out, err = run_cli(["simulate", "--help"], env={"RMSNORM_BACKEND": "bogus"}, cwd=tmp_path)
+    assert rc == 0 and "--n-layers" in out, err  # help needs no backend
 
 
 def test_cpu_backend_without_numba_says_numba_is_missing(tmp_path):

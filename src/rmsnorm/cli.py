@@ -4,6 +4,7 @@ logic lives here."""
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -57,6 +58,8 @@ def _require(command: str, *modules: str) -> None:
 @app.callback()
 def _root(ctx: typer.Context) -> None:
     """rmsnorm: RMSNorm / LayerNorm kernels and the lab that compares them."""
+    if "--help" in sys.argv[1:]:  # `rmsnorm CMD --help` needs no backend, nor torch's import time
+        return
     from . import _backend
 
     try:  # a bad RMSNORM_BACKEND is one line here, not a traceback from deep inside an op
