@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from rmsnorm.cli import app
 
-TINY = ["--layers", "2", "--width", "32", "--heads", "2", "--seq-len", "16", "--batch", "4"]
+TINY = ["--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--seq-len", "16", "--batch", "4"]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -61,10 +61,10 @@ def test_report_quick_writes_files(runner, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["simulate", "--layers", "-1"], "--layers"),
+        (["simulate", "--n-layers", "-1"], "--n-layers"),
         (
-            ["simulate", "--width", "30", "--heads", "4"],
-            "--width (30) must be divisible by --heads (4)",
+            ["simulate", "--d-model", "30", "--n-heads", "4"],
+            "--d-model (30) must be divisible by --n-heads (4)",
         ),
         (["simulate", "--text", "/nonexistent/t.txt"], "--text"),
         (["simulate", "--norm", "batchnorm"], "norm must be one of"),
@@ -77,3 +77,16 @@ def test_bad_arguments(runner, tmp_path, args, message):
     result = runner.invoke(app, [*args, "--out", str(tmp_path)] if args[0] != "inspect" else args)
     assert result.exit_code != 0
     assert message in plain(result)
+
+
+def test_simulate_spells_model_options_as_compare_does(runner, tmp_path):
+    """--n-layers / --d-model / --n-heads as in `compare`; the older --layers / --width / --heads
+    still work but are not in the help."""
+    help_text = plain(runner.invoke(app, ["simulate", "--help"]))
+    assert "--n-layers" in help_text and "--d-model" in help_text and "--n-heads" in help_text
+    assert not re.search(r"--(layers|width|heads)\b", help_text)
+    old = ["--layers", "2", "--width", "32", "--heads", "2", "--seq-len", "16", "--batch", "4"]
+    result = runner.invoke(app, ["simulate", "--out", str(tmp_path), *old])
+    assert result.exit_code == 0, result.output
+    cfg = json.loads((tmp_path / "simulation.json").read_text())["config"]
+    assert (cfg["n_layers"], cfg["d_model"], cfg["n_heads"]) == (2, 32, 2)

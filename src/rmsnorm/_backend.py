@@ -195,7 +195,13 @@ def _resolve(name: str, device_type: str) -> ModuleType:
         if device_type != "cpu":
             raise RuntimeError(f"backend 'cpu' cannot run on {device_type!r} tensors")
         if not cpu_kernels_available():
-            raise RuntimeError("backend 'cpu': the CPU kernels are not available on this machine")
+            missing = [m for m in ("numba", "llvmlite") if importlib.util.find_spec(m) is None]
+            why = (
+                f"{' and '.join(missing)} not installed (pip install numba)"
+                if missing
+                else "numba is installed but failed to import (see the warning above)"
+            )
+            raise RuntimeError(f"backend 'cpu' needs the numba CPU kernels: {why}")
         return _load("cpu")
     return _triton_for(device_type)
 

@@ -3,6 +3,8 @@ logic lives here."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -10,10 +12,10 @@ try:
     import typer
     from rich.console import Console
     from rich.table import Table
-except ImportError as exc:  # the CLI's dependencies are the "lab" extra
+except ImportError as exc:  # dependencies of the package: only a broken install lacks them
     raise SystemExit(
-        f"the rmsnorm command needs the lab extra ({exc.name} is missing): "
-        "pip install 'rmsnorm[lab]'"
+        f"the rmsnorm command needs {exc.name}, a dependency of rmsnorm that is not installed: "
+        "pip install --force-reinstall rmsnorm"
     ) from exc
 
 app = typer.Typer(
@@ -22,11 +24,48 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
+err_console = Console(stderr=True)
+
+# The optional modules some commands need, and the extra that installs each.
+_EXTRA_OF = {"matplotlib": "lab", "transformers": "hf"}
+
+
+def _fail(command: str, message: str, code: int = 1) -> typer.Exit:
+    err_console.print(
+        f"rmsnorm {command}: {message}", markup=False, highlight=False, soft_wrap=True
+    )
+    return typer.Exit(code=code)
+
+
+def _require(command: str, *modules: str) -> None:
+    """Exit with one line naming the missing modules and their extra before any work starts (a
+    run that computed for minutes and then failed on its plot would lose its results)."""
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        extras = ",".join(sorted({_EXTRA_OF[m] for m in missing}))
+        raise _fail(
+            command,
+            f"needs {' and '.join(missing)}, which is not installed (the {extras} extra): "
+            f"pip install 'rmsnorm[{extras}]'",
+        )
 
 
 @app.callback()
-def _root() -> None:
+def _root(ctx: typer.Context) -> None:
     """rmsnorm: RMSNorm / LayerNorm kernels and the lab that compares them."""
+    if "--help" in sys.argv[1:]:  # `rmsnorm CMD --help` needs no backend, nor torch's import time
+        return
+    from . import _backend
+
+    try:  # a bad RMSNORM_BACKEND is one line here, not a traceback from deep inside an op
+        _backend.current()
+    except ValueError as exc:
+        raise _fail(ctx.invoked_subcommand or "", str(exc)) from None
 
 
 @app.command()
@@ -50,7 +89,9 @@ def _log(message: str) -> None:
 
 @app.command()
 def bench(
-    device: str = typer.Option("cuda", help="cuda or cpu"),
+    device: str = typer.Option(
+        "auto", help="auto (cuda when torch sees a GPU, else cpu), cuda or cpu"
+    ),
     quick: bool = typer.Option(
         False, "--quick", help="a handful of shapes instead of the full run"
     ),
@@ -65,6 +106,10 @@ def bench(
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
     from .bench import run, summary
 
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         rows = run(
             device=device, quick=quick, out=out, variants=variants, budget_s=budget, log=_log
@@ -134,9 +179,9 @@ def convert(
 
 # --- centering lab: simulate / inspect / report ---
 _LAB_FLAGS = {  # library argument names → the options of these commands, for error messages
-    "n_layers": "--layers",
-    "d_model": "--width",
-    "n_heads": "--heads",
+    "n_layers": "--n-layers",
+    "d_model": "--d-model",
+    "n_heads": "--n-heads",
     "seq_len": "--seq-len",
     "train_steps": "--train-steps",
     "train_batch": "--train-batch",
@@ -173,6 +218,17 @@ def _lab_error(exc: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _progress():
+    """Progress bars on a terminal; on anything else (a log file, a pipe, CI) plain timestamped
+    lines, which a bar cannot give: rich draws nothing where it cannot redraw. Both on stderr, so
+    stdout keeps only the results."""
+    from .analysis.progress import LogProgress, RichProgress
+
+    if err_console.is_terminal:
+        return RichProgress(err_console)
+    return LogProgress()
+
+
 def _threads(n: int | None) -> None:
     if n is not None:
         import torch
@@ -183,9 +239,11 @@ def _threads(n: int | None) -> None:
 @app.command()
 def simulate(
     out: Annotated[Path, typer.Option(help="Output directory.")] = _SIM_DIR,
-    layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = 12,
-    width: Annotated[int, typer.Option(min=1, help="Model width d, divisible by --heads.")] = 256,
-    heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
+    n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = 12,
+    d_model: Annotated[
+        int, typer.Option(min=1, help="Model width d, divisible by --n-heads.")
+    ] = 256,
+    n_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
     seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 64,
     batch: Annotated[int, typer.Option(min=1, help="Sequences; tokens = batch × seq-len.")] = 16,
     seed: Annotated[int, typer.Option(min=0, help="Seed of weights and inputs.")] = 0,
@@ -204,18 +262,23 @@ def simulate(
     ] = 0,
     train_batch: Annotated[int, typer.Option(min=1, help="Training batch size.")] = 16,
     threads: _LabThreads = 1,
+    # The spelling of earlier versions, kept working but out of the help: `compare` and the
+    # library say n_layers / d_model / n_heads.
+    layers: Annotated[int | None, typer.Option(min=1, hidden=True)] = None,
+    width: Annotated[int | None, typer.Option(min=1, hidden=True)] = None,
+    heads: Annotated[int | None, typer.Option(min=1, hidden=True)] = None,
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer."""
-    from .analysis.progress import RichProgress
     from .analysis.simulate import SimulationConfig, write_simulation
     from .analysis.simulate import simulate as run
 
+    _require("simulate", "matplotlib")
     _threads(threads)
     try:
         cfg = SimulationConfig(
-            n_layers=layers,
-            d_model=width,
-            n_heads=heads,
+            n_layers=n_layers if layers is None else layers,
+            d_model=d_model if width is None else width,
+            n_heads=n_heads if heads is None else heads,
             seq_len=seq_len,
             batch=batch,
             seed=seed,
@@ -230,7 +293,7 @@ def simulate(
         )
     except (ValueError, FileNotFoundError) as exc:
         raise _lab_error(exc) from None
-    with RichProgress(console) as progress:
+    with _progress() as progress:
         result = run(cfg, progress)
         files = write_simulation(result, out, progress)
     table = Table(title=f"residual stream, {cfg.resolved_inputs} inputs", title_justify="left")
@@ -300,16 +363,16 @@ def report(
     threads: _LabThreads = 1,
 ) -> None:
     """The main job: the centering report (report.md, self-contained report.html, figures)."""
-    from .analysis.progress import RichProgress
     from .analysis.report import ReportConfig, build_report
 
+    _require("report", "matplotlib")
     _threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
     cfg = ReportConfig.from_options(
         quick=quick, model=model, text=text, planted_mean=planted_mean, train_steps=train_steps
     )
     try:
-        with RichProgress(console) as progress:
+        with _progress() as progress:
             summary = build_report(cfg, out, progress)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise _lab_error(exc) from None
@@ -361,15 +424,32 @@ def compare(
 ) -> None:
     """Train the same small GPT-style LM with LayerNorm, RMSNorm and partial RMSNorm (only the norm
     changes) and write losses, step-time ratios and a summary into --out."""
-    from .analysis.progress import RichProgress
     from .compare import (
+        CPU_REFUSE_S,
         SUMMARY_COLUMNS,
         ArgumentError,
         compare_config,
+        estimate_seconds,
+        format_duration,
+        output_dir,
         run_comparison,
         summary_rows,
         write_outputs,
     )
+
+    _require("compare", "matplotlib")
+    finished = 0
+
+    def save(partial: dict) -> None:  # after each seed: an interrupted run keeps what it finished
+        nonlocal finished
+        write_outputs(partial, out_dir)
+        finished = partial["seeds_completed"]
+        err_console.print(
+            f"{finished} of {partial['config']['seeds']} seeds finished: results so far in "
+            f"{out_dir}",
+            markup=False,
+            highlight=False,
+        )
 
     try:
         cfg = compare_config(
@@ -378,11 +458,24 @@ def compare(
             n_heads=n_heads, seq_len=seq_len, eval_interval=eval_interval,
             eval_batches=eval_batches, threads=threads,
         )  # fmt: skip
-        with RichProgress(console) as progress:
-            results = run_comparison(cfg, progress)
-        paths = write_outputs(results, out)
+        out_dir = output_dir(out)
+        if cfg.device == "cpu" and (estimate := estimate_seconds(cfg)) > CPU_REFUSE_S:
+            err_console.print(
+                f"warning: this run will take at least {format_duration(estimate)} on this CPU",
+                markup=False,
+            )
+        with _progress() as progress:
+            results = run_comparison(cfg, progress, on_seed=save)
+        paths = write_outputs(results, out_dir)
     except ArgumentError as exc:
         raise typer.BadParameter(exc.detail, param_hint=f"--{exc.param.replace('_', '-')}") from exc
+    except KeyboardInterrupt:
+        kept = (
+            f"the {finished} finished seed(s) are in {out_dir}"
+            if finished
+            else "no seed had finished, nothing was written"
+        )
+        raise _fail("compare", f"interrupted; {kept}", code=130) from None
     table = Table(title=f"rmsnorm compare ({results['wall_time_s']:.0f} s)")
     for column in SUMMARY_COLUMNS:
         table.add_column(column)

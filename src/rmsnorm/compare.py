@@ -150,6 +150,60 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def training_flops(cfg: CompareConfig) -> float:
+    """Floating-point operations of the matrix products of the whole run (every variant and seed,
+    training and validation): 2 per multiply-add, backward twice the forward, causal attention
+    counted at half of the full T×T. A lower bound of the work: norms, activations, softmax and
+    the optimizer are left out."""
+    m, t = cfg.model, cfg.train
+    d, n_layers, seq = m.d_model, m.n_layers, m.seq_len
+    weights = n_layers * (4 + 2 * m.mlp_ratio) * d * d + m.vocab_size * d  # used once per token
+    per_token = 2 * weights + n_layers * 2 * seq * d  # forward; QKᵀ and AV at half of T×T each
+    tokens = t.batch_size * seq
+    train = t.steps * 3 * per_token * tokens
+    evals = (t.steps // t.eval_interval + 1) * t.eval_batches * per_token * tokens
+    return float(len(cfg.variants) * cfg.seeds * (train + evals))
+
+
+def cpu_matmul_rate(cfg: CompareConfig) -> float:
+    """FLOP/s of this CPU for the run's largest matrix product (rows × d_model @ d_model × 4
+    d_model, with the run's threads), best of three after a warm-up: the fastest the training can
+    go, so ``training_flops / rate`` is a lower bound of its time. Takes ~0.1 s at d_model 512."""
+    d, hidden = cfg.model.d_model, cfg.model.mlp_ratio * cfg.model.d_model
+    rows = min(cfg.train.batch_size * cfg.model.seq_len, 2048)
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(rows, d, generator=gen), torch.randn(d, hidden, generator=gen)
+    with _threads(cfg.threads):
+        torch.mm(a, b)
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+    return 2 * rows * d * hidden / max(best, 1e-9)
+
+
+def estimate_seconds(cfg: CompareConfig) -> float:
+    """A lower bound of the run's wall time on this CPU (:func:`training_flops` at
+    :func:`cpu_matmul_rate`). Small models stay far from a matrix product's peak: the default cpu
+    preset took 111 s on 2 cores against an estimate of 14 s."""
+    return training_flops(cfg) / cpu_matmul_rate(cfg)
+
+
+def format_duration(seconds: float) -> str:
+    """``90`` -> ``"2 min"``, ``7200`` -> ``"2.0 h"``."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+# A gpu-preset run that "auto" put on the CPU is refused above this estimate (a lower bound); the
+# default gpu preset is ~2.2e16 FLOP, two days and more on a 2-core CPU.
+CPU_REFUSE_S = 1800.0
+
+
 def compare_config(
     preset: str = "cpu",
     *,
@@ -186,7 +240,7 @@ def compare_config(
             f"d_model ({model_kw['d_model']}) must be divisible by n_heads ({model_kw['n_heads']})",
         )
     train_kw["warmup"] = min(train_kw["warmup"], max(1, train_kw["steps"] // 10))
-    return CompareConfig(
+    cfg = CompareConfig(
         variants=parse_variants(variants),
         seeds=_positive_int("seeds", seeds),
         seed=_int("seed", seed),
@@ -197,6 +251,21 @@ def compare_config(
         device=resolve_device(device),
         threads=None if threads is None else _positive_int("threads", threads),
     )
+    if preset == "gpu" and device == "auto" and cfg.device == "cpu":
+        # Sized for an accelerator: on a CPU it runs for days. Asking for the CPU explicitly
+        # (device="cpu") still runs it.
+        flops, rate = training_flops(cfg), cpu_matmul_rate(cfg)
+        estimate = flops / rate
+        if estimate > CPU_REFUSE_S:
+            raise ArgumentError(
+                "preset",
+                f"'gpu' is sized for a GPU, and torch sees none: on this CPU the run "
+                f"({len(cfg.variants)} variants × {cfg.seeds} seeds × {cfg.train.steps} steps) "
+                f"would take at least {format_duration(estimate)} ({flops:.1e} FLOP of matrix "
+                f"products at this CPU's {rate / 1e9:.0f} GFLOP/s). "
+                "Use --preset cpu, fewer --steps, or --device cpu to run it on the CPU anyway",
+            )
+    return cfg
 
 
 def load_corpus(cfg: CompareConfig) -> Corpus:
@@ -404,16 +473,20 @@ def _load_average() -> list[float] | None:
         return None
 
 
-def run_comparison(cfg: CompareConfig, progress=None) -> dict:
+def run_comparison(
+    cfg: CompareConfig, progress=None, on_seed: Callable[[dict], object] | None = None
+) -> dict:
     """Train every variant for every seed and return the results (what :func:`write_outputs`
     saves). Variants of one seed advance in lockstep, one step each in a rotating order, so that
     their step times are measured under the same machine load; the norm-only timing blocks are
     interleaved with the training in the same way. ``progress``: an
-    :mod:`rmsnorm.analysis.progress` object (one bar per seed), or None."""
+    :mod:`rmsnorm.analysis.progress` object (one bar per seed), or None. ``on_seed``: called with
+    the results of the seeds finished so far (``seeds_completed`` says how many) after each seed
+    but the last, so that an interrupted run can leave what it finished."""
     corpus = load_corpus(cfg)
     device = cfg.device
     t_start, cpu_start = time.perf_counter(), time.process_time()
-    load_start = _load_average()
+    started = (t_start, cpu_start, _load_average())
     steps, variants = cfg.train.steps, cfg.variants
     progress = ensure_progress(progress)
     timing_every = max(1, steps // 4)  # four norm-timing blocks per seed
@@ -463,6 +536,14 @@ def run_comparison(cfg: CompareConfig, progress=None) -> dict:
                         "val_loss": hist.val_loss,
                     }
                 )
+            if on_seed is not None and i + 1 < cfg.seeds:
+                on_seed(_results(cfg, corpus, machine, runs, cases, norm_samples, started))
+    return _results(cfg, corpus, machine, runs, cases, norm_samples, started)
+
+
+def _results(cfg, corpus, machine, runs, cases, norm_samples, started) -> dict:
+    """The results dict of the seeds in ``runs`` (all of them at the end of a run)."""
+    t_start, cpu_start, load_start = started
     wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
     shape = [cfg.train.batch_size, cfg.model.seq_len, cfg.model.d_model]
     results = {
@@ -476,14 +557,16 @@ def run_comparison(cfg: CompareConfig, progress=None) -> dict:
             "sources": [Path(s).name if cfg.text else _stdlib_rel(s) for s in corpus.sources],
         },
         "units": {"loss": "nats/byte", "time": "s"},
-        "runs": runs,
+        "seeds_completed": len(runs[cfg.variants[0]]),
+        "runs": {v: list(r) for v, r in runs.items()},
         "norm_timing": {
             "shape": shape,
             "dtype": "float32",
             "calls_per_block": cfg.norm_timing_calls,
             "what": "forward + backward (input and parameter gradients) of one norm layer",
             "cases": {
-                name: {"label": label, "per_call_s": norm_samples[name]} for name, label, _ in cases
+                name: {"label": label, "per_call_s": list(norm_samples[name])}
+                for name, label, _ in cases
             },
         },
         "norm_layers_per_model": 2 * cfg.model.n_layers + (cfg.model.norm_position == "pre"),
@@ -686,10 +769,18 @@ def render_markdown(results: dict) -> str:
     sv, base = summ["variants"], summ["variants"][BASELINE]
     mc, tc, corpus = cfg["model"], cfg["train"], results["corpus"]
     nt = results["norm_timing"]
-    seeds = cfg["seeds"]
+    seeds = results.get("seeds_completed", cfg["seeds"])
     lines = [
         "# Training comparison: LayerNorm vs RMSNorm vs partial RMSNorm",
         "",
+    ]
+    if seeds < cfg["seeds"]:
+        lines += [
+            f"**Partial results: {seeds} of {cfg['seeds']} seeds finished** (the run was "
+            "stopped or is still running; the file is rewritten after every seed).",
+            "",
+        ]
+    lines += [
         f"Same GPT-style byte-level language model, same {seeds} seed(s) "
         f"({cfg['seed']}–{cfg['seed'] + seeds - 1}), same data order, same initialization of every "
         "shared parameter (checked by SHA-256 in the JSON), same optimizer and schedule; only the "
@@ -823,7 +914,7 @@ def plot_losses(results: dict, path: str | os.PathLike) -> None:
         top = max(late_values) + 0.05
         bottom = min(late_values) - 0.05
         ax_train.set_ylim(bottom, top)
-    n = cfg["seeds"]
+    n = len(next(iter(results["runs"].values())))  # seeds finished
     spread = "± std over seeds (shaded)" if n > 1 else "one seed"
     ax_train.set_title(f"Training loss, moving average over {window} steps, {spread}")
     ax_val.set_title(f"Validation loss (held-out bytes), mean ± std over {n} seed(s)")
@@ -845,14 +936,21 @@ def plot_losses(results: dict, path: str | os.PathLike) -> None:
 OUTPUT_FILES = {"json": "results.json", "png": "loss_curves.png", "md": "summary.md"}
 
 
-def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``results.json``, ``loss_curves.png`` and ``summary.md`` into ``out_dir``
-    (created if needed); returns their paths."""
+def output_dir(out_dir: str | os.PathLike) -> Path:
+    """``out_dir``, created if needed; an :class:`ArgumentError` naming ``out`` if it cannot be
+    (the CLI calls it before training, so a bad --out fails at once)."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ArgumentError("out", f"cannot create the output folder {str(out)!r}: {exc}") from exc
+    return out
+
+
+def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``results.json``, ``loss_curves.png`` and ``summary.md`` into ``out_dir``
+    (created if needed); returns their paths."""
+    out = output_dir(out_dir)
     paths = {kind: out / name for kind, name in OUTPUT_FILES.items()}
     # A diverged run has NaN losses; strict JSON has no NaN, so they are written as null.
     text = json.dumps(_json_safe(results), indent=1, allow_nan=False)

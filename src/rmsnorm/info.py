@@ -17,6 +17,13 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _describe(device_type: str) -> str:
+    try:
+        return _backend.describe(device_type)
+    except RuntimeError as exc:  # a forced backend that cannot run here: say why, not a traceback
+        return f"none ({exc})"
+
+
 def environment() -> dict:
     """Versions of rmsnorm / torch / triton / numba / transformers (read from package metadata, so
     nothing is imported), the devices torch sees, and the backend ``auto`` picks on each."""
@@ -25,9 +32,9 @@ def environment() -> dict:
         devices += [
             f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())
         ]
-    backends = {"cpu": _backend.describe("cpu")}
+    backends = {"cpu": _describe("cpu")}
     if torch.cuda.is_available():
-        backends["cuda"] = _backend.describe("cuda")
+        backends["cuda"] = _describe("cuda")
     return {
         "rmsnorm": __version__,
         "python": platform.python_version(),

@@ -594,7 +594,7 @@ def _page(cfg, summary, files, base, planted, trained, inspected, timing) -> Pag
     if cfg.model:
         cmd += f" --model {cfg.model}"
     page.code(
-        f"{cmd}\nrmsnorm simulate --out sim --layers {sc.n_layers} --width {sc.d_model}\n"
+        f"{cmd}\nrmsnorm simulate --out sim --n-layers {sc.n_layers} --d-model {sc.d_model}\n"
         "rmsnorm inspect --model PATH_OR_BUILTIN --json inspect.json"
     )
     return page
