@@ -730,7 +730,7 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
         ax.axvline(LARGE, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
         ax.set_xlabel("elements per call, M·N (log scale)")
         ax.set_ylabel("time ÷ time the targets allow (ratio, ≤ 1 = met)")
         ax.set_title(_PASS_TITLE[mode] + (", CUDA graph" if variant == "cuda_graph" else ""))
