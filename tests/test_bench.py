@@ -303,6 +303,7 @@ def test_latency_quick_run_through_the_cli(tmp_path, one_torch_thread):
     assert len(verdicts) == 4 * 2 * 5 + 1  # cells × passes × our paths, + generate
     md = (tmp_path / "cpu_latency.md").read_text()
     assert "commit" in md and "## Targets" in md and "## Greedy generate(), per token" in md
+    assert "Load average" in md
     assert md.count(" met") >= len(verdicts)  # "met" or "not met" in every judged cell
     for op in ("rms_norm", "layer_norm", "add_rms_norm"):
         for title in ("forward under no_grad", "forward + backward"):

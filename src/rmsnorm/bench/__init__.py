@@ -373,15 +373,32 @@ def run(
     return rows
 
 
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def _run_latency(device, quick, out, budget_s, log, progress) -> list[Row]:
     from . import latency
 
+    load = [_load_average()]
     rows = latency.run(device=device, quick=quick, budget_s=budget_s, log=log, progress=progress)
+    load.append(_load_average())
+    # Other processes stall torch's threads: a reader must see how busy the machine was.
+    note = (
+        f"Load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end, on "
+        f"{os.cpu_count()} logical cores."
+        if None not in load
+        else ""
+    )
+    log(note)
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     stem = outdir / ("gpu_latency" if device == "cuda" else "cpu_latency")
     write_csv(rows, stem.with_suffix(".csv"))
-    latency.write_markdown(rows, stem.with_suffix(".md"))
+    latency.write_markdown(rows, stem.with_suffix(".md"), note=note)
     wrote = [stem.with_suffix(".csv"), stem.with_suffix(".md")]
     if latency.write_plot(rows, stem.with_suffix(".png")):
         wrote.append(stem.with_suffix(".png"))

@@ -564,7 +564,7 @@ def summary(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def _intro(device: str) -> list[str]:
+def _intro(device: str, note: str) -> list[str]:
     how = (
         "Median time per call, measured with `torch.utils.benchmark`'s `blocked_autorange` at the "
         "process's torch thread count, every provider of a cell taking turns in each round "
@@ -574,6 +574,7 @@ def _intro(device: str) -> list[str]:
         "allocator. *Forward under no_grad*: one call inside `torch.no_grad()` (inputs do not "
         "require grad, module weights do). *Forward + backward*: one call doing the forward and "
         "`torch.autograd.grad` with respect to the input(s) and the parameters."
+        + (f" {note}" if note else "")
     )
     targets = (
         "`rmsnorm.rms_norm`, the `rmsnorm.RMSNorm` module and Hugging Face's `LlamaRMSNorm` after "
@@ -666,18 +667,19 @@ def _generate_table(verdicts, cells) -> list[str]:
     return lines
 
 
-def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> None:
+def write_markdown(rows: Sequence[Row], path: str | os.PathLike, note: str = "") -> None:
     """How it was measured and the targets; a summary (met / not met per path and pass, with the
     worst cell); per (op, pass, variant) a table with a line per cell: each peer's time and, for
     each of this library's paths, its time, the ratios the targets use and met / not met; greedy
-    generate() per token; the copy bandwidth of the large cells."""
+    generate() per token; the copy bandwidth of the large cells. `note` (the machine's load, say)
+    follows the description of the method."""
     if not rows:
         Path(path).write_text("No measurements.\n")
         return
     verdicts = judge(rows)
     by_key = {(v.op, v.provider, v.mode, v.variant, v.dtype, v.M, v.N): v for v in verdicts}
     cells = _cells(rows)
-    lines = [f"# Latency: {_header(rows)}", "", *_intro(rows[0].device), ""]
+    lines = [f"# Latency: {_header(rows)}", "", *_intro(rows[0].device, note), ""]
     lines += _summary_table(verdicts)
     for op in ("rms_norm", "layer_norm", "add_rms_norm"):
         for mode in PASSES:
