@@ -123,3 +123,189 @@ def test_variant_configs_include_the_defaults():
     for kind, n in {(k, n) for k, n, _, _ in variants}:
         default = _config._gpu_config(kind, n, 2, sms)
         assert any(c == default for k, m, _, c in variants if (k, m) == (kind, n))
+
+
+# ----------------------------------------------------------------------------------------------
+# The one timing loop (rmsnorm.bench.measure)
+# ----------------------------------------------------------------------------------------------
+def test_per_call_s_times_at_the_process_thread_count():
+    """torch.utils.benchmark's Timer runs at 1 thread unless told otherwise; the loop must time
+    calls at the thread count the process (and a user) runs with."""
+    from rmsnorm.bench.measure import per_call_s
+
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert per_call_s(lambda: seen.append(torch.get_num_threads()), min_run_time=0.001) > 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {2}
+
+
+def test_interleaved_rotates_the_order_and_drops_failures():
+    from rmsnorm.bench.measure import interleaved
+
+    order = []
+    fns = {k: (lambda k=k: order.append(k)) for k in "abc"}
+
+    def broken():
+        raise RuntimeError("no kernel for this shape")
+
+    errors = []
+    samples = interleaved(
+        {**fns, "x": broken}, rounds=3, min_run_time=0.0005, warmup=1, start=1,
+        on_error=lambda key, exc: errors.append((key, str(exc))),
+    )  # fmt: skip
+    assert set(samples) == {"a", "b", "c"} and all(len(v) == 3 for v in samples.values())
+    assert all(t > 0 for v in samples.values() for t in v)
+    assert errors == [("x", "no kernel for this shape")]
+    runs = [order[0]]  # one run of equal letters in `order` per warm-up call or sample
+    for k in order[1:]:
+        if k != runs[-1]:
+            runs.append(k)
+    assert runs[:3] == ["a", "b", "c"]  # the warm-up calls, in the given order
+    assert runs[3::3] == ["b", "c", "a"]  # the first of each round: from `start`, then rotating
+    with pytest.raises(RuntimeError, match="no kernel"):
+        interleaved({"x": broken}, rounds=1)
+    with pytest.raises(ValueError, match="rounds"):
+        interleaved(fns, rounds=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The latency mode
+# ----------------------------------------------------------------------------------------------
+def _lat_rows(device="cpu"):
+    """Synthetic rows of one small and one large cell, both torch norms and every path of ours."""
+    meta = {**_meta(), "device": device}
+    rows = []
+
+    def add(op, prov, m, n, us, mode="forward", variant="eager"):
+        rows.append(bench.make_row(meta, op, mode, prov, torch.float32, m, n, variant, us * 1e-3,
+                                   0.0))  # fmt: skip
+
+    for m, n in ((1, 768), (128, 768)):  # 768 and 98304 elements: either side of 2^16
+        add("rms_norm", "torch", m, n, 10.0)
+        add("layer_norm", "torch", m, n, 4.0)
+        add("rms_norm", "rmsnorm", m, n, 7.0)  # small: 0.7× rms but 1.75× ln; large: 1.75× min
+        add("rms_norm", "rmsnorm_module", m, n, 9.0)  # small: 2.25× ln; large: 2.25× min
+        add("rms_norm", "hf_patched", m, n, 3.0)  # met everywhere
+        add("layer_norm", "rmsnorm", m, n, 6.0)  # 1.5× ln: met small, not met large
+        add("add_rms_norm", "torch_add", m, n, 12.0)
+        add("add_rms_norm", "rmsnorm", m, n, 12.5)  # not met
+    add("generate", "hf_eager", 1, 64, 1000.0)
+    add("generate", "hf_patched", 1, 64, 990.0)
+    return rows
+
+
+def test_latency_judge_applies_the_targets():
+    from rmsnorm.bench.latency import judge
+
+    met = {(v.op, v.provider, v.M): v.met for v in judge(_lat_rows())}
+    assert met == {
+        ("rms_norm", "rmsnorm", 1): True,
+        ("rms_norm", "rmsnorm", 128): False,
+        ("rms_norm", "rmsnorm_module", 1): False,
+        ("rms_norm", "rmsnorm_module", 128): False,
+        ("rms_norm", "hf_patched", 1): True,
+        ("rms_norm", "hf_patched", 128): True,
+        ("layer_norm", "rmsnorm", 1): True,
+        ("layer_norm", "rmsnorm", 128): False,
+        ("add_rms_norm", "rmsnorm", 1): False,
+        ("add_rms_norm", "rmsnorm", 128): False,
+        ("generate", "hf_patched", 1): True,
+    }
+    key = ("rms_norm", "rmsnorm", 1)
+    small = next(v for v in judge(_lat_rows()) if (v.op, v.provider, v.M) == key)
+    assert [(what, limit) for what, _, limit in small.checks] == [
+        ("÷ F.rms_norm", 1.0), ("÷ F.layer_norm", 2.0)
+    ]  # fmt: skip
+    assert small.checks[1][1] == pytest.approx(1.75)
+
+
+def test_latency_judge_on_cuda_adds_liger_and_the_per_call_limits():
+    from rmsnorm.bench.latency import judge
+
+    meta = {**_meta(), "device": "cuda"}
+
+    def row(prov, us, variant="eager", mode="forward", op="rms_norm"):
+        return bench.make_row(meta, op, mode, prov, torch.bfloat16, 1, 4096, variant, us * 1e-3,
+                              0.0)  # fmt: skip
+
+    rows = [row("torch", 30.0), row("liger", 15.0), row("rmsnorm", 12.0),
+            row("layer_norm_unused", 1.0, op="layer_norm"),
+            row("torch", 3.0, "cuda_graph"), row("rmsnorm", 2.5, "cuda_graph"),
+            row("torch", 5.0, "cuda_graph", op="layer_norm")]  # fmt: skip
+    v = {x.variant: x for x in judge(rows)}
+    assert [c[0] for c in v["eager"].checks] == ["÷ F.rms_norm", "÷ Liger", "µs per call"]
+    assert v["eager"].met  # 12 µs: under F.rms_norm, Liger and 20 µs
+    assert [c[0] for c in v["cuda_graph"].checks][-1] == "µs per call"
+    assert not v["cuda_graph"].met  # 2.5 µs per replayed call > 2 µs
+
+
+def test_latency_writers_on_synthetic_rows(tmp_path):
+    from rmsnorm.bench import latency
+
+    rows = _lat_rows()
+    latency.write_markdown(rows, tmp_path / "l.md")
+    md = (tmp_path / "l.md").read_text()
+    assert "**5 of 11 met.**" in md
+    for op in ("rms_norm", "layer_norm", "add_rms_norm"):
+        assert f"## {op}, forward under no_grad" in md
+    assert "## Greedy generate(), per token" in md
+    # the rms_norm table: both torch norms beside ours, our time, both ratios and the verdict
+    line = next(
+        x for x in md.splitlines() if x.startswith("| float32 | 1 | 768 | ≤ 2× F.layer_norm")
+    )
+    assert "| 10 µs | 4 µs |" in line and "7 µs · 0.7× / 1.75× · met" in line
+    assert "9 µs · 0.9× / 2.25× · **not met**" in line
+    pytest.importorskip("matplotlib")
+    assert latency.write_plot(rows, tmp_path / "l.png")
+    assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "rmsnorm.RMSNorm" in latency.summary(rows)
+
+
+def test_latency_quick_run_through_the_cli(tmp_path, one_torch_thread):
+    """`rmsnorm bench --latency --quick`: every provider of every cell and pass, the copy and
+    generate() rows, in the long-form schema; a readable table and a plot. Structure only."""
+    pytest.importorskip("transformers")
+    from typer.testing import CliRunner
+
+    from rmsnorm.bench import latency
+    from rmsnorm.cli import app
+
+    args = ["bench", "--device", "cpu", "--latency", "--quick", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "failed" not in result.output and "skipped" not in result.output
+    with open(tmp_path / "cpu_latency.csv") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == bench.COLUMNS
+    rows = bench.read_csv(tmp_path / "cpu_latency.csv")
+    assert {r.device for r in rows} == {"cpu"} and "numba" in rows[0].device_name
+    assert all(r.commit and r.torch == torch.__version__ and r.ms > 0 for r in rows)
+    cells = {(r.M, r.N, r.dtype) for r in rows if r.op != "generate"}
+    assert cells == {(m, 768, dt) for m in (1, 128) for dt in ("float32", "bfloat16")}
+    want = {("rms_norm", p) for p in ("rmsnorm", "rmsnorm_module", "hf_patched", "torch",
+                                      "hf_llama_eager", "torch_nn_rmsnorm")}  # fmt: skip
+    want |= {("layer_norm", "rmsnorm"), ("layer_norm", "torch"), ("add_rms_norm", "rmsnorm"),
+             ("add_rms_norm", "torch_add")}  # fmt: skip
+    for cell in cells:
+        for mode in ("forward", "forward_backward"):
+            got = {(r.op, r.provider) for r in rows if (r.M, r.N, r.dtype) == cell
+                   and r.mode == mode and r.op != "copy"}  # fmt: skip
+            assert got == want, (cell, mode)
+        assert [r.op for r in rows if (r.M, r.N, r.dtype) == cell].count("copy") == 1
+    assert {(r.op, r.provider, r.N) for r in rows if r.op == "generate"} == {
+        ("generate", "hf_eager", 64), ("generate", "hf_patched", 64)
+    }  # fmt: skip
+    verdicts = latency.judge(rows)
+    assert len(verdicts) == 4 * 2 * 5 + 1  # cells × passes × our paths, + generate
+    md = (tmp_path / "cpu_latency.md").read_text()
+    assert "commit" in md and "## Targets" in md and "## Greedy generate(), per token" in md
+    assert "Load average" in md
+    assert md.count(" met") >= len(verdicts)  # "met" or "not met" in every judged cell
+    for op in ("rms_norm", "layer_norm", "add_rms_norm"):
+        for title in ("forward under no_grad", "forward + backward"):
+            assert f"## {op}, {title}" in md
+    assert (tmp_path / "cpu_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

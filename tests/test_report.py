@@ -44,6 +44,12 @@ def test_quick_report_writes_everything(tmp_path, monkeypatch):
     assert {r["impl"] for r in data["timing"]["results"]} == {
         "rmsnorm.rms_norm", "rmsnorm.layer_norm", "torch F.rms_norm", "torch F.layer_norm"
     }  # fmt: skip
+    assert all(
+        r["rounds"] == 2 and r["min_ms"] <= r["median_ms"] for r in data["timing"]["results"]
+    )
+    # this library's rms_norm against both torch norms, in words and in the table
+    assert re.search(r"`rms_norm` took [0-9.]+× the time of torch's `F.rms_norm` and [0-9.]+×", md)
+    assert "| torch F.rms_norm | torch F.layer_norm |" in md
     assert set(summary["files"]) >= set(FIGURES) | {"report.md", "report.html", "report.json"}
 
 

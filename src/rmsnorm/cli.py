@@ -102,8 +102,15 @@ def bench(
     budget: float = typer.Option(
         None, help="seconds for the main plan; what does not fit is skipped and logged"
     ),
+    latency: bool = typer.Option(
+        False,
+        "--latency",
+        help="time per call over M × N × dtype × pass against torch's norms and the targets; "
+        "writes <device>_latency.csv/.md/.png",
+    ),
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
+    from .analysis.progress import RichProgress
     from .bench import run, summary
 
     if device == "auto":
@@ -111,13 +118,16 @@ def bench(
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        rows = run(
-            device=device, quick=quick, out=out, variants=variants, budget_s=budget, log=_log
-        )
+        with RichProgress(console) as progress:
+            rows = run(
+                device=device, quick=quick, out=out, variants=variants, budget_s=budget, log=_log,
+                latency=latency, progress=progress,
+            )  # fmt: skip
     except (NotImplementedError, RuntimeError, ValueError) as exc:
         console.print(f"[red]rmsnorm bench: {exc}[/red]")
         raise typer.Exit(2) from exc
-    _log(summary(rows))
+    if not latency:  # the latency mode logs its own summary
+        _log(summary(rows))
 
 
 # --- ecosystem: exact LayerNorm -> RMSNorm conversion ---

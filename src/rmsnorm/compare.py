@@ -13,7 +13,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,6 +26,7 @@ from .analysis.corpus import Corpus, stdlib_corpus, text_corpus
 from .analysis.progress import ensure as ensure_progress
 from .analysis.train import TrainConfig, Trainer
 from .analysis.transformer import NORMS, Transformer, TransformerConfig, make_norm
+from .bench.measure import interleaved
 from .modules import LayerNorm, RMSNorm
 
 VARIANTS = NORMS  # ("layernorm", "rmsnorm", "prmsnorm", "none")
@@ -98,7 +99,9 @@ class CompareConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(**PRESETS["cpu"]["train"]))
     text: str | None = None  # None: the standard-library corpus
     device: str = "cpu"
-    norm_timing_calls: int = 25  # forward+backward calls per norm-timing block
+    # seconds of back-to-back forward+backward calls per norm-timing sample (blocked_autorange's
+    # min_run_time): ~0.1–1 ms per call at the presets' shapes, so tens to hundreds of calls
+    norm_timing_s: float = 0.05
     # torch CPU threads during the run; None keeps torch's setting (one per core). On a machine
     # that other jobs also load, 1 thread avoids stalls of the threads waiting for each other.
     threads: int | None = None
@@ -382,19 +385,6 @@ def _norm_timing_cases(model_cfg: TransformerConfig, variants: Sequence[str], ba
     return cases
 
 
-def _time_calls(fn: Callable[[], object], calls: int, device: str) -> float:
-    """Seconds per call of ``fn`` over ``calls`` back-to-back calls, after one warm-up call."""
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls
-
-
 # ----------------------------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------------------------
@@ -513,11 +503,15 @@ def run_comparison(
                     for j in range(len(variants)):
                         trainers[variants[(step + j) % len(variants)]].step()
                     if step % timing_every == 0:
-                        for j in range(len(cases)):
-                            name, _, fn = cases[(step + j) % len(cases)]
-                            norm_samples[name].append(
-                                _time_calls(fn, cfg.norm_timing_calls, device)
-                            )
+                        # one sample per case, the cases taking turns from a rotating start
+                        block = interleaved(
+                            {name: fn for name, _, fn in cases},
+                            rounds=1,
+                            min_run_time=cfg.norm_timing_s,
+                            start=step,
+                        )
+                        for name, secs in block.items():
+                            norm_samples[name] += secs
                     advance(len(variants))
             for v, trainer in trainers.items():
                 hist = trainer.history
@@ -562,7 +556,8 @@ def _results(cfg, corpus, machine, runs, cases, norm_samples, started) -> dict:
         "norm_timing": {
             "shape": shape,
             "dtype": "float32",
-            "calls_per_block": cfg.norm_timing_calls,
+            "seconds_per_sample": cfg.norm_timing_s,
+            "method": "torch.utils.benchmark blocked_autorange median (rmsnorm.bench.measure)",
             "what": "forward + backward (input and parameter gradients) of one norm layer",
             "cases": {
                 name: {"label": label, "per_call_s": list(norm_samples[name])}
@@ -812,8 +807,10 @@ def render_markdown(results: dict) -> str:
         "## Norm layers alone",
         "",
         f"One {nt['what']} at the model's activation shape {tuple(nt['shape'])} {nt['dtype']}, "
-        f"timed in blocks of {nt['calls_per_block']} calls interleaved with the training; median "
-        f"per call over {len(next(iter(nt['cases'].values()))['per_call_s'])} blocks. The model "
+        "timed with `torch.utils.benchmark`'s `blocked_autorange` (at least "
+        f"{nt['seconds_per_sample']:g} s of back-to-back calls per sample, the cases taking "
+        "turns), in samples interleaved with the training; median per call over "
+        f"{len(next(iter(nt['cases'].values()))['per_call_s'])} samples. The model "
         f"calls its norm {results['norm_layers_per_model']} times per forward pass.",
         "",
         "| norm | per call (fwd+bwd) | ratio vs rmsnorm LayerNorm | share of a training step |",

@@ -42,7 +42,7 @@ class ReportConfig:
     model: str | None = None
     text: str | None = None
     timing_shapes: tuple = SHAPES
-    timing_reps: int = 7
+    timing_rounds: int = 5
 
     @classmethod
     def quick(cls, **overrides) -> ReportConfig:
@@ -59,7 +59,7 @@ class ReportConfig:
                 train_batch=2,
             ),
             timing_shapes=(("64 × 128", 64, 128),),
-            timing_reps=2,
+            timing_rounds=2,
         )
         return replace(base, **overrides)
 
@@ -156,11 +156,15 @@ def _eps_demo() -> dict:
 
 
 def _timing_ratios(timing: dict) -> dict:
-    """Geometric mean over shapes of time(RMSNorm) / time(LayerNorm), per library."""
+    """Geometric means over shapes of time ratios: RMSNorm / LayerNorm per library ("rmsnorm",
+    "torch"), and this library's rms_norm / each of torch's norms ("ours_over_torch_rms_norm",
+    "ours_over_torch_layer_norm")."""
     out = {}
     for lib, rms, ln in (
         ("rmsnorm", "rmsnorm.rms_norm", "rmsnorm.layer_norm"),
         ("torch", "torch F.rms_norm", "torch F.layer_norm"),
+        ("ours_over_torch_rms_norm", "rmsnorm.rms_norm", "torch F.rms_norm"),
+        ("ours_over_torch_layer_norm", "rmsnorm.rms_norm", "torch F.layer_norm"),
     ):
         logs = []
         for shape in dict.fromkeys(r["shape_name"] for r in timing["results"]):
@@ -218,7 +222,7 @@ def build_report(cfg: ReportConfig, out: str | Path = "report", progress=None) -
                 loaded.model, ids, name=loaded.name, description=how, forward=loaded.forward
             ).to_dict()
             advance()
-    timing = time_norms(cfg.timing_shapes, reps=cfg.timing_reps, progress=progress)
+    timing = time_norms(cfg.timing_shapes, rounds=cfg.timing_rounds, progress=progress)
 
     # --- numbers --------------------------------------------------------------------------------
     idents = []
@@ -561,13 +565,19 @@ def _page(cfg, summary, files, base, planted, trained, inspected, timing) -> Pag
         rows.append(row)
     ratios = _timing_ratios(timing)
     text = (
-        f"Median of {cfg.timing_reps} runs of `y = norm(x); y.backward(dy)`, {timing['dtype']}, on "
+        f"Median of {cfg.timing_rounds} interleaved samples of one forward + backward call "
+        "(`torch.autograd.grad` of the output with respect to the input and the parameters, each "
+        "sample a `torch.utils.benchmark` `blocked_autorange` median, the implementations taking "
+        f"turns), {timing['dtype']}, on "
         f"{timing['machine']} (load average {summary['load_average']:.1f} when the report "
         f"started); this library's backend here: `{timing['backend']}`. On this machine this "
         f"library's RMSNorm took {_f(ratios['rmsnorm'], '.2f')}× the time of its LayerNorm, and "
-        f"torch's `F.rms_norm` {_f(ratios['torch'], '.2f')}× its `F.layer_norm` (geometric mean "
-        "over shapes). RMSNorm skips one reduction (the mean) and the bias, so a fused kernel "
-        "should be a little faster; where it is not, the implementation is why. "
+        f"torch's `F.rms_norm` {_f(ratios['torch'], '.2f')}× its `F.layer_norm`; this library's "
+        f"`rms_norm` took {_f(ratios['ours_over_torch_rms_norm'], '.2f')}× the time of torch's "
+        f"`F.rms_norm` and {_f(ratios['ours_over_torch_layer_norm'], '.2f')}× that of its "
+        "`F.layer_norm` (geometric means over shapes). RMSNorm skips one reduction (the mean) "
+        "and the bias, so a fused kernel should be a little faster; where it is not, the "
+        "implementation is why. "
     )
     if timing["backend"] == "reference":
         text += (
@@ -576,7 +586,8 @@ def _page(cfg, summary, files, base, planted, trained, inspected, timing) -> Pag
         )
     text += (
         "Treat one machine's numbers as indicative (other processes may share the cores); "
-        "`benchmarks/` holds the careful measurements."
+        "`rmsnorm bench --latency` times every path of this library against both torch norms "
+        "over a grid of shapes, and `benchmarks/` holds the careful measurements."
     )
     page.p(text)
     page.table(headers, rows)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ import torch.nn.functional as F
 from .. import _backend, functional
 from .progress import ensure
 
-__all__ = ["SHAPES", "machine_name", "time_norms"]
+__all__ = ["SHAPES", "METHOD", "machine_name", "time_norms"]
 
 # (name, rows, hidden): hidden sizes of GPT-2 small and of Llama-2 7B
 SHAPES = (("2048 × 768 (GPT-2 small)", 2048, 768), ("512 × 4096 (Llama-2 7B)", 512, 4096))
@@ -40,11 +39,23 @@ def machine_name() -> str:
 
 def _impls(n: int, eps: float):
     return (
-        ("rmsnorm.rms_norm", lambda x, w, b: functional.rms_norm(x, (n,), w, eps)),
-        ("rmsnorm.layer_norm", lambda x, w, b: functional.layer_norm(x, (n,), w, b, eps)),
-        ("torch F.rms_norm", lambda x, w, b: F.rms_norm(x, (n,), w, eps)),
-        ("torch F.layer_norm", lambda x, w, b: F.layer_norm(x, (n,), w, b, eps)),
+        ("rmsnorm.rms_norm", lambda x, w, b: functional.rms_norm(x, (n,), w, eps), "xw"),
+        ("rmsnorm.layer_norm", lambda x, w, b: functional.layer_norm(x, (n,), w, b, eps), "xwb"),
+        ("torch F.rms_norm", lambda x, w, b: F.rms_norm(x, (n,), w, eps), "xw"),
+        ("torch F.layer_norm", lambda x, w, b: F.layer_norm(x, (n,), w, b, eps), "xwb"),
     )
+
+
+def _fwd_bwd(fn, x, w, b, dy, inputs):
+    return lambda: torch.autograd.grad(fn(x, w, b), inputs, dy)
+
+
+METHOD = (
+    "one call = the forward and torch.autograd.grad with respect to the input and the "
+    "parameters; median seconds per call from torch.utils.benchmark's blocked_autorange at the "
+    "process's thread count, the four implementations taking turns in each round "
+    "(rmsnorm.bench.measure, the loop `rmsnorm bench` and `rmsnorm compare` use)"
+)
 
 
 def time_norms(
@@ -52,55 +63,49 @@ def time_norms(
     *,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
-    reps: int = 10,
-    warmup: int = 2,
+    rounds: int = 5,
+    min_run_time: float = 0.02,
     progress=None,
 ) -> dict:
-    """Median wall time (ms) of ``y = norm(x); y.backward(dy)`` over ``reps`` runs after
-    ``warmup``, for the four implementations and each (name, rows, hidden) shape. LayerNorm gets a
-    bias, RMSNorm does not (as in the models that use them)."""
+    """Time per forward + backward call of the four implementations at each (name, rows, hidden)
+    shape: the median and the fastest of ``rounds`` interleaved samples (each a
+    ``blocked_autorange`` median over at least ``min_run_time`` seconds of calls). LayerNorm gets
+    a bias, RMSNorm does not (as in the models that use them)."""
+    from ..bench.measure import interleaved
+
     progress = ensure(progress)
     gen = torch.Generator().manual_seed(0)
     results = []
-    total = len(shapes) * 4
-    with progress.task("timing: forward + backward", total=total) as advance:
+    with progress.task("timing: forward + backward", total=len(shapes) * rounds) as advance:
         for shape_name, m, n in shapes:
-            x0 = torch.randn(m, n, generator=gen).to(device=device, dtype=dtype)
+            x = torch.randn(m, n, generator=gen).to(device=device, dtype=dtype)
             dy = torch.randn(m, n, generator=gen).to(device=device, dtype=dtype)
-            w0 = torch.ones(n, device=device, dtype=dtype)
-            b0 = torch.zeros(n, device=device, dtype=dtype)
-            for impl, fn in _impls(n, 1e-5):
-                x = x0.clone().requires_grad_(True)
-                w = w0.clone().requires_grad_(True)
-                b = b0.clone().requires_grad_(True)
-                times = []
-                for i in range(warmup + reps):
-                    x.grad = w.grad = b.grad = None
-                    if device != "cpu":
-                        torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    fn(x, w, b).backward(dy)
-                    if device != "cpu":
-                        torch.cuda.synchronize()
-                    if i >= warmup:
-                        times.append((time.perf_counter() - t0) * 1e3)
+            x.requires_grad_(True)
+            w = torch.ones(n, device=device, dtype=dtype, requires_grad=True)
+            b = torch.zeros(n, device=device, dtype=dtype, requires_grad=True)
+            calls = {
+                impl: _fwd_bwd(fn, x, w, b, dy, [x, w, b] if wrt == "xwb" else [x, w])
+                for impl, fn, wrt in _impls(n, 1e-5)
+            }
+            samples = interleaved(calls, rounds=rounds, min_run_time=min_run_time, on_round=advance)
+            for impl, secs in samples.items():
                 results.append(
                     {
                         "shape_name": shape_name,
                         "rows": m,
                         "hidden": n,
                         "impl": impl,
-                        "median_ms": statistics.median(times),
-                        "min_ms": min(times),
-                        "reps": reps,
+                        "median_ms": statistics.median(secs) * 1e3,
+                        "min_ms": min(secs) * 1e3,
+                        "rounds": rounds,
                     }
                 )
-                advance()
     return {
         "machine": machine_name(),
         "device": device,
         "dtype": str(dtype).replace("torch.", ""),
         "backend": _backend.describe(device),
         "torch": torch.__version__,
+        "method": METHOD,
         "results": results,
     }

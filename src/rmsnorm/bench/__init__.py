@@ -1,10 +1,11 @@
 """The benchmark harness shared by the GPU and CPU modes: the bytes model, one long-form row per
 measurement, machine metadata, and the CSV / markdown / plot writers.
 
-A mode (``gpu.py``, ``cpu.py``) times providers and returns :class:`Row` objects built by
-:func:`make_row`; :func:`run` writes them under ``out`` as ``<device>_bench.csv``, ``.md`` and
-``.png``. Every number is effective GB/s from :func:`bytes_moved` and a percentage of the copy
-bandwidth measured in the same process over the same number of elements.
+A mode (``gpu.py``, ``cpu.py``; ``latency.py`` for time per call) times providers and returns
+:class:`Row` objects built by :func:`make_row`; :func:`run` writes them under ``out`` as
+``<device>_bench.csv``, ``.md`` and ``.png`` (``<device>_latency.*`` for the latency mode). Every
+number is effective GB/s from :func:`bytes_moved` and a percentage of the copy bandwidth measured in
+the same process over the same number of elements.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ __all__ = [
     "run",
 ]
 
-OPS = ("rms_norm", "add_rms_norm", "layer_norm", "copy")
+# "generate": greedy generate() of a whole model per token (latency mode; no bytes model)
+OPS = ("rms_norm", "add_rms_norm", "layer_norm", "copy", "generate")
 MODES = ("forward", "backward", "forward_backward")
 VARIANTS = ("eager", "cuda_graph")
 
@@ -148,10 +150,11 @@ def make_row(
     meta: dict, op: str, mode: str, provider: str, dtype: torch.dtype, m: int, n: int,
     variant: str, ms: float, copy_gbps: float,
 ) -> Row:  # fmt: skip
-    """A row from a median time; GB/s and % of copy follow from the bytes model."""
+    """A row from a median time; GB/s and % of copy follow from the bytes model (0 GB/s and no
+    bytes for ``generate``, a whole model's step)."""
     if op not in OPS or mode not in MODES or variant not in VARIANTS:
         raise ValueError(f"unknown op/mode/variant {op!r}/{mode!r}/{variant!r}")
-    nbytes = bytes_moved(op, mode, m, n, dtype.itemsize)
+    nbytes = 0 if op == "generate" else bytes_moved(op, mode, m, n, dtype.itemsize)
     gbps = nbytes / (ms * 1e-3) / 1e9
     pct = 100.0 * gbps / copy_gbps if copy_gbps > 0 else float("nan")
     return Row(
@@ -337,11 +340,18 @@ def run(
     variants: bool = False,
     budget_s: float | None = None,
     log=print,
+    latency: bool = False,
+    progress=None,
 ) -> list[Row]:
     """Run the benchmark for `device` ("cuda" or "cpu"), write ``<device>_bench.{csv,md,png}``
     under `out`, and return the rows. `quick` runs a handful of shapes; `variants` also times
     forced kernel layouts of this library (tuning data, providers named ``rmsnorm[...]``);
-    `budget_s` bounds the run's wall time (items that do not fit are skipped and logged)."""
+    `budget_s` bounds the run's wall time (items that do not fit are skipped and logged).
+    `latency` times the per-call grid of :mod:`rmsnorm.bench.latency` instead and writes
+    ``<device>_latency.{csv,md,png}``; `progress` (an :mod:`rmsnorm.analysis.progress` object)
+    shows its advance."""
+    if latency:
+        return _run_latency(device, quick, out, budget_s, log, progress)
     if device == "cuda":
         from . import gpu
 
@@ -360,4 +370,38 @@ def run(
     if write_plot(rows, outdir / f"{stem}_bench.png"):
         log(f"wrote {outdir / f'{stem}_bench.png'}")
     log(f"wrote {outdir / f'{stem}_bench.csv'} and {outdir / f'{stem}_bench.md'}")
+    return rows
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _run_latency(device, quick, out, budget_s, log, progress) -> list[Row]:
+    from . import latency
+
+    load = [_load_average()]
+    rows = latency.run(device=device, quick=quick, budget_s=budget_s, log=log, progress=progress)
+    load.append(_load_average())
+    # Other processes stall torch's threads: a reader must see how busy the machine was.
+    note = (
+        f"Load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end, on "
+        f"{os.cpu_count()} logical cores."
+        if None not in load
+        else ""
+    )
+    log(note)
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    stem = outdir / ("gpu_latency" if device == "cuda" else "cpu_latency")
+    write_csv(rows, stem.with_suffix(".csv"))
+    latency.write_markdown(rows, stem.with_suffix(".md"), note=note)
+    wrote = [stem.with_suffix(".csv"), stem.with_suffix(".md")]
+    if latency.write_plot(rows, stem.with_suffix(".png")):
+        wrote.append(stem.with_suffix(".png"))
+    log(latency.summary(rows))
+    log("wrote " + ", ".join(str(p) for p in wrote))
     return rows

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from . import Row, machine, make_row
+from .measure import per_call_s
 from .providers import _inputs, _mode_fn, _providers
 
 _NS = (512, 1024, 4096, 16384)
@@ -66,17 +67,22 @@ def _numba_version() -> str:
         return "none"
 
 
+def device_name(kept_freed_memory: bool = False) -> str:
+    """The ``device_name`` column of CPU rows: model, cores, torch threads, numba version and
+    whether glibc keeps freed memory (:func:`keep_freed_memory`)."""
+    return f"{cpu_name()}, {torch.get_num_threads()} threads, numba {_numba_version()}" + (
+        ", glibc malloc keeps freed memory" if kept_freed_memory else ""
+    )
+
+
 class _Timer:
     def __init__(self, quick: bool):
         self.min_run_time = 0.3 if quick else 0.5
         self._copy: dict = {}
 
     def median_ms(self, fn: Callable) -> float:
-        from torch.utils.benchmark import Timer
-
         fn()  # warm-up: JIT load / compile, first-touch of buffers
-        m = Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=self.min_run_time)
-        return m.median * 1e3
+        return per_call_s(fn, self.min_run_time) * 1e3
 
     def copy_gbps(self, numel: int, dtype: torch.dtype) -> tuple[float, float]:
         key = (numel, dtype)
@@ -144,10 +150,7 @@ def run(
     start = time.monotonic()
     kept = False if dry_run else keep_freed_memory()
     meta = machine("cpu")
-    meta["device_name"] = (
-        f"{cpu_name()}, {torch.get_num_threads()} threads, numba {_numba_version()}"
-        + (", glibc malloc keeps freed memory" if kept else "")
-    )
+    meta["device_name"] = device_name(kept)
     log(f"{meta['device_name']}; torch {meta['torch']}; commit {meta['commit']}")
     timer = _DryTimer(quick) if dry_run else _Timer(quick)
     rounds = 1 if quick or dry_run else 3

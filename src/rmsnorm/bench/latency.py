@@ -1,0 +1,745 @@
+"""The latency mode of ``rmsnorm bench``: time per call of this library's norms and of their torch
+and Hugging Face peers over M × N × dtype × pass at default options, plus greedy ``generate()`` per
+token of small HF Llama models with and without :func:`rmsnorm.integrations.hf.patch`, judged
+against the "never slower than torch" targets and written as ``<device>_latency.{csv,md,png}``."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import rmsnorm
+
+from . import Row, _header, machine, make_row
+from .measure import interleaved
+
+__all__ = [
+    "MS",
+    "NS",
+    "LARGE",
+    "LABELS",
+    "OURS",
+    "Verdict",
+    "judge",
+    "run",
+    "write_markdown",
+    "write_plot",
+    "summary",
+]
+
+EPS = 1e-6
+MS = (1, 8, 128, 1024, 8192)
+NS = (128, 768, 4096)
+DTYPES = (torch.float32, torch.bfloat16)
+PASSES = ("forward", "forward_backward")  # "forward" is timed under torch.no_grad()
+LARGE = 2**16  # M·N from which a call carries real work (the targets change there)
+DECODE_M = 128  # M up to which a call is a decoding-size call (Liger, CUDA graphs on a GPU)
+GRAPH_CALLS = 20  # calls captured per CUDA graph; a replay is timed and divided by this
+# Greedy generate(): (hidden size, layers, attention heads) of the tiny and the small Llama.
+GENERATE_MODELS = ((64, 2, 4), (512, 8, 8))
+GENERATE_PROMPT, GENERATE_TOKENS = 8, 32
+
+# Who computes each (op, provider), as a person reads it.
+LABELS = {
+    ("rms_norm", "rmsnorm"): "rmsnorm.rms_norm",
+    ("rms_norm", "rmsnorm_module"): "rmsnorm.RMSNorm",
+    ("rms_norm", "hf_patched"): "hf.patch(LlamaRMSNorm)",
+    ("rms_norm", "torch"): "F.rms_norm",
+    ("rms_norm", "hf_llama_eager"): "HF LlamaRMSNorm",
+    ("rms_norm", "torch_nn_rmsnorm"): "torch.nn.RMSNorm",
+    ("rms_norm", "liger"): "Liger",
+    ("layer_norm", "rmsnorm"): "rmsnorm.layer_norm",
+    ("layer_norm", "torch"): "F.layer_norm",
+    ("layer_norm", "liger"): "Liger",
+    ("add_rms_norm", "rmsnorm"): "rmsnorm.add_rms_norm",
+    ("add_rms_norm", "torch_add"): "x + r, F.rms_norm",
+    ("add_rms_norm", "liger"): "Liger",
+    ("generate", "hf_patched"): "hf.patch(model)",
+    ("generate", "hf_eager"): "unpatched",
+    ("copy", "torch"): "copy_",
+}
+# This library's paths: each is judged against the peers of its op.
+OURS = {
+    "rms_norm": ("rmsnorm", "rmsnorm_module", "hf_patched"),
+    "layer_norm": ("rmsnorm",),
+    "add_rms_norm": ("rmsnorm",),
+    "generate": ("hf_patched",),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# What is timed
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class _Modules:
+    """The module providers of one (N, dtype): this library's, HF's (patched and not), torch's."""
+
+    ours: torch.nn.Module
+    torch_nn: torch.nn.Module
+    hf_eager: torch.nn.Module | None
+    hf_patched: torch.nn.Module | None
+
+
+def _hf_norm_class():
+    """transformers' LlamaRMSNorm, or None where transformers is not installed."""
+    try:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    except ImportError:
+        return None
+    return LlamaRMSNorm
+
+
+def _modules(n: int, dtype: torch.dtype, dev: str) -> _Modules:
+    from ..integrations import hf
+
+    ours = rmsnorm.RMSNorm(n, eps=EPS, device=dev, dtype=dtype)
+    torch_nn = torch.nn.RMSNorm(n, eps=EPS, device=dev, dtype=dtype)
+    cls = _hf_norm_class()
+    hf_eager = hf_patched = None
+    if cls is not None:
+        hf_eager = cls(n, eps=EPS).to(device=dev, dtype=dtype)
+        hf_patched = cls(n, eps=EPS).to(device=dev, dtype=dtype)
+        hf.patch(hf_patched)
+    return _Modules(ours, torch_nn, hf_eager, hf_patched)
+
+
+# A provider: its forward of (x, r, w, b) and what its backward differentiates: some of the
+# letters "xrwb", or a module (the input x and the module's weight).
+_Spec = tuple[Callable, "str | torch.nn.Module"]
+
+
+def _specs(n: int, mods: _Modules, liger, decode: bool) -> dict[tuple[str, str], _Spec]:
+    shape = (n,)
+
+    def call(module):
+        return lambda x, r, w, b: module(x)
+
+    def torch_add(x, r, w, b):
+        h = x + r
+        return F.rms_norm(h, shape, w, EPS), h
+
+    s: dict[tuple[str, str], _Spec] = {
+        ("rms_norm", "rmsnorm"): (lambda x, r, w, b: rmsnorm.rms_norm(x, shape, w, EPS), "xw"),
+        ("rms_norm", "rmsnorm_module"): (call(mods.ours), mods.ours),
+        ("rms_norm", "torch"): (lambda x, r, w, b: F.rms_norm(x, shape, w, EPS), "xw"),
+        ("rms_norm", "torch_nn_rmsnorm"): (call(mods.torch_nn), mods.torch_nn),
+        ("layer_norm", "rmsnorm"): (
+            lambda x, r, w, b: rmsnorm.layer_norm(x, shape, w, b, EPS),
+            "xwb",
+        ),
+        ("layer_norm", "torch"): (lambda x, r, w, b: F.layer_norm(x, shape, w, b, EPS), "xwb"),
+        ("add_rms_norm", "rmsnorm"): (
+            lambda x, r, w, b: rmsnorm.add_rms_norm(x, r, shape, w, EPS),
+            "xrw",
+        ),
+        ("add_rms_norm", "torch_add"): (torch_add, "xrw"),
+    }
+    if mods.hf_patched is not None:
+        s[("rms_norm", "hf_patched")] = (call(mods.hf_patched), mods.hf_patched)
+        s[("rms_norm", "hf_llama_eager")] = (call(mods.hf_eager), mods.hf_eager)
+    if liger is not None and decode:
+        rms_fn, add_fn, ln_fn = liger
+        s[("rms_norm", "liger")] = (
+            lambda x, r, w, b: rms_fn.apply(x, w, EPS, 0.0, "gemma", False),
+            "xw",
+        )
+        s[("add_rms_norm", "liger")] = (
+            lambda x, r, w, b: add_fn.apply(x, r, w, EPS, 0.0, "gemma", False),
+            "xrw",
+        )
+        s[("layer_norm", "liger")] = (lambda x, r, w, b: ln_fn.apply(x, w, b, EPS), "xwb")
+    return s
+
+
+def _calls(specs: dict, tensors: tuple, grad: bool, dy, dh) -> dict[tuple[str, str], Callable]:
+    """The timed callables: forward only, or forward then torch.autograd.grad of every output
+    with respect to the input(s) and the parameters, in one call."""
+    x, r, w, b = tensors
+    named = dict(zip("xrwb", tensors, strict=True))
+    out = {}
+    for key, (fwd, wrt) in specs.items():
+        if not grad:
+            out[key] = lambda fwd=fwd: fwd(x, r, w, b)
+            continue
+        if isinstance(wrt, torch.nn.Module):
+            inputs = [x, wrt.weight]
+        else:
+            inputs = [named[c] for c in wrt]
+        gouts = (dy, dh) if key[0] == "add_rms_norm" else dy
+
+        def fwd_bwd(fwd=fwd, inputs=inputs, gouts=gouts):
+            return torch.autograd.grad(fwd(x, r, w, b), inputs, gouts)
+
+        out[key] = fwd_bwd
+    return out
+
+
+def _graph_replay(fn: Callable, calls: int = GRAPH_CALLS) -> Callable:
+    """A replay of a CUDA graph holding `calls` calls of fn (warmed up on a side stream first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
+def _schedule(probe_s: float, quick: bool) -> tuple[int, float, int]:
+    """(rounds, min_run_time, warm-up calls) for a cell whose F.rms_norm call took `probe_s`.
+
+    Launch-bound cells get three interleaved rounds of ≥ 30 ms of calls (hundreds of calls each).
+    Past 0.2 s a call (8192 × 4096 forward + backward: 0.3–4 s on two cores, the slowest peers
+    the most), one round and no separate warm-up: ``blocked_autorange`` times one call to choose
+    its block size and discards it, which warms up, then times one more — two calls per provider
+    instead of five keep the largest cells from taking most of the run."""
+    if quick:
+        return 1, 0.002, 1
+    if probe_s < 1e-3:
+        return 3, 0.03, 1
+    if probe_s < 20e-3:
+        return 2, 0.08, 1
+    if probe_s < 0.2:
+        return 2, 0.05, 1  # blocks of one call
+    return 1, 0.05, 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------------------------
+def _device_meta(device: str) -> dict:
+    meta = machine(device)
+    if device == "cpu":
+        from .cpu import device_name
+
+        meta["device_name"] = device_name()
+    return meta
+
+
+def _grid(quick: bool) -> list[tuple[int, int, torch.dtype]]:
+    """(M, N, dtype) in the order timed: smallest calls first."""
+    if quick:  # one launch-bound cell and one past 2^16 elements, both dtypes
+        return [(m, 768, dt) for m in (1, 128) for dt in DTYPES]
+    return [(m, n, dt) for m in MS for n in NS for dt in DTYPES]
+
+
+def run(
+    device: str = "cpu",
+    quick: bool = False,
+    budget_s: float | None = None,
+    log=print,
+    progress=None,
+    generate: bool = True,
+) -> list[Row]:
+    """Time the grid (or, `quick`, a tiny one) on `device` ("cpu" or "cuda") and return the rows:
+    one per (op, pass, provider, dtype, M, N, variant), the copy of each cell's elements, and
+    greedy ``generate()`` per token (`generate`). `budget_s` bounds the wall time: cells that do
+    not fit are skipped and logged. `progress`: an :mod:`rmsnorm.analysis.progress` object."""
+    from ..analysis.progress import ensure
+
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda needs a CUDA device")
+    budget_s = (120.0 if quick else 900.0) if budget_s is None else budget_s
+    progress = ensure(progress)
+    start = time.monotonic()
+    meta = _device_meta(device)
+    log(f"{meta['device_name']}; torch {meta['torch']}; commit {meta['commit']}")
+    liger = None
+    if device == "cuda":
+        from .providers import _liger
+
+        liger, why = _liger()
+        if liger is None:
+            log(f"liger: not available ({why}); its columns are left out")
+    if _hf_norm_class() is None:
+        log("transformers: not installed; the Hugging Face providers and generate() are left out")
+        generate = False
+    grid = _grid(quick)
+    models = GENERATE_MODELS[:1] if quick else GENERATE_MODELS
+    rows: list[Row] = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    with progress.task(f"latency ({device})", total=len(grid) + len(models) * generate) as advance:
+        for m, n, dtype in grid:
+            if time.monotonic() - start > budget_s:
+                log(f"skipped ({m}, {n}) {_dt(dtype)}: time budget {budget_s:.0f} s spent")
+                advance()
+                continue
+            rows += _cell(meta, device, m, n, dtype, liger, gen, quick, log)
+            log(_cell_line(rows, m, n, dtype, time.monotonic() - start))
+            advance()
+        for hidden, layers, heads in models if generate else ():
+            if time.monotonic() - start > budget_s:
+                log(f"skipped generate (hidden {hidden}): time budget {budget_s:.0f} s spent")
+                advance()
+                continue
+            rows += _generate(meta, device, hidden, layers, heads, quick, log)
+            advance()
+    log(f"latency: {len(rows)} measurements in {time.monotonic() - start:.0f} s")
+    return rows
+
+
+def _cell(meta, device, m, n, dtype, liger, gen, quick, log) -> list[Row]:
+    """Every provider of one (M, N, dtype), both passes, interleaved within each pass; the copy
+    of the cell's elements is timed with the forward pass."""
+
+    def rand(*shape, scale=1.0, shift=0.0):
+        return torch.randn(*shape, generator=gen, device=device).mul_(scale).add_(shift).to(dtype)
+
+    def failed(key, exc):
+        what = f"{LABELS.get(key, key)} ({m}, {n}) {_dt(dtype)}"
+        log(f"{what}: failed: {type(exc).__name__}: {exc}"[:300])
+
+    base = (rand(m, n), rand(m, n), rand(n, scale=0.1, shift=1.0), rand(n, scale=0.1))
+    dy, dh = rand(m, n), rand(m, n)
+    decode = m <= DECODE_M
+    specs = _specs(n, _modules(n, dtype, device), liger, decode)
+    out: list[Row] = []
+    copy_gbps = 0.0
+    for mode in PASSES:
+        grad = mode == "forward_backward"
+        # Inference inputs do not require grad (module weights still do, as in a model).
+        tensors = tuple(t.detach().requires_grad_(grad) for t in base)
+        calls = _calls(specs, tensors, grad, dy, dh)
+        if not grad:
+            dst, src = torch.empty_like(base[0]), base[0]
+            calls[("copy", "torch")] = lambda dst=dst, src=src: dst.copy_(src)
+        graphs = device == "cuda" and decode and not grad
+        eager, graph = _time_pass(calls, device, graphs, quick, grad, failed)
+        if ("copy", "torch") in eager:
+            copy_ms = eager.pop(("copy", "torch"))
+            copy_gbps = 2 * m * n * dtype.itemsize / (copy_ms * 1e-3) / 1e9
+            out.append(
+                make_row(meta, "copy", "forward", "torch", dtype, m, n, "eager", copy_ms, copy_gbps)
+            )
+        for variant, times in (("eager", eager), ("cuda_graph", graph)):
+            for (op, prov), ms in times.items():
+                out.append(make_row(meta, op, mode, prov, dtype, m, n, variant, ms, copy_gbps))
+    return out
+
+
+def _time_pass(calls, device, graphs, quick, grad, failed) -> tuple[dict, dict]:
+    """({key: ms} eager, {key: ms} per call replayed in a CUDA graph when `graphs`) for one
+    pass, the callables interleaved; the schedule follows the time of one F.rms_norm call."""
+    probe = calls[("rms_norm", "torch")]
+    with torch.set_grad_enabled(grad):
+        probe()
+        _sync(device)
+        t0 = time.perf_counter()
+        probe()
+        _sync(device)
+        rounds, min_run_time, warmup = _schedule(time.perf_counter() - t0, quick)
+        samples = interleaved(
+            calls, rounds=rounds, min_run_time=min_run_time, warmup=warmup, on_error=failed
+        )
+        eager = {k: _median(v) * 1e3 for k, v in samples.items()}
+        if not graphs:
+            return eager, {}
+        replays = {}
+        for key, fn in calls.items():
+            if key[0] == "copy":
+                continue
+            try:
+                replays[key] = _graph_replay(fn)
+            except Exception as exc:
+                failed(key, exc)
+        samples = interleaved(replays, rounds=rounds, min_run_time=min_run_time, on_error=failed)
+    return eager, {k: _median(v) * 1e3 / GRAPH_CALLS for k, v in samples.items()}
+
+
+def _generate(meta, device, hidden, layers, heads, quick, log) -> list[Row]:
+    """Greedy generate() per token of a small random Llama, unpatched and after hf.patch, in
+    float32: one prompt of GENERATE_PROMPT tokens, exactly GENERATE_TOKENS new tokens (4 with
+    `quick`), the two models timed in turns."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ..integrations import hf
+
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        vocab_size=1024,
+        max_position_embeddings=256,
+        rms_norm_eps=EPS,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        eager = LlamaForCausalLM(cfg).eval().to(device)
+    eager.generation_config.eos_token_id = None  # never stop early: always `tokens` new tokens
+    patched = copy.deepcopy(eager)
+    hf.patch(patched)
+    tokens = 4 if quick else GENERATE_TOKENS
+    ids = torch.arange(GENERATE_PROMPT, device=device).unsqueeze(0) * 7 % cfg.vocab_size
+    mask = torch.ones_like(ids)
+
+    def call(model):
+        kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+        return lambda: model.generate(ids, attention_mask=mask, **kw)
+
+    # A call (32 tokens) takes ~0.03 s (hidden 64) to ~0.3 s (hidden 512 × 8 layers) on two
+    # idle cores: ≥ 0.1 s of calls per sample is a few calls of the first, one of the second.
+    rounds, min_run_time = (1, 0.002) if quick else (3, 0.1)
+    with torch.no_grad():
+        samples = interleaved(
+            {"hf_eager": call(eager), "hf_patched": call(patched)},
+            rounds=rounds,
+            min_run_time=min_run_time,
+        )
+    ms = {prov: _median(v) * 1e3 / tokens for prov, v in samples.items()}
+    log(
+        f"generate, hidden {hidden} × {layers} layers, ms per token: {ms['hf_eager']:.2f} "
+        f"unpatched, {ms['hf_patched']:.2f} patched ({ms['hf_patched'] / ms['hf_eager']:.2f}×)"
+    )
+    return [
+        make_row(meta, "generate", "forward", prov, torch.float32, 1, hidden, "eager", t, 0.0)
+        for prov, t in ms.items()
+    ]
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median(v: Sequence[float]) -> float:
+    s = sorted(v)
+    k = len(s) // 2
+    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cell_line(rows, m, n, dtype, elapsed) -> str:
+    """One progress line (≤ 80 columns): our function's time ÷ F.rms_norm's, per pass."""
+    parts = []
+    for mode in PASSES:
+        key = (m, n, _dt(dtype), mode, "eager")
+        t = {
+            (r.op, r.provider): r.ms for r in rows if (r.M, r.N, r.dtype, r.mode, r.variant) == key
+        }
+        ours, ref = t.get(("rms_norm", "rmsnorm")), t.get(("rms_norm", "torch"))
+        if ours and ref:
+            parts.append(f"{_SHORT[mode]} {ours / ref:.2f}")
+    cell = f"{_dt(dtype)} {m} × {n}"
+    return f"[{elapsed:4.0f}s] {cell:20} rms_norm ÷ F.rms_norm: " + ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# The targets
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Verdict:
+    """One of this library's measurements against the targets of its cell: ``checks`` holds
+    (what, value, limit) and the cell is met when every value is at most its limit."""
+
+    op: str
+    provider: str
+    mode: str
+    variant: str
+    dtype: str
+    M: int
+    N: int
+    ms: float
+    checks: list[tuple[str, float, float]] = field(default_factory=list)
+
+    @property
+    def met(self) -> bool:
+        return all(v <= limit for _, v, limit in self.checks)
+
+    @property
+    def worst(self) -> float:
+        """The largest value ÷ limit: ≤ 1 meets every target."""
+        return max(v / limit for _, v, limit in self.checks)
+
+
+def _cells(rows: Sequence[Row]) -> dict[tuple, dict[tuple[str, str], Row]]:
+    """{(mode, variant, dtype, M, N): {(op, provider): row}} in first-seen order."""
+    cells: dict[tuple, dict[tuple[str, str], Row]] = {}
+    for r in rows:
+        cells.setdefault((r.mode, r.variant, r.dtype, r.M, r.N), {})[(r.op, r.provider)] = r
+    return cells
+
+
+def _checks(op: str, r: Row, t: dict) -> list[tuple[str, float, float]]:
+    """(what, value, limit) of the targets for one measurement `r` of this library, its cell's
+    times `t` = {(op, provider): ms}."""
+    large = r.M * r.N >= LARGE
+    rms, ln = t.get(("rms_norm", "torch")), t.get(("layer_norm", "torch"))
+    checks = []
+    if op == "rms_norm":
+        if rms:
+            checks.append(("÷ F.rms_norm", r.ms / rms, 1.0))
+        if large and rms and ln:
+            checks.append(("÷ min(F.rms_norm, F.layer_norm)", r.ms / min(rms, ln), 1.0))
+        elif not large and ln:
+            checks.append(("÷ F.layer_norm", r.ms / ln, 2.0))
+    elif op == "layer_norm" and ln:
+        checks.append(("÷ F.layer_norm", r.ms / ln, 1.0 if large else 2.0))
+    elif op == "add_rms_norm" and t.get((op, "torch_add")):
+        checks.append(("÷ x + r, F.rms_norm", r.ms / t[(op, "torch_add")], 1.0))
+    elif op == "generate" and t.get((op, "hf_eager")):
+        checks.append(("÷ unpatched", r.ms / t[(op, "hf_eager")], 1.0))
+    if r.device == "cuda" and r.M <= DECODE_M and op != "generate":
+        if t.get((op, "liger")):
+            checks.append(("÷ Liger", r.ms / t[(op, "liger")], 1.0))
+        if r.mode == "forward":
+            limit = 2.0 if r.variant == "cuda_graph" else 20.0
+            checks.append(("µs per call", r.ms * 1e3, limit))
+    return checks
+
+
+def judge(rows: Sequence[Row]) -> list[Verdict]:
+    """The targets, cell by cell, for every measurement of this library in `rows`:
+
+    - ``rms_norm`` (function, module, patched HF norm): ÷ F.rms_norm ≤ 1; where M·N ≥ 2^16,
+      ÷ min(F.rms_norm, F.layer_norm) ≤ 1, below ÷ F.layer_norm ≤ 2;
+    - ``layer_norm``: ÷ F.layer_norm ≤ 1 where M·N ≥ 2^16, ≤ 2 below;
+    - ``add_rms_norm``: ÷ (x + r, F.rms_norm) ≤ 1;
+    - ``generate``: ÷ unpatched ≤ 1 per token;
+    - on CUDA at decoding sizes (M ≤ 128) also ÷ Liger ≤ 1 where measured, and a forward of at
+      most 20 µs per eager call and 2 µs per call replayed in a CUDA graph.
+
+    A measurement whose peers are missing has no check and no verdict.
+    """
+    out = []
+    for (mode, variant, dtype, m, n), cell in _cells(rows).items():
+        t = {k: r.ms for k, r in cell.items()}
+        for op, ours in OURS.items():
+            for prov in ours:
+                r = cell.get((op, prov))
+                checks = _checks(op, r, t) if r is not None else []
+                if checks:
+                    out.append(Verdict(op, prov, mode, variant, dtype, m, n, r.ms, checks))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Writers
+# ----------------------------------------------------------------------------------------------
+_PASS_TITLE = {"forward": "forward under no_grad", "forward_backward": "forward + backward"}
+_SHORT = {"forward": "fwd", "forward_backward": "fwd+bwd"}
+
+
+def _fmt_ms(ms: float) -> str:
+    if ms < 1:
+        return f"{ms * 1e3:.3g} µs"
+    return f"{ms:.3g} ms" if ms < 1000 else f"{ms / 1e3:.3g} s"
+
+
+def _groups(verdicts: Sequence[Verdict]) -> dict[tuple, list[Verdict]]:
+    """{(op, provider, mode, variant): verdicts} in first-seen order."""
+    groups: dict[tuple, list[Verdict]] = {}
+    for v in verdicts:
+        groups.setdefault((v.op, v.provider, v.mode, v.variant), []).append(v)
+    return groups
+
+
+def summary(rows: Sequence[Row]) -> str:
+    """Met / judged per (path, pass, variant) and the worst cell of each, as ≤ 80-column text."""
+    lines = [f"{'path':23} {'pass':7} {'variant':10} {'met':>5}  worst cell: time ÷ allowed"]
+    for (op, prov, mode, variant), vs in _groups(judge(rows)).items():
+        w = max(vs, key=lambda v: v.worst)
+        met = f"{sum(v.met for v in vs)}/{len(vs)}"
+        lines.append(
+            f"{LABELS.get((op, prov), prov):23} {_SHORT[mode]:7} {variant:10} {met:>5}  "
+            f"{w.dtype} {w.M} × {w.N}: {w.worst:.2f}"
+        )
+    return "\n".join(lines)
+
+
+def _intro(device: str, note: str) -> list[str]:
+    how = (
+        "Median time per call, measured with `torch.utils.benchmark`'s `blocked_autorange` at the "
+        "process's torch thread count, every provider of a cell taking turns in each round "
+        "(three rounds for calls under 1 ms, two up to 0.2 s, one above), so a change in the "
+        "machine's load hits all alike; default options, ε = 1e-6, random inputs, "
+        "`F.layer_norm` with weight and bias (as `nn.LayerNorm`), the process's default memory "
+        "allocator. *Forward under no_grad*: one call inside `torch.no_grad()` (inputs do not "
+        "require grad, module weights do). *Forward + backward*: one call doing the forward and "
+        "`torch.autograd.grad` with respect to the input(s) and the parameters."
+        + (f" {note}" if note else "")
+    )
+    targets = (
+        "`rmsnorm.rms_norm`, the `rmsnorm.RMSNorm` module and Hugging Face's `LlamaRMSNorm` after "
+        "`rmsnorm.integrations.hf.patch`: never slower than `F.rms_norm` (first ratio ≤ 1); where "
+        f"M·N ≥ 2^16 = {LARGE:,}, not slower than the faster of `F.rms_norm` and `F.layer_norm` "
+        "(second ratio ≤ 1), below that at most 2× `F.layer_norm` (second ratio ≤ 2). "
+        "`rmsnorm.layer_norm`: ÷ `F.layer_norm` ≤ 1 where M·N ≥ 2^16, ≤ 2 below. "
+        "`rmsnorm.add_rms_norm`: ÷ (`x + r` then `F.rms_norm`) ≤ 1. Greedy `generate()` per token "
+        "after `hf.patch`: ÷ unpatched ≤ 1."
+    )
+    if device == "cuda":
+        targets += (
+            " On CUDA at decoding sizes (M ≤ 128) also ÷ Liger ≤ 1 (the last ratio, where Liger "
+            "is installed), and a forward of ≤ 20 µs per eager call, ≤ 2 µs per call replayed in "
+            f"a CUDA graph ({GRAPH_CALLS} calls captured per graph)."
+        )
+    return [how, "", "## Targets", "", targets]
+
+
+def _summary_table(verdicts: Sequence[Verdict]) -> list[str]:
+    met = sum(v.met for v in verdicts)
+    lines = [f"**{met} of {len(verdicts)} met.**", ""]
+    lines.append("| path | pass | variant | met | worst cell | time ÷ allowed |")
+    lines.append("|---|---|---|---|---|---|")
+    for (op, prov, mode, variant), vs in _groups(verdicts).items():
+        w = max(vs, key=lambda v: v.worst)
+        lines.append(
+            f"| {LABELS.get((op, prov), prov)} | {_PASS_TITLE[mode]} | {variant} | "
+            f"{sum(v.met for v in vs)}/{len(vs)} | {w.dtype} {w.M} × {w.N} | {w.worst:.2f} |"
+        )
+    return lines
+
+
+def _target_text(op: str, m: int, n: int) -> str:
+    if op == "rms_norm":
+        return "≤ 1× min(F.rms_norm, F.layer_norm)" if m * n >= LARGE else "≤ 2× F.layer_norm"
+    return "≤ 1×" if m * n >= LARGE or op == "add_rms_norm" else "≤ 2×"
+
+
+def _ours_text(v: Verdict | None) -> str:
+    if v is None:
+        return "–"
+    ratios = " / ".join(f"{val:.3g}×" for what, val, _ in v.checks if what.startswith("÷"))
+    return f"{_fmt_ms(v.ms)} · {ratios} · " + ("met" if v.met else "**not met**")
+
+
+def _op_table(op, mode, variant, cells, by_key) -> list[str]:
+    """A line per cell: the target, each peer's time, each of our paths' time, ratios, verdict."""
+    keys = [k for k in cells if k[:2] == (mode, variant) and any(o == op for o, _ in cells[k])]
+    if not keys:
+        return []
+    provs = list(dict.fromkeys(p for k in keys for o, p in cells[k] if o == op))
+    peers = [(op, p) for p in provs if p not in OURS[op]]
+    if op == "rms_norm":  # F.layer_norm is timed once per cell, as the layer_norm op's peer
+        peers.insert(1, ("layer_norm", "torch"))
+    ours = [p for p in provs if p in OURS[op]]
+    title = f"{op}, {_PASS_TITLE[mode]}" + (", CUDA graph" if variant == "cuda_graph" else "")
+    head = ["dtype", "M", "N", "target", *(LABELS.get(k, k[1]) for k in peers)]
+    head += [LABELS.get((op, p), p) for p in ours]
+    lines = ["", f"## {title}", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for k in keys:
+        dtype, m, n = k[2:]
+        line = [dtype, str(m), str(n), _target_text(op, m, n)]
+        line += [_fmt_ms(cells[k][p].ms) if p in cells[k] else "–" for p in peers]
+        line += [_ours_text(by_key.get((op, p, *k))) for p in ours]
+        lines.append("| " + " | ".join(line) + " |")
+    return lines
+
+
+def _generate_table(verdicts, cells) -> list[str]:
+    gen = [v for v in verdicts if v.op == "generate"]
+    if not gen:
+        return []
+    layers = {h: n_layers for h, n_layers, _ in GENERATE_MODELS}
+    lines = ["", "## Greedy generate(), per token", ""]
+    lines.append(
+        "A randomly initialised `LlamaForCausalLM` in float32 (vocabulary 1024, MLP 4× hidden), a "
+        f"prompt of {GENERATE_PROMPT} tokens, greedy decoding of a fixed number of new tokens "
+        f"({GENERATE_TOKENS} in a full run); time per call ÷ new tokens (the prompt's forward "
+        "included), the two models timed in turns."
+    )
+    lines += ["", "| hidden | layers | unpatched | hf.patch | ratio | target ≤ 1× |"]
+    lines.append("|---|---|---|---|---|---|")
+    for v in gen:
+        base = cells[(v.mode, v.variant, v.dtype, v.M, v.N)][("generate", "hf_eager")]
+        lines.append(
+            f"| {v.N} | {layers.get(v.N, '?')} | {base.ms:.3f} ms | {v.ms:.3f} ms | "
+            f"{v.checks[0][1]:.2f}× | " + ("met" if v.met else "**not met**") + " |"
+        )
+    return lines
+
+
+def write_markdown(rows: Sequence[Row], path: str | os.PathLike, note: str = "") -> None:
+    """How it was measured and the targets; a summary (met / not met per path and pass, with the
+    worst cell); per (op, pass, variant) a table with a line per cell: each peer's time and, for
+    each of this library's paths, its time, the ratios the targets use and met / not met; greedy
+    generate() per token; the copy bandwidth of the large cells. `note` (the machine's load, say)
+    follows the description of the method."""
+    if not rows:
+        Path(path).write_text("No measurements.\n")
+        return
+    verdicts = judge(rows)
+    by_key = {(v.op, v.provider, v.mode, v.variant, v.dtype, v.M, v.N): v for v in verdicts}
+    cells = _cells(rows)
+    lines = [f"# Latency: {_header(rows)}", "", *_intro(rows[0].device, note), ""]
+    lines += _summary_table(verdicts)
+    for op in ("rms_norm", "layer_norm", "add_rms_norm"):
+        for mode in PASSES:
+            for variant in ("eager", "cuda_graph"):
+                lines += _op_table(op, mode, variant, cells, by_key)
+    lines += _generate_table(verdicts, cells)
+    copies = sorted(
+        (r for r in rows if r.op == "copy" and r.M * r.N >= LARGE),
+        key=lambda r: (r.dtype, r.M * r.N),
+    )
+    if copies:
+        lines += ["", "Copy (`dst.copy_(src)`) of each large cell's elements, same process: "]
+        lines[-1] += "; ".join(
+            f"{r.dtype} {r.M} × {r.N}: {_fmt_ms(r.ms)} ({r.gbps:.1f} GB/s)" for r in copies
+        )
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
+    """Time ÷ the time the targets allow against M·N, one panel per (pass, variant), a line per
+    path of this library and dtype. Returns False (writing nothing) without matplotlib or
+    without a judged cell."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FormatStrFormatter
+    except ImportError:
+        return False
+    verdicts = [v for v in judge(rows) if v.op != "generate"]
+    if not verdicts:
+        return False
+    panels = list(dict.fromkeys((v.mode, v.variant) for v in verdicts))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 5.0), squeeze=False)
+    paths = list(dict.fromkeys((v.op, v.provider) for v in verdicts))
+    styles = {"float32": ("o", "-"), "bfloat16": ("^", ":")}
+    for ax, (mode, variant) in zip(axes.flat, panels, strict=True):
+        for i, (op, prov) in enumerate(paths):
+            for dtype, (marker, ls) in styles.items():
+                vs = [v for v in verdicts if (v.op, v.provider, v.mode, v.variant, v.dtype)
+                      == (op, prov, mode, variant, dtype)]  # fmt: skip
+                if not vs:
+                    continue
+                vs.sort(key=lambda v: v.M * v.N)
+                label = f"{LABELS.get((op, prov), prov)}, {dtype}"
+                xs, ys = [v.M * v.N for v in vs], [v.worst for v in vs]
+                ax.plot(xs, ys, marker=marker, ls=ls, color=f"C{i}", label=label, ms=4, lw=1)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axvline(LARGE, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+        ax.set_xlabel("elements per call, M·N (log scale)")
+        ax.set_ylabel("time ÷ time the targets allow (ratio, ≤ 1 = met)")
+        ax.set_title(_PASS_TITLE[mode] + (", CUDA graph" if variant == "cuda_graph" else ""))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(f"Per-call latency against the targets — {_header(rows)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
