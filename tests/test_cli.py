@@ -176,7 +176,7 @@ def test_compare_logs_progress_and_keeps_finished_seeds_when_interrupted(monkeyp
     monkeypatch.setattr(
         compare,
         "compare_config",
-        lambda *a, **k: replace(real_config(*a, **k), norm_timing_calls=2),
+        lambda *a, **k: replace(real_config(*a, **k), norm_timing_s=0.001),
     )
     args = ["compare", "--preset", "tiny", "--variants", "layernorm", "--seeds", "3"]
     args += ["--steps", "4", "--eval-interval", "2", "--threads", "1", "--out", str(tmp_path)]
