@@ -308,6 +308,34 @@ def test_strided_rows():
     _check_all_ops(x, w, b, res=res_base[:, :64])
 
 
+def _param_layout(t, layout):
+    """The same (N,) values as t, laid out as a strided view (every other element), an expanded
+    scalar (stride 0; t's first value repeated) or a view at a storage offset."""
+    if layout == "strided":
+        return torch.stack([t, torch.full_like(t, float("nan"))], dim=1).reshape(-1)[::2]
+    if layout == "expanded":
+        return t[:1].expand(t.shape[0])
+    assert layout == "offset"
+    return torch.cat([torch.full((5,), float("nan"), dtype=t.dtype, device=t.device), t])[5:]
+
+
+@pytest.mark.parametrize("layout", ["single", "loop", "split"])
+@pytest.mark.parametrize("param", ["strided", "expanded", "offset"])
+def test_parameter_layouts(param, layout):
+    """Weights and biases that are strided, expanded (stride 0) or at a storage offset are read as
+    their values, by every launcher in every layout (NaN sits where a unit-stride read from the
+    view's first element would land)."""
+    m, n = 5, 33
+    cfg = {"single": Config(2, 64, 4, programs=2), "loop": _loop(16), "split": _split(16, n)}
+    x = _rand(m, n, dtype=torch.bfloat16)
+    w = _param_layout(_rand(n, dtype=torch.float32, shift=1.0), param)
+    b = _param_layout(_rand(n, dtype=torch.float32, scale=0.1), param)
+    assert param != "strided" or w.stride() == (2,)
+    with override(fwd=cfg[layout], bwd=cfg[layout], ln_fwd=cfg[layout], ln_bwd=cfg[layout]):
+        _check_all_ops(x, w, b, res=_rand(m, n, dtype=torch.bfloat16))
+        _check_all_ops(x, w, b)
+
+
 def test_weight_gradient_many_rows():
     """d weight / d bias summed over 3000 rows: several row blocks per program and several
     programs' partials; tolerance grows with √rows."""
