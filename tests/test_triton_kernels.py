@@ -514,6 +514,68 @@ def test_gpu_config_table(kind, dtype):
                 assert cfg.slots(m) * cfg.split <= max(cfg.programs, cfg.split)
 
 
+# ----------------------------------------------------------------------------------------------
+# The FLAGS bits (pure Python and source checks: a misnumbered bit fails here, not in results)
+# ----------------------------------------------------------------------------------------------
+_FLAG_OPTIONS = {
+    "LOOP": {"loop": True}, "PREFETCH": {"prefetch": True}, "PHASE": {"phase": 3},
+    "RES": {"res": True}, "W": {"w": True}, "B": {"b": True}, "DW": {"dw": True},
+    "DB": {"db": True}, "RMS_EPS": {"rms_eps": True}, "PARTIAL": {"partial": True},
+    "CAST": {"cast": 3},
+}  # fmt: skip
+
+
+def test_flag_fields_are_disjoint_and_each_option_sets_its_own():
+    from rmsnorm.kernels.triton import _flags as flag
+
+    fields = flag.BITS
+    for (a, va), (b, vb) in itertools.combinations(fields.items(), 2):
+        assert va & vb == 0, f"flag fields {a} and {b} overlap"
+    assert all(0 < v < 1 << flag.FINGERPRINT_SHIFT for v in fields.values())
+    assert fields["PHASE"] == flag.FIELD_MASK << flag.PHASE_SHIFT
+    assert fields["CAST"] == flag.FIELD_MASK << flag.CAST_SHIFT
+    assert max(flag.CAST_GEMMA, flag.CAST_LLAMA, flag.CAST_NONE) <= flag.FIELD_MASK
+    base = flag.flags()
+    assert base >> flag.FINGERPRINT_SHIFT == flag.FINGERPRINT
+    assert bool(base & flag.RNE) == flag.INTERPRETED
+    assert set(_FLAG_OPTIONS) | {"RNE"} == set(fields)
+    for name, kwargs in _FLAG_OPTIONS.items():
+        assert flag.flags(**kwargs) ^ base == fields[name], name
+
+
+def test_fingerprint_changes_with_the_numbering():
+    """Renumbering a bit changes FLAGS for every launch, so Triton's on-disk cache never serves a
+    kernel compiled under the old numbering (FLAGS is in its key; the bit values are not)."""
+    import zlib
+
+    from rmsnorm.kernels.triton import _flags as flag
+
+    def fingerprint(bits):
+        return zlib.crc32(repr(sorted(bits.items())).encode()) & 0xFFFF
+
+    assert fingerprint(flag.BITS) == flag.FINGERPRINT
+    swapped = dict(flag.BITS, RES=flag.BITS["W"], W=flag.BITS["RES"])
+    assert fingerprint(swapped) != flag.FINGERPRINT
+
+
+def test_kernels_decode_flags_by_name_only():
+    """Every FLAGS test in the kernels goes through a name of ``_flags`` (``FLAGS & flag.RES``);
+    a bare number there would silently keep the old meaning when a bit is renumbered."""
+    import inspect
+    import re
+
+    from rmsnorm.kernels.triton import _common, _flags, _layer_norm, _rms
+
+    decoded = 0
+    for mod in (_common, _rms, _layer_norm):
+        src = inspect.getsource(mod)
+        assert not re.search(r"FLAGS\s*(&|>>|<<|\||==)\s*\(?\s*\d", src), mod.__name__
+        for name in re.findall(r"FLAGS\s*(?:&|>>)\s*flag\.(\w+)", src):
+            assert hasattr(_flags, name), name
+            decoded += 1
+    assert decoded >= 30  # the four kernels' prologues
+
+
 def test_override_is_scoped():
     cfg = Config(1, 16, 4, loop=True)
     with override(fwd=cfg):

@@ -13,19 +13,11 @@ import triton.language as tl
 
 from ...reference import compute_dtype, output_dtype
 from . import _config
+from . import _flags as flag
+from ._common import sum_partials_kernel
 from ._config import Config, override
-from ._kernels import (
-    _INTERPRETED,
-    CAST_GEMMA,
-    CAST_LLAMA,
-    CAST_NONE,
-    _layer_norm_bwd_kernel,
-    _layer_norm_fwd_kernel,
-    _rms_norm_bwd_kernel,
-    _rms_norm_fwd_kernel,
-    _sum_partials_kernel,
-    flags,
-)
+from ._layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
+from ._rms import rms_norm_bwd_kernel, rms_norm_fwd_kernel
 
 __all__ = [
     "rms_norm_fwd",
@@ -43,7 +35,7 @@ _TL = {
     torch.bfloat16: tl.bfloat16,
     torch.float64: tl.float64,
 }
-_CAST = {"gemma": CAST_GEMMA, "llama": CAST_LLAMA, "none": CAST_NONE}
+_CAST = {"gemma": flag.CAST_GEMMA, "llama": flag.CAST_LLAMA, "none": flag.CAST_NONE}
 _EPS_MODES = ("mean_square", "rms")
 
 
@@ -97,11 +89,11 @@ def _launches(cfg: Config, option_flags: int, extra: dict) -> list[dict]:
         "num_stages": cfg.num_stages,
         **extra,
     }
-    base = option_flags | flags(loop=cfg.loop, prefetch=cfg.programs > 0)
-    if cfg.split > 1 and _INTERPRETED:
+    base = option_flags | flag.flags(loop=cfg.loop, prefetch=cfg.programs > 0)
+    if cfg.split > 1 and flag.INTERPRETED:
         # The interpreter runs programs one after another: a split row runs as a publish launch
         # and a finish launch instead of spinning on its counter.
-        return [dict(common, FLAGS=base | flags(phase=ph)) for ph in (1, 2)]
+        return [dict(common, FLAGS=base | flag.flags(phase=ph)) for ph in (1, 2)]
     return [dict(common, FLAGS=base)]
 
 
@@ -137,7 +129,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         # Registers hold the widest input's tile: an fp32 residual sizes the tile as fp32.
         size_dtype = x.dtype if rdt is None or rdt.itemsize <= x.dtype.itemsize else rdt
         cfg = _config.choose("fwd", n, size_dtype, dev)
-        option_flags = flags(
+        option_flags = flag.flags(
             res=rdt is not None, w=wdt is not None, b=bias is not None,
             rms_eps=eps_mode == "rms", partial=k < n, cast=_CAST[casting_mode],
         )  # fmt: skip
@@ -158,7 +150,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         x if bias is None else bias, rstd, ws, cnt, x.stride(0), res.stride(0), m, n, k, eps,
         offset,
     )  # fmt: skip
-    _launch(_rms_norm_fwd_kernel, cfg, launches, m, args)
+    _launch(rms_norm_fwd_kernel, cfg, launches, m, args)
     return y, h, rstd
 
 
@@ -214,10 +206,10 @@ def _reduce_partials(part: torch.Tensor, dw, db, need_dw: bool, need_db: bool, n
         block_n = max(32, min(256, _pow2(-(-n // 512))))
         block_r, warps = 32, 4
     grid = (triton.cdiv(n, block_n), int(need_dw) + int(need_db))
-    _sum_partials_kernel[grid](
+    sum_partials_kernel[grid](
         part, dw, db, rows, n, part.stride(0),
         NEED_DW=need_dw, NEED_DB=need_db, BLOCK_R=block_r, BLOCK_N=block_n, ACC=acc_tl,
-        RNE=_INTERPRETED,
+        RNE=flag.INTERPRETED,
         num_warps=warps,
     )  # fmt: skip
 
@@ -269,7 +261,7 @@ def rms_norm_bwd(
         _check_mode(eps_mode, casting_mode)
         acc, acc_tl = _acc(x.dtype, input_dtype)
         cfg = _config.choose("bwd", n, x.dtype, x.device)
-        option_flags = flags(
+        option_flags = flag.flags(
             res=has_dres, w=has_w, dw=need_dw, db=need_db, rms_eps=eps_mode == "rms",
             partial=k < n, cast=_CAST[casting_mode],
         )  # fmt: skip
@@ -287,7 +279,7 @@ def rms_norm_bwd(
         dy, x, weight if has_w else x, rstd, dres, dx, part, ws, cnt,
         dy.stride(0), x.stride(0), dres.stride(0), m, n, k, offset,
     )  # fmt: skip
-    _launch(_rms_norm_bwd_kernel, cfg, launches, m, args)
+    _launch(rms_norm_bwd_kernel, cfg, launches, m, args)
     if need_dw or need_db:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db
@@ -310,7 +302,7 @@ def layer_norm_fwd(
     def build():
         acc, acc_tl = _acc(x.dtype)
         cfg = _config.choose("ln_fwd", n, x.dtype, x.device)
-        return cfg, _launches(cfg, flags(w=has_w, b=has_b), {"ACC": acc_tl}), acc
+        return cfg, _launches(cfg, flag.flags(w=has_w, b=has_b), {"ACC": acc_tl}), acc
 
     cfg, launches, acc = _plan(key, build)
     weight, bias = _vec(weight), _vec(bias)
@@ -324,7 +316,7 @@ def layer_norm_fwd(
         x, y, weight if has_w else x, bias if has_b else x, mean, rstd, ws, cnt, x.stride(0),
         m, n, eps,
     )  # fmt: skip
-    _launch(_layer_norm_fwd_kernel, cfg, launches, m, args)
+    _launch(layer_norm_fwd_kernel, cfg, launches, m, args)
     return y, mean, rstd
 
 
@@ -347,7 +339,7 @@ def layer_norm_bwd(
     def build():
         acc, acc_tl = _acc(x.dtype)
         cfg = _config.choose("ln_bwd", n, x.dtype, x.device)
-        option_flags = flags(w=has_w, dw=need_dw, db=need_db)
+        option_flags = flag.flags(w=has_w, dw=need_dw, db=need_db)
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), acc, acc_tl
 
     cfg, launches, acc, acc_tl = _plan(key, build)
@@ -360,7 +352,7 @@ def layer_norm_bwd(
         dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dy.stride(0), x.stride(0),
         m, n,
     )  # fmt: skip
-    _launch(_layer_norm_bwd_kernel, cfg, launches, m, args)
+    _launch(layer_norm_bwd_kernel, cfg, launches, m, args)
     if need_dw or need_db:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db

@@ -1,7 +1,7 @@
 """Launch configurations: one heuristic config per shape class, cached; no autotuning on the hot
 path.
 
-A config says how a kernel tiles the (M, N) problem (see the layouts in ``_kernels.py``): the tile
+A config says how a kernel tiles the (M, N) problem (see the layouts in ``_common.py``): the tile
 (BLOCK_M rows × BLOCK_N columns), whether a row is walked in column blocks (``loop``) or split over
 cooperating programs (``split``), the warps per program, and the grid cap for persistent kernels.
 Tests force the looped and split layouts at small N with :func:`override`.
