@@ -311,7 +311,7 @@ def layer_norm_fwd(
     rstd = torch.empty((m,), dtype=acc, device=x.device)
     if m == 0:
         return y, mean, rstd
-    ws, cnt = _workspace(cfg, m, 2, acc, x)
+    ws, cnt = _workspace(cfg, m, 3, acc, x)  # per chunk: sum, M2 and its unit
     args = (
         x, y, weight if has_w else x, bias if has_b else x, mean, rstd, ws, cnt, x.stride(0),
         m, n, eps,

@@ -84,6 +84,72 @@ def tile(P, rows, stride, cols, M, cmask):
 
 
 # ----------------------------------------------------------------------------------------------
+# Rows whose statistics overflow ACC (Σx² past 3.4e38 in float32: |x| ≳ 1e19). As in the spec
+# (reference.py), such a row's statistics are recomputed from s·x, s = 2^-80 (2^-560 in float64),
+# and the per-row results carry sc = s (1 for every other row). The recomputation sits behind a
+# branch on "does this tile hold such a row", so ordinary rows pay a few per-row operations and no
+# per-element work or memory traffic.
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def over_scale(over, ACC: tl.constexpr):
+    """Per row: s where `over`, else 1, in ACC (a power of two: scaling by it is exact)."""
+    if ACC == tl.float64:
+        return tl.where(over, 2.0**-560, 1.0).to(ACC)
+    else:
+        return tl.where(over, 2.0**-80, 1.0).to(ACC)
+
+
+@triton.jit
+def overflowed(v, ACC: tl.constexpr):
+    """Per row: v is inf or NaN (NaN too: an overflowed sum of both signs is inf − inf)."""
+    if ACC == tl.float64:
+        return (v != v) | (tl.abs(v) > 1.7976931348623157e308)
+    else:
+        return (v != v) | (tl.abs(v) > 3.4028234663852886e38)
+
+
+@triton.jit
+def any_row(v):
+    """A scalar: some entry of the (BLOCK_M,) boolean v is set (the condition of a rare branch)."""
+    return tl.max(v.to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def sum_squares(x, ACC: tl.constexpr):
+    """(ss, sc) per row of the ACC tile x (BLOCK_M, BLOCK_N): ss = Σx² and sc = 1, or, where Σx²
+    overflows, ss = Σ(s·x)² and sc = s. A row holding inf or NaN keeps ss = inf or NaN (torch's
+    result follows from it)."""
+    ss = tl.sum(x * x, axis=1)
+    over = overflowed(ss, ACC)
+    sc = over_scale(over, ACC)
+    if any_row(over):
+        xs = x * sc[:, None]
+        ss = tl.where(over, tl.sum(xs * xs, axis=1), ss)
+    return ss, sc
+
+
+@triton.jit
+def encode_partial(ss, sc):
+    """A split row's partial sum of squares for the workspace: ss, or −ss where it is rescaled
+    (a rescaled partial is ≥ 2^-32, never 0, so the sign is the flag)."""
+    return tl.where(sc < 1.0, -ss, ss)
+
+
+@triton.jit
+def combine_partials(v, ACC: tl.constexpr):
+    """(ss, sc) per row from the (BLOCK_M, SPLIT_P2) gathered partials of :func:`encode_partial`
+    (0 past SPLIT): the plain total where it is finite and no partial was rescaled, else the
+    total in the rescaled unit. Per row, so this costs nothing next to the row's elements."""
+    neg = v < 0
+    plain = tl.sum(tl.where(neg, 0.0, v), axis=1)
+    over = (tl.max(neg.to(tl.int32), axis=1) > 0) | overflowed(plain, ACC)
+    sc = over_scale(over, ACC)
+    # × s twice: s² itself (2^-160) is below float32's range.
+    scaled = tl.sum(tl.where(neg, -v, v * sc[:, None] * sc[:, None]), axis=1)
+    return tl.where(over, scaled, plain), sc
+
+
+# ----------------------------------------------------------------------------------------------
 # Cross-program exchange for the split layout
 # ----------------------------------------------------------------------------------------------
 @triton.jit

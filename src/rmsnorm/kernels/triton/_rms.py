@@ -8,28 +8,35 @@ import triton.language as tl
 
 from . import _flags as flag
 from ._common import (
+    any_row,
     arrive_and_wait,
     as_acc,
+    combine_partials,
     cvt,
     div,
+    encode_partial,
     first_chunk,
     gather,
+    over_scale,
+    overflowed,
     publish,
     rnd,
     sqrt,
+    sum_squares,
     tile,
 )
 
 
 @triton.jit
-def _inv_rms(ss, kf, eps, RMS_EPS: tl.constexpr, ACC: tl.constexpr):
+def _inv_rms(ss, sc, kf, eps, RMS_EPS: tl.constexpr, ACC: tl.constexpr):
     """r from the sum of squares of the first k elements: 1/sqrt(ms + eps) ("mean_square") or
-    1/(sqrt(ms) + eps) ("rms"); per row, so the correctly rounded forms cost nothing."""
+    1/(sqrt(ms) + eps) ("rms"); from a rescaled sum (sc = s, see sum_squares) sc/sqrt(ms + eps·s²)
+    or sc/(sqrt(ms) + eps·s). Per row, so the correctly rounded forms cost nothing."""
     ms = div(ss, kf, ACC)
     if RMS_EPS:
-        return div(tl.full(ss.shape, 1.0, ACC), sqrt(ms, ACC) + eps, ACC)
+        return div(tl.full(ss.shape, 1.0, ACC), sqrt(ms, ACC) + eps * sc, ACC) * sc
     else:
-        return div(tl.full(ss.shape, 1.0, ACC), sqrt(ms + eps, ACC), ACC)
+        return div(tl.full(ss.shape, 1.0, ACC), sqrt(ms + eps * sc * sc, ACC), ACC) * sc
 
 
 @triton.jit
@@ -156,7 +163,19 @@ def rms_norm_fwd_kernel(
                 if PARTIAL:
                     x = tl.where((cols < K)[None, :], x, 0.0)
                 acc += x * x
-            r = _inv_rms(tl.sum(acc, axis=1), kf, eps_a, RMS_EPS, ACC)
+            ss = tl.sum(acc, axis=1)
+            over = overflowed(ss, ACC)
+            sc = over_scale(over, ACC)
+            if any_row(over):  # rare: Σx² overflowed; pass 1 again on s·x
+                acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+                for c0 in tl.range(0, K, BLOCK_N):
+                    c_s = c0 + tl.arange(0, BLOCK_N)
+                    m_s = rmask[:, None] & (c_s < K)[None, :]
+                    xs = _load_x(X, RES, H, rows64, c_s, m_s, stride_x, stride_res, stride_h,
+                                 HAS_RES, False, ACC, "evict_last", RNE) * sc[:, None]  # fmt: skip
+                    acc += xs * xs
+                ss = tl.where(over, tl.sum(acc, axis=1), ss)
+            r = _inv_rms(ss, sc, kf, eps_a, RMS_EPS, ACC)
             tl.store(RSTD + rows, r, mask=rmask)
             # Pass 2: normalize (h is recomputed from x + residual: bit-identical, and no
             # read-after-write of H inside the kernel).
@@ -206,19 +225,19 @@ def rms_norm_fwd_kernel(
                     tl.store(H + rows64[:, None] * stride_h + cols[None, :], h, mask=mask)
                 x = h.to(ACC)
             if PARTIAL:
-                xs = tl.where((cols < K)[None, :], x, 0.0)
-                ss = tl.sum(xs * xs, axis=1)
+                ss, sc = sum_squares(tl.where((cols < K)[None, :], x, 0.0), ACC)
             else:
-                ss = tl.sum(x * x, axis=1)
+                ss, sc = sum_squares(x, ACC)
             if SPLIT > 1:
                 if PHASE != 2:
-                    publish(WS, rows64, rmask, part, 0, ss, 1, SPLIT)
+                    publish(WS, rows64, rmask, part, 0, encode_partial(ss, sc), 1, SPLIT)
                 if PHASE == 0:
                     arrive_and_wait(CNT, rb, SPLIT)
                 if PHASE != 1:
-                    ss = tl.sum(gather(WS, rows64, rmask, 0, 1, SPLIT, SPLIT_P2), axis=1)
+                    v = gather(WS, rows64, rmask, 0, 1, SPLIT, SPLIT_P2)
+                    ss, sc = combine_partials(v, ACC)
             if PHASE != 1:
-                r = _inv_rms(ss, kf, eps_a, RMS_EPS, ACC)
+                r = _inv_rms(ss, sc, kf, eps_a, RMS_EPS, ACC)
                 tl.store(RSTD + rows, r, mask=rmask & first_chunk(r_idx, part, BLOCK_M))
                 y = _rms_apply(x, r, w, b, off, HAS_W, HAS_B, CAST, IN, OUT, ACC, RNE)
                 tl.store(
@@ -230,10 +249,11 @@ def rms_norm_fwd_kernel(
 # RMSNorm backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _rms_dx(x, dy, r, wo, sg, ss, kf, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.constexpr,
+def _rms_dx(x, dy, r, wo, sg, ss, sc, kf, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.constexpr,
             PARTIAL: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
     """dx = r·g − m·x̂·coef with g = dy ⊙ (offset + γ), coef = r·S/k ("mean_square") or
-    S/(k·s) where s = sqrt(ss/k) > 0, else 0 ("rms"); m masks columns ≥ K."""
+    S/(k·s) where s = sqrt(ss/k) > 0, else 0 ("rms"; from a rescaled ss, s is the RMS times sc and
+    coef is multiplied by sc); m masks columns ≥ K."""
     xhat = x * r[:, None]
     if HAS_W:
         g = dy * wo[None, :]
@@ -242,7 +262,7 @@ def _rms_dx(x, dy, r, wo, sg, ss, kf, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.
     if RMS_EPS:
         root = sqrt(div(ss, kf, ACC), ACC)
         pos = root > 0
-        coef = tl.where(pos, div(sg, kf * tl.where(pos, root, 1.0), ACC), 0.0)
+        coef = tl.where(pos, div(sg, kf * tl.where(pos, root, 1.0), ACC), 0.0) * sc
     else:
         coef = r * sg / kf
     corr = xhat * coef[:, None]
@@ -253,8 +273,9 @@ def _rms_dx(x, dy, r, wo, sg, ss, kf, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.
 
 @triton.jit
 def _rms_bwd_row_sums(x, dy, r, wo, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.constexpr,
-                      PARTIAL: tl.constexpr):  # fmt: skip
-    """Per-row S = Σ g·x̂ and (for "rms") ss = Σ_{j<K} x_j² of one tile."""
+                      PARTIAL: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """Per-row S = Σ g·x̂ and (for "rms") (ss, sc) = sum_squares of x_j, j < K, of one tile
+    (ss and sc are S when unused)."""
     if HAS_W:
         g = dy * wo[None, :]
     else:
@@ -262,13 +283,13 @@ def _rms_bwd_row_sums(x, dy, r, wo, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.co
     sg = tl.sum(g * (x * r[:, None]), axis=1)
     if RMS_EPS:
         if PARTIAL:
-            xs = tl.where((cols < K)[None, :], x, 0.0)
+            ss, sc = sum_squares(tl.where((cols < K)[None, :], x, 0.0), ACC)
         else:
-            xs = x
-        ss = tl.sum(xs * xs, axis=1)
+            ss, sc = sum_squares(x, ACC)
     else:
         ss = sg
-    return sg, ss
+        sc = sg
+    return sg, ss, sc
 
 
 @triton.jit
@@ -350,6 +371,19 @@ def rms_norm_bwd_kernel(
                     acc_ss += xs * xs
             sg = tl.sum(acc_sg, axis=1)
             ss = tl.sum(acc_ss, axis=1)
+            sc = tl.full([BLOCK_M], 1.0, ACC)
+            if RMS_EPS:
+                over = overflowed(ss, ACC)
+                sc = over_scale(over, ACC)
+                if any_row(over):  # rare: Σx² overflowed; sum it again from s·x
+                    acc_ss = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+                    for c0 in tl.range(0, K, BLOCK_N):
+                        c_s = c0 + tl.arange(0, BLOCK_N)
+                        m_s = rmask[:, None] & (c_s < K)[None, :]
+                        xs = tl.load(X + rows64[:, None] * stride_x + c_s[None, :], mask=m_s,
+                                     other=0.0).to(ACC) * sc[:, None]  # fmt: skip
+                        acc_ss += xs * xs
+                    ss = tl.where(over, tl.sum(acc_ss, axis=1), ss)
             # Pass 2: dx, and the d weight / d bias contributions added into this program's
             # partial row (program-private: first visit writes, later visits read-modify-write).
             # Not this program's first row block (a vector: see first_chunk).
@@ -366,7 +400,7 @@ def rms_norm_bwd_kernel(
                     wo = tl.load(W + cols, mask=cmask, other=0.0).to(ACC) + off
                 else:
                     wo = 0.0
-                dx = _rms_dx(x, dy, r, wo, sg, ss, kf, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
+                dx = _rms_dx(x, dy, r, wo, sg, ss, sc, kf, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
                 if HAS_DRES:
                     dx += tl.load(DRES + rows64[:, None] * stride_dres + cols[None, :], mask=mask,
                                   other=0.0, eviction_policy="evict_first").to(ACC)  # fmt: skip
@@ -422,20 +456,21 @@ def rms_norm_bwd_kernel(
             x = x_raw.to(ACC)
             dy = dy_raw.to(ACC)
             r = r_raw.to(ACC)
-            sg, ss = _rms_bwd_row_sums(x, dy, r, wo, cols, K, HAS_W, RMS_EPS, PARTIAL)
+            sg, ss, sc = _rms_bwd_row_sums(x, dy, r, wo, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
             if SPLIT > 1:
                 if PHASE != 2:
                     publish(WS, rows64, rmask, part, 0, sg, 2, SPLIT)
                     if RMS_EPS:
-                        publish(WS, rows64, rmask, part, 1, ss, 2, SPLIT)
+                        publish(WS, rows64, rmask, part, 1, encode_partial(ss, sc), 2, SPLIT)
                 if PHASE == 0:
                     arrive_and_wait(CNT, rb, SPLIT)
                 if PHASE != 1:
                     sg = tl.sum(gather(WS, rows64, rmask, 0, 2, SPLIT, SPLIT_P2), axis=1)
                     if RMS_EPS:
-                        ss = tl.sum(gather(WS, rows64, rmask, 1, 2, SPLIT, SPLIT_P2), axis=1)
+                        v = gather(WS, rows64, rmask, 1, 2, SPLIT, SPLIT_P2)
+                        ss, sc = combine_partials(v, ACC)
             if PHASE != 1:
-                dx = _rms_dx(x, dy, r, wo, sg, ss, kf, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
+                dx = _rms_dx(x, dy, r, wo, sg, ss, sc, kf, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
                 if HAS_DRES:
                     dx += dres.to(ACC)
                 tl.store(DX + rows64[:, None] * stride_dx + cols[None, :],
