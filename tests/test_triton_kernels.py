@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -576,6 +577,59 @@ def test_kernels_decode_flags_by_name_only():
     assert decoded >= 30  # the four kernels' prologues
 
 
+# ----------------------------------------------------------------------------------------------
+# Version floor and the split layout's co-residency (pure Python: no GPU needed)
+# ----------------------------------------------------------------------------------------------
+def test_an_older_triton_is_refused_with_its_version_and_the_way_out():
+    import subprocess
+    import sys
+
+    code = (
+        "import triton; triton.__version__ = '3.3.1'\n"
+        "try:\n    import rmsnorm.kernels.triton\n"
+        "except ImportError as e:\n    print(e)\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "need triton >= 3.4, found triton 3.3.1" in out.stdout, out.stdout + out.stderr
+    assert "RMSNORM_BACKEND=reference" in out.stdout
+    assert T._version("3.10.0+git1234") == (3, 10) >= T.MIN_TRITON
+
+
+def test_split_launches_are_cooperative(monkeypatch):
+    """On a GPU a split layout's programs wait for each other: the launch asks the driver to make
+    them co-resident (or refuse), never to hope they are."""
+    monkeypatch.setattr(T.flag, "INTERPRETED", False)
+    split = T._launches(_split(16, 64), 0, {})
+    assert [kw.get("launch_cooperative_grid") for kw in split] == [True]
+    assert "launch_cooperative_grid" not in T._launches(_loop(16), 0, {})[0]
+
+
+def test_a_refused_cooperative_launch_falls_back_to_the_looped_layout(monkeypatch):
+    calls = []
+    real = T._launch
+
+    def launch(kernel, cfg, launches, m, args):
+        calls.append(cfg.split)
+        if len(calls) == 1:
+            raise T._SplitRefused("too many blocks in cooperative launch")
+        return real(kernel, cfg, launches, m, args)
+
+    monkeypatch.setattr(T, "_launch", launch)
+    monkeypatch.setattr(_config, "_split_refused", False)
+    x = _rand(3, 40)
+    with pytest.warns(RuntimeWarning, match="looped layout"):
+        y, _ = T.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, 40)
+    assert len(calls) == 2 and _config._split_refused
+    y_e, _ = R.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, 40)
+    _close(y, R.rms_norm_fwd(_d(x), None, None, EPS, "mean_square", "gemma", 0.0, 40)[0], y_e, "y")
+    for n in (65536, 262144, 2**20):  # no split config once refused
+        assert _config._gpu_config("fwd", n, 2, 132).split == 1
+    monkeypatch.setattr(_config, "_split_refused", False)
+    _config._gpu_config.cache_clear()
+    assert _config._gpu_config("fwd", 65536, 2, 132).split > 1
+
+
 def test_override_is_scoped():
     cfg = Config(1, 16, 4, loop=True)
     with override(fwd=cfg):
@@ -698,6 +752,89 @@ def test_gpu_cuda_graph_capture():
     torch.cuda.synchronize()
     assert torch.equal(y_g, rmsnorm.rms_norm(x, 4096, w, 1e-6))
     assert not torch.equal(y_g, y)
+
+
+def _split_shape_inputs(m=256, n=65536, dtype=torch.bfloat16):
+    """Inputs at a shape whose production config is the split layout (checked)."""
+    assert _config._gpu_config("fwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
+    assert _config._gpu_config("bwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
+    x = _rand(m, n, dtype=dtype)
+    w = _rand(n, dtype=dtype, shift=1.0)
+    return x, w, _rand(m, n, dtype=dtype)
+
+
+def _split_norms(x, w, dy):
+    """Forward and backward (dx, d weight) of RMSNorm and LayerNorm on split-layout shapes."""
+    n = x.shape[1]
+    y, rstd = T.rms_norm_fwd(x, w, None, EPS, "mean_square", "gemma", 0.0, n)
+    g = T.rms_norm_bwd(dy, x, w, None, rstd, None, EPS, "mean_square", "gemma", 0.0, n,
+                       x.dtype, True)  # fmt: skip
+    yl, mean, lr = T.layer_norm_fwd(x, w, None, EPS)
+    gl = T.layer_norm_bwd(dy, x, w, None, mean, lr, True)
+    return (y, rstd, *g[:2], yl, mean, lr, *gl[:2])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_split_rows_under_contention():
+    """Split-layout norms on two streams while a third runs a long matmul loop: every launch
+    must finish (the caller bounds the run with a timeout) and give the bits of a quiet run."""
+    x, w, dy = _split_shape_inputs()
+    quiet = _split_norms(x, w, dy)
+    torch.cuda.synchronize()
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    side, s1, s2 = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    results = []
+    with torch.cuda.stream(side):
+        for _ in range(60):  # ~1 s of matmuls on an H200
+            a = (a @ a).clamp_(-1, 1)
+    for _ in range(10):
+        for s in (s1, s2):
+            with torch.cuda.stream(s):
+                results.append(_split_norms(x, w, dy))
+    torch.cuda.synchronize()
+    for got in results:
+        for q, g in zip(quiet, got, strict=True):
+            assert torch.equal(q, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n", [(4096, 4096), (256, 65536)])
+def test_gpu_weight_gradient_is_bitwise_deterministic(m, n):
+    """d weight / d bias are fixed-order sums: the same bits on every run, in the single-tile and
+    the split layouts at production configs."""
+    x, w, dy = _rand(m, n, dtype=torch.bfloat16), _rand(n, dtype=torch.bfloat16), None
+    dy = _rand(m, n, dtype=torch.bfloat16)
+    b = _rand(n, dtype=torch.bfloat16)
+    rstd = torch.rand(m, device=DEVICE) + 0.5
+    mean = torch.randn(m, device=DEVICE)
+    args = (x, w, b, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True)
+    first = T.rms_norm_bwd(dy, *args)
+    first_ln = T.layer_norm_bwd(dy, x, w, b, mean, rstd, True)
+    for _ in range(3):
+        for a, b_ in zip(first, T.rms_norm_bwd(dy, *args), strict=True):
+            assert torch.equal(a, b_)
+        for a, b_ in zip(first_ln, T.layer_norm_bwd(dy, x, w, b, mean, rstd, True), strict=True):
+            assert torch.equal(a, b_)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_of_split_rows():
+    """A split-layout (cooperative) launch captured in a CUDA graph replays to the eager bits."""
+    x, w, dy = _split_shape_inputs(m=64)
+    n = x.shape[1]
+    eager = rmsnorm.rms_norm(x, n, w, EPS)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        rmsnorm.rms_norm(x, n, w, EPS)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_g = rmsnorm.rms_norm(x, n, w, EPS)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_g, eager)
 
 
 def test_float_scalars_reach_kernels_exactly():

@@ -7,17 +7,38 @@ outputs, pick a cached launch config (``_config.py``) and launch. No autograd, n
 
 from __future__ import annotations
 
+import functools
+import re
+
 import torch
 import triton
 import triton.language as tl
 
 from ...reference import compute_dtype, output_dtype
-from . import _config
-from . import _flags as flag
-from ._common import sum_partials_kernel
-from ._config import Config, override
-from ._layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
-from ._rms import rms_norm_bwd_kernel, rms_norm_fwd_kernel
+
+# Triton 3.3 passes the kernels' dtype-annotated scalars (eps, offset: tl.float64) as float32,
+# which float64 inputs need exactly, and rejects chained boolean operators; both checked by
+# compiling every kernel for sm_90 with Triton 3.3.1 and 3.4.0. 3.4 ships with torch 2.8.
+MIN_TRITON = (3, 4)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+
+if _version(triton.__version__) < MIN_TRITON:
+    raise ImportError(
+        f"rmsnorm's Triton kernels need triton >= {'.'.join(map(str, MIN_TRITON))}, found "
+        f"triton {triton.__version__} (torch 2.8 and later bring a recent enough one); upgrade "
+        "triton, or run another backend: RMSNORM_BACKEND=reference (any device) or cpu"
+    )
+# The kernels are imported after the version check, so an old Triton fails with the message above.
+from . import _config  # noqa: E402
+from . import _flags as flag  # noqa: E402
+from ._common import sum_partials_kernel  # noqa: E402
+from ._config import Config, override  # noqa: E402
+from ._layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel  # noqa: E402
+from ._rms import rms_norm_bwd_kernel, rms_norm_fwd_kernel  # noqa: E402
 
 __all__ = [
     "rms_norm_fwd",
@@ -94,13 +115,53 @@ def _launches(cfg: Config, option_flags: int, extra: dict) -> list[dict]:
         # The interpreter runs programs one after another: a split row runs as a publish launch
         # and a finish launch instead of spinning on its counter.
         return [dict(common, FLAGS=base | flag.flags(phase=ph)) for ph in (1, 2)]
+    if cfg.split > 1:
+        # The programs of a split row spin on each other, so they must all be resident at once.
+        # A cooperative launch makes that the driver's guarantee rather than an assumption
+        # (grid <= SMs on an otherwise idle GPU): kernels of other streams, a second split
+        # launch or an MPS share of the SMs then delay the launch instead of deadlocking it, and
+        # one that can never fit is refused at launch (see _SplitRefused).
+        common["launch_cooperative_grid"] = True
     return [dict(common, FLAGS=base)]
+
+
+class _SplitRefused(Exception):
+    """The driver refused a cooperative (split-layout) launch: it can never be co-resident."""
 
 
 def _launch(kernel, cfg: Config, launches: list, m: int, args: tuple) -> None:
     grid = (cfg.slots(m) * cfg.split,)
     for kwargs in launches:
-        kernel[grid](*args, **kwargs)
+        try:
+            kernel[grid](*args, **kwargs)
+        except RuntimeError as e:
+            if cfg.split > 1 and "cooperative" in str(e).lower():
+                raise _SplitRefused(str(e)) from e
+            raise
+
+
+def _split_fallback(fn):
+    """Run launcher `fn`; if the driver refuses a split-layout launch (an MPS share of the SMs
+    too small for the grid, say), switch the process to the looped layout and run it again."""
+
+    @functools.wraps(fn)
+    def launcher(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _SplitRefused as e:
+            import warnings
+
+            warnings.warn(
+                f"rmsnorm: the GPU refused a cooperative launch ({e}); using the looped layout "
+                "for long rows from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            _config.refuse_split()
+            _plans.clear()
+            return fn(*args, **kwargs)
+
+    return launcher
 
 
 def _workspace(cfg: Config, m: int, nv: int, acc: torch.dtype, x: torch.Tensor):
@@ -154,6 +215,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
     return y, h, rstd
 
 
+@_split_fallback
 def rms_norm_fwd(
     x: torch.Tensor,  # (M, N)
     weight: torch.Tensor | None,  # (N,)
@@ -169,6 +231,7 @@ def rms_norm_fwd(
     return y, rstd
 
 
+@_split_fallback
 def add_rms_norm_fwd(
     x: torch.Tensor,  # (M, N)
     residual: torch.Tensor,  # (M, N)
@@ -234,6 +297,7 @@ def _zero_grads(dw, db, need_dw, need_db):
         db.zero_()
 
 
+@_split_fallback
 def rms_norm_bwd(
     dy: torch.Tensor,  # (M, N)
     x: torch.Tensor,  # (M, N): x, or h for add_rms_norm
@@ -288,6 +352,7 @@ def rms_norm_bwd(
 # ----------------------------------------------------------------------------------------------
 # LayerNorm
 # ----------------------------------------------------------------------------------------------
+@_split_fallback
 def layer_norm_fwd(
     x: torch.Tensor,  # (M, N)
     weight: torch.Tensor | None,
@@ -320,6 +385,7 @@ def layer_norm_fwd(
     return y, mean, rstd
 
 
+@_split_fallback
 def layer_norm_bwd(
     dy: torch.Tensor,  # (M, N)
     x: torch.Tensor,  # (M, N)

@@ -53,7 +53,7 @@ def sqrt(a, ACC: tl.constexpr):
 @triton.jit
 def cvt(v, DT: tl.constexpr, RNE: tl.constexpr):
     """v.to(DT), rounding to nearest even by hand for bf16 when RNE (see _flags.INTERPRETED)."""
-    if RNE and DT == tl.bfloat16 and v.dtype != tl.bfloat16:
+    if (RNE and DT == tl.bfloat16) and v.dtype != tl.bfloat16:  # Triton < 3.4: no A and B and C
         bits = v.to(tl.float32).to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
