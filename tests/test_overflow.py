@@ -64,33 +64,38 @@ def _triton_layouts():
     }
 
 
-BACKENDS = ["reference", "cpu", "triton-single", "triton-loop", "triton-split"]
+BACKENDS = ["reference", "cpu", "triton-single", "triton-loop", "triton-split", "triton-default"]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _backend(name):
-    """(launcher module, context manager forcing its layout)."""
+    """(launcher module, context manager forcing its layout, device of its tensors)."""
     import contextlib
 
     if name == "reference":
-        return R, contextlib.nullcontext()
+        return R, contextlib.nullcontext(), DEVICE
     if name == "cpu":
         if not cpu.available():
             pytest.skip("numba is not installed")
-        return cpu, contextlib.nullcontext()
-    cfg = _triton_layouts()[name.split("-")[1]]
+        return cpu, contextlib.nullcontext(), "cpu"
+    pytest.importorskip("triton")
     import rmsnorm.kernels.triton as T
 
-    if torch.cuda.is_available():
-        pytest.skip("the forced small-N layouts are for the interpreter; GPU runs the defaults")
-    return T, T.override(fwd=cfg, bwd=cfg, ln_fwd=cfg, ln_bwd=cfg)
+    layout = name.split("-")[1]
+    if layout == "default":
+        if DEVICE == "cpu":
+            pytest.skip("the interpreter's default config is the single-tile one, tested above")
+        return T, contextlib.nullcontext(), DEVICE
+    cfg = _triton_layouts()[layout]
+    return T, T.override(fwd=cfg, bwd=cfg, ln_fwd=cfg, ln_bwd=cfg), DEVICE
 
 
-def _inputs(dtype):
+def _inputs(dtype, device):
     x, c = _rows(dtype)
     w = (torch.rand(N, generator=torch.Generator().manual_seed(1)) + 0.5).to(dtype)
     bias = torch.full((N,), 0.25, dtype=dtype)
     dy = torch.randn(x.shape[0], N, generator=torch.Generator().manual_seed(2)).to(dtype)
-    return x, c, w, bias, dy
+    return x.to(device), c.to(device), w.to(device), bias.to(device), dy.to(device)
 
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -99,8 +104,8 @@ DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=[
 @DTYPES
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rms_norm_rows_whose_sum_of_squares_overflows(backend, dtype):
-    B, layout = _backend(backend)
-    x, c, w, bias, dy = _inputs(dtype)
+    B, layout, device = _backend(backend)
+    x, c, w, bias, dy = _inputs(dtype, device)
     m = x.shape[0]
     x64, w64, b64, dy64 = x.double(), w.double(), bias.double(), dy.double()
     with layout:
@@ -118,7 +123,7 @@ def test_rms_norm_rows_whose_sum_of_squares_overflows(backend, dtype):
             _check(dw, g_x[1], f"{eps_mode} dweight", rows=m)
             _check(db, g_x[2], f"{eps_mode} dbias", rows=m)
         # residual add: h = x + residual stays in range; its statistics overflow as x's do
-        res = torch.randn(m, N, generator=torch.Generator().manual_seed(3)).to(dtype)
+        res = torch.randn(m, N, generator=torch.Generator().manual_seed(3)).to(dtype).to(device)
         opts = (EPS, "mean_square", "gemma", 0.0, N)
         y, h, r = B.add_rms_norm_fwd(x, res, w, None, *opts)
         assert torch.equal(h, (x.float() + res.float()).to(dtype))
@@ -140,8 +145,8 @@ _CPU_LN = pytest.param(
 @DTYPES
 @pytest.mark.parametrize("backend", [b if b != "cpu" else _CPU_LN for b in BACKENDS])
 def test_layer_norm_rows_whose_statistics_overflow(backend, dtype):
-    B, layout = _backend(backend)
-    x, c, w, bias, dy = _inputs(dtype)
+    B, layout, device = _backend(backend)
+    x, c, w, bias, dy = _inputs(dtype, device)
     m = x.shape[0]
     x64, w64, b64, dy64 = x.double(), w.double(), bias.double(), dy.double()
     with layout:
@@ -171,11 +176,12 @@ def test_torch_returns_zeros_where_the_spec_rescales():
 def test_inf_and_nan_rows_keep_torchs_results(backend):
     """A row holding inf or NaN is not 'rescaled' into finite numbers: RMSNorm gives what torch
     gives (0 beside an inf, NaN at it; NaN throughout a NaN row), LayerNorm NaN."""
-    B, layout = _backend(backend)
+    B, layout, device = _backend(backend)
     x = torch.randn(3, N)
     x[0, 5] = float("inf")
     x[1, 7] = float("nan")
     x[2, 9] = -float("inf")
+    x = x.to(device)
     with layout:
         y, _ = B.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, N)
         y_t = torch.nn.functional.rms_norm(x, (N,), eps=EPS)

@@ -803,8 +803,8 @@ def test_gpu_split_rows_under_contention():
 def test_gpu_weight_gradient_is_bitwise_deterministic(m, n):
     """d weight / d bias are fixed-order sums: the same bits on every run, in the single-tile and
     the split layouts at production configs."""
-    x, w, dy = _rand(m, n, dtype=torch.bfloat16), _rand(n, dtype=torch.bfloat16), None
-    dy = _rand(m, n, dtype=torch.bfloat16)
+    x, dy = _rand(m, n, dtype=torch.bfloat16), _rand(m, n, dtype=torch.bfloat16)
+    w = _rand(n, dtype=torch.bfloat16)
     b = _rand(n, dtype=torch.bfloat16)
     rstd = torch.rand(m, device=DEVICE) + 0.5
     mean = torch.randn(m, device=DEVICE)
