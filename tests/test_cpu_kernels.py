@@ -80,11 +80,20 @@ def _f64(t):
     return None if t is None else t.detach().to(torch.float64)
 
 
-def _param(n: int, kind: str, dtype: torch.dtype, scale: float = 1.0):
-    """weight / bias: None, in the input dtype ("same") or float32 ("fp32")."""
+def _param(n: int, kind: str, dtype: torch.dtype, scale: float = 1.0, layout="contiguous"):
+    """weight / bias: None, in the input dtype ("same") or float32 ("fp32"); laid out contiguous,
+    as every other element of a buffer ("strided"), one value expanded (stride 0, "expanded") or
+    at a storage offset ("offset"), with NaN where a unit-stride read would wrongly land."""
     if kind == "none":
         return None
-    return (torch.randn(n) * scale).to(dtype if kind == "same" else torch.float32)
+    t = (torch.randn(n) * scale).to(dtype if kind == "same" else torch.float32)
+    if layout == "strided":
+        return torch.stack([t, torch.full_like(t, float("nan"))], dim=1).reshape(-1)[::2]
+    if layout == "expanded":
+        return t[:1].expand(n)
+    if layout == "offset":
+        return torch.cat([torch.full((3,), float("nan"), dtype=t.dtype), t])[3:]
+    return t
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,6 +110,7 @@ RMS_FACTORS = {
     # (M, N): N off powers of two; N = 1; M = 1; M past one d-weight block (32 rows), ragged end
     "shape": ((67, 300), (1, 257), (9, 1), (70, 129)),
     "layout": ("contiguous", "strided", "every_other_row"),
+    "params": ("contiguous", "strided", "expanded", "offset"),
 }
 RMS_CASES = _pairwise(RMS_FACTORS, valid=lambda c: c["offset"] == 0.0 or c["weight"] != "none")
 
@@ -109,10 +119,10 @@ def _rms_inputs(case):
     m, n = case["shape"]
     dt = case["dtype"]
     x = _rows(m, n, dt, case["layout"], scale=2.0, shift=0.5)
-    w = _param(n, case["weight"], dt)
+    w = _param(n, case["weight"], dt, layout=case["params"])
     if w is not None and case["offset"]:
         w = w * 0.1  # Gemma-style γ near 0 with offset 1
-    b = _param(n, "same" if case["bias"] else "none", dt)
+    b = _param(n, "same" if case["bias"] else "none", dt, layout=case["params"])
     k = R.partial_size(n, case["partial"])
     return x, w, b, k
 
@@ -204,6 +214,7 @@ LN_CASES = _pairwise(
         "bias": ("none", "same", "fp32"),
         "shape": ((67, 300), (1, 257), (9, 1), (70, 129)),
         "layout": ("contiguous", "strided", "every_other_row"),
+        "params": ("contiguous", "strided", "expanded", "offset"),
     }
 )
 
@@ -214,7 +225,8 @@ def test_layer_norm_forward_and_backward(case):
     dt = case["dtype"]
     # a large mean next to the spread: the variance must not come from E[x²] − μ²
     x = _rows(m, n, dt, case["layout"], scale=0.5, shift=30.0)
-    w, b = _param(n, case["weight"], dt), _param(n, case["bias"], dt)
+    lay = case["params"]
+    w, b = _param(n, case["weight"], dt, layout=lay), _param(n, case["bias"], dt, layout=lay)
     y, mean, rstd = cpu.layer_norm_fwd(x, w, b, 1e-5)
     ye, me, re = R.layer_norm_fwd(x, w, b, 1e-5)
     y64, m64, r64 = R.layer_norm_fwd(_f64(x), _f64(w), _f64(b), 1e-5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -308,6 +309,34 @@ def test_strided_rows():
     _check_all_ops(x, w, b, res=res_base[:, :64])
 
 
+def _param_layout(t, layout):
+    """The same (N,) values as t, laid out as a strided view (every other element), an expanded
+    scalar (stride 0; t's first value repeated) or a view at a storage offset."""
+    if layout == "strided":
+        return torch.stack([t, torch.full_like(t, float("nan"))], dim=1).reshape(-1)[::2]
+    if layout == "expanded":
+        return t[:1].expand(t.shape[0])
+    assert layout == "offset"
+    return torch.cat([torch.full((5,), float("nan"), dtype=t.dtype, device=t.device), t])[5:]
+
+
+@pytest.mark.parametrize("layout", ["single", "loop", "split"])
+@pytest.mark.parametrize("param", ["strided", "expanded", "offset"])
+def test_parameter_layouts(param, layout):
+    """Weights and biases that are strided, expanded (stride 0) or at a storage offset are read as
+    their values, by every launcher in every layout (NaN sits where a unit-stride read from the
+    view's first element would land)."""
+    m, n = 5, 33
+    cfg = {"single": Config(2, 64, 4, programs=2), "loop": _loop(16), "split": _split(16, n)}
+    x = _rand(m, n, dtype=torch.bfloat16)
+    w = _param_layout(_rand(n, dtype=torch.float32, shift=1.0), param)
+    b = _param_layout(_rand(n, dtype=torch.float32, scale=0.1), param)
+    assert param != "strided" or w.stride() == (2,)
+    with override(fwd=cfg[layout], bwd=cfg[layout], ln_fwd=cfg[layout], ln_bwd=cfg[layout]):
+        _check_all_ops(x, w, b, res=_rand(m, n, dtype=torch.bfloat16))
+        _check_all_ops(x, w, b)
+
+
 def test_weight_gradient_many_rows():
     """d weight / d bias summed over 3000 rows: several row blocks per program and several
     programs' partials; tolerance grows with √rows."""
@@ -486,6 +515,121 @@ def test_gpu_config_table(kind, dtype):
                 assert cfg.slots(m) * cfg.split <= max(cfg.programs, cfg.split)
 
 
+# ----------------------------------------------------------------------------------------------
+# The FLAGS bits (pure Python and source checks: a misnumbered bit fails here, not in results)
+# ----------------------------------------------------------------------------------------------
+_FLAG_OPTIONS = {
+    "LOOP": {"loop": True}, "PREFETCH": {"prefetch": True}, "PHASE": {"phase": 3},
+    "RES": {"res": True}, "W": {"w": True}, "B": {"b": True}, "DW": {"dw": True},
+    "DB": {"db": True}, "RMS_EPS": {"rms_eps": True}, "PARTIAL": {"partial": True},
+    "CAST": {"cast": 3},
+}  # fmt: skip
+
+
+def test_flag_fields_are_disjoint_and_each_option_sets_its_own():
+    from rmsnorm.kernels.triton import _flags as flag
+
+    fields = flag.BITS
+    for (a, va), (b, vb) in itertools.combinations(fields.items(), 2):
+        assert va & vb == 0, f"flag fields {a} and {b} overlap"
+    assert all(0 < v < 1 << flag.FINGERPRINT_SHIFT for v in fields.values())
+    assert fields["PHASE"] == flag.FIELD_MASK << flag.PHASE_SHIFT
+    assert fields["CAST"] == flag.FIELD_MASK << flag.CAST_SHIFT
+    assert max(flag.CAST_GEMMA, flag.CAST_LLAMA, flag.CAST_NONE) <= flag.FIELD_MASK
+    base = flag.flags()
+    assert base >> flag.FINGERPRINT_SHIFT == flag.FINGERPRINT
+    assert bool(base & flag.RNE) == flag.INTERPRETED
+    assert set(_FLAG_OPTIONS) | {"RNE"} == set(fields)
+    for name, kwargs in _FLAG_OPTIONS.items():
+        assert flag.flags(**kwargs) ^ base == fields[name], name
+
+
+def test_fingerprint_changes_with_the_numbering():
+    """Renumbering a bit changes FLAGS for every launch, so Triton's on-disk cache never serves a
+    kernel compiled under the old numbering (FLAGS is in its key; the bit values are not)."""
+    import zlib
+
+    from rmsnorm.kernels.triton import _flags as flag
+
+    def fingerprint(bits):
+        return zlib.crc32(repr(sorted(bits.items())).encode()) & 0xFFFF
+
+    assert fingerprint(flag.BITS) == flag.FINGERPRINT
+    swapped = dict(flag.BITS, RES=flag.BITS["W"], W=flag.BITS["RES"])
+    assert fingerprint(swapped) != flag.FINGERPRINT
+
+
+def test_kernels_decode_flags_by_name_only():
+    """Every FLAGS test in the kernels goes through a name of ``_flags`` (``FLAGS & flag.RES``);
+    a bare number there would silently keep the old meaning when a bit is renumbered."""
+    import inspect
+    import re
+
+    from rmsnorm.kernels.triton import _common, _flags, _layer_norm, _rms
+
+    decoded = 0
+    for mod in (_common, _rms, _layer_norm):
+        src = inspect.getsource(mod)
+        assert not re.search(r"FLAGS\s*(&|>>|<<|\||==)\s*\(?\s*\d", src), mod.__name__
+        for name in re.findall(r"FLAGS\s*(?:&|>>)\s*flag\.(\w+)", src):
+            assert hasattr(_flags, name), name
+            decoded += 1
+    assert decoded >= 30  # the four kernels' prologues
+
+
+# ----------------------------------------------------------------------------------------------
+# Version floor and the split layout's co-residency (pure Python: no GPU needed)
+# ----------------------------------------------------------------------------------------------
+def test_an_older_triton_is_refused_with_its_version_and_the_way_out():
+    import subprocess
+    import sys
+
+    code = (
+        "import triton; triton.__version__ = '3.3.1'\n"
+        "try:\n    import rmsnorm.kernels.triton\n"
+        "except ImportError as e:\n    print(e)\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "need triton >= 3.4, found triton 3.3.1" in out.stdout, out.stdout + out.stderr
+    assert "RMSNORM_BACKEND=reference" in out.stdout
+    assert T._version("3.10.0+git1234") == (3, 10) >= T.MIN_TRITON
+
+
+def test_split_launches_are_cooperative(monkeypatch):
+    """On a GPU a split layout's programs wait for each other: the launch asks the driver to make
+    them co-resident (or refuse), never to hope they are."""
+    monkeypatch.setattr(T.flag, "INTERPRETED", False)
+    split = T._launches(_split(16, 64), 0, {})
+    assert [kw.get("launch_cooperative_grid") for kw in split] == [True]
+    assert "launch_cooperative_grid" not in T._launches(_loop(16), 0, {})[0]
+
+
+def test_a_refused_cooperative_launch_falls_back_to_the_looped_layout(monkeypatch):
+    calls = []
+    real = T._launch
+
+    def launch(kernel, cfg, launches, m, args):
+        calls.append(cfg.split)
+        if len(calls) == 1:
+            raise T._SplitRefused("too many blocks in cooperative launch")
+        return real(kernel, cfg, launches, m, args)
+
+    monkeypatch.setattr(T, "_launch", launch)
+    monkeypatch.setattr(_config, "_split_refused", False)
+    x = _rand(3, 40)
+    with pytest.warns(RuntimeWarning, match="looped layout"):
+        y, _ = T.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, 40)
+    assert len(calls) == 2 and _config._split_refused
+    y_e, _ = R.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, 40)
+    _close(y, R.rms_norm_fwd(_d(x), None, None, EPS, "mean_square", "gemma", 0.0, 40)[0], y_e, "y")
+    for n in (65536, 262144, 2**20):  # no split config once refused
+        assert _config._gpu_config("fwd", n, 2, 132).split == 1
+    monkeypatch.setattr(_config, "_split_refused", False)
+    _config._gpu_config.cache_clear()
+    assert _config._gpu_config("fwd", 65536, 2, 132).split > 1
+
+
 def test_override_is_scoped():
     cfg = Config(1, 16, 4, loop=True)
     with override(fwd=cfg):
@@ -608,6 +752,89 @@ def test_gpu_cuda_graph_capture():
     torch.cuda.synchronize()
     assert torch.equal(y_g, rmsnorm.rms_norm(x, 4096, w, 1e-6))
     assert not torch.equal(y_g, y)
+
+
+def _split_shape_inputs(m=256, n=65536, dtype=torch.bfloat16):
+    """Inputs at a shape whose production config is the split layout (checked)."""
+    assert _config._gpu_config("fwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
+    assert _config._gpu_config("bwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
+    x = _rand(m, n, dtype=dtype)
+    w = _rand(n, dtype=dtype, shift=1.0)
+    return x, w, _rand(m, n, dtype=dtype)
+
+
+def _split_norms(x, w, dy):
+    """Forward and backward (dx, d weight) of RMSNorm and LayerNorm on split-layout shapes."""
+    n = x.shape[1]
+    y, rstd = T.rms_norm_fwd(x, w, None, EPS, "mean_square", "gemma", 0.0, n)
+    g = T.rms_norm_bwd(dy, x, w, None, rstd, None, EPS, "mean_square", "gemma", 0.0, n,
+                       x.dtype, True)  # fmt: skip
+    yl, mean, lr = T.layer_norm_fwd(x, w, None, EPS)
+    gl = T.layer_norm_bwd(dy, x, w, None, mean, lr, True)
+    return (y, rstd, *g[:2], yl, mean, lr, *gl[:2])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_split_rows_under_contention():
+    """Split-layout norms on two streams while a third runs a long matmul loop: every launch
+    must finish (the caller bounds the run with a timeout) and give the bits of a quiet run."""
+    x, w, dy = _split_shape_inputs()
+    quiet = _split_norms(x, w, dy)
+    torch.cuda.synchronize()
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    side, s1, s2 = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    results = []
+    with torch.cuda.stream(side):
+        for _ in range(60):  # ~1 s of matmuls on an H200
+            a = (a @ a).clamp_(-1, 1)
+    for _ in range(10):
+        for s in (s1, s2):
+            with torch.cuda.stream(s):
+                results.append(_split_norms(x, w, dy))
+    torch.cuda.synchronize()
+    for got in results:
+        for q, g in zip(quiet, got, strict=True):
+            assert torch.equal(q, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n", [(4096, 4096), (256, 65536)])
+def test_gpu_weight_gradient_is_bitwise_deterministic(m, n):
+    """d weight / d bias are fixed-order sums: the same bits on every run, in the single-tile and
+    the split layouts at production configs."""
+    x, dy = _rand(m, n, dtype=torch.bfloat16), _rand(m, n, dtype=torch.bfloat16)
+    w = _rand(n, dtype=torch.bfloat16)
+    b = _rand(n, dtype=torch.bfloat16)
+    rstd = torch.rand(m, device=DEVICE) + 0.5
+    mean = torch.randn(m, device=DEVICE)
+    args = (x, w, b, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True)
+    first = T.rms_norm_bwd(dy, *args)
+    first_ln = T.layer_norm_bwd(dy, x, w, b, mean, rstd, True)
+    for _ in range(3):
+        for a, b_ in zip(first, T.rms_norm_bwd(dy, *args), strict=True):
+            assert torch.equal(a, b_)
+        for a, b_ in zip(first_ln, T.layer_norm_bwd(dy, x, w, b, mean, rstd, True), strict=True):
+            assert torch.equal(a, b_)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_of_split_rows():
+    """A split-layout (cooperative) launch captured in a CUDA graph replays to the eager bits."""
+    x, w, dy = _split_shape_inputs(m=64)
+    n = x.shape[1]
+    eager = rmsnorm.rms_norm(x, n, w, EPS)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        rmsnorm.rms_norm(x, n, w, EPS)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_g = rmsnorm.rms_norm(x, n, w, EPS)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_g, eager)
 
 
 def test_float_scalars_reach_kernels_exactly():

@@ -8,6 +8,18 @@ arguments and return the same tuples as the Triton and CPU launchers. The formul
 Notation (one row of N elements; M rows): x the row, γ the weight, β the bias, k the number of
 leading elements the RMS is estimated from (k = N unless ``partial`` is set), r the per-row
 reciprocal scale.
+
+Rows whose statistics overflow the compute dtype (Σx² past 3.4e38 in float32, i.e. |x| ≳ 1e19 in
+float32 or bfloat16 input) are rescaled rather than returned as 0 (which is what torch gives):
+with s = :func:`overflow_scale` (2^-80 in float32, a power of two, so scaling is exact),
+
+    mean(x²) = mean((s·x)²) / s²,    r = s · rsqrt(mean((s·x)²) + ε·s²)
+    μ = mean(s·x) / s,               σ² = mean((s·x − s·μ)²) / s²
+
+computed only for the rows whose plain sum is not finite (both sums come from the same read of the
+row: one reduction when compiled). The results are those of exact arithmetic rounded as for any
+other row, except that r, an fp32 output, is itself subnormal for RMS (or σ) past 2^126 ≈ 8.5e37
+(up to 2^-21 relative error at 3e38). Rows holding inf or NaN keep torch's results.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ __all__ = [
     "default_eps",
     "partial_size",
     "output_dtype",
+    "overflow_scale",
     "row_stats",
     "rms_norm",
     "add_rms_norm",
@@ -74,6 +87,18 @@ def output_dtype(
     return input_dtype
 
 
+def overflow_scale(dtype: torch.dtype) -> float:
+    """s, the power of two a row is scaled by when its statistics overflow ``dtype`` (a compute
+    dtype): 2^-80 for float32 (|s·x| ≤ 2^48, so k ≤ 2^31 squares sum to at most 2^127) and
+    2^-560 for float64 (|s·x| ≤ 2^464)."""
+    return 2.0**-560 if dtype == torch.float64 else 2.0**-80
+
+
+def _ones_but(mask: torch.Tensor, value: float, like: torch.Tensor) -> torch.Tensor:
+    """1 where not mask, value where mask, in like's dtype (value may underflow float32)."""
+    return torch.ones_like(like).masked_fill(mask, value)
+
+
 def row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row mean μ, population standard deviation σ and RMS over the last dim, in float64.
 
@@ -90,14 +115,26 @@ def row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 # ----------------------------------------------------------------------------------------------
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
+def _mean_square(xf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ms, sc) per row of the first k elements of xf (compute dtype): ms = mean(x²) and sc = 1,
+    or, where mean(x²) overflows, ms = mean((s·x)²) and sc = s (see the module docstring)."""
+    xk = xf[:, :k]
+    s = overflow_scale(xf.dtype)
+    ms = xk.square().mean(dim=-1)  # (M,)
+    ms_s = (xk * s).square().mean(dim=-1)  # the same read of x: one fused reduction when compiled
+    over = ms == math.inf
+    return torch.where(over, ms_s, ms), _ones_but(over, s, ms)
+
+
 def _rstd(xf: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
     """r per row from the first k elements: ``"mean_square"`` r = 1/sqrt(mean(x²) + ε);
-    ``"rms"`` r = 1/(sqrt(mean(x²)) + ε)."""
-    ms = xf[:, :k].square().mean(dim=-1)  # (M,)
+    ``"rms"`` r = 1/(sqrt(mean(x²)) + ε); for a row whose mean(x²) overflows, the same from s·x:
+    r = s/sqrt(mean((s·x)²) + ε·s²) or s/(sqrt(mean((s·x)²)) + ε·s)."""
+    ms, sc = _mean_square(xf, k)  # (M,), (M,)
     if eps_mode == "mean_square":
-        return torch.rsqrt(ms + eps)
+        return torch.rsqrt(ms + eps * sc * sc) * sc
     if eps_mode == "rms":
-        return 1.0 / (ms.sqrt() + eps)
+        return 1.0 / (ms.sqrt() + eps * sc) * sc
     raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
 
 
@@ -236,8 +273,9 @@ def rms_norm_bwd(
     if eps_mode == "mean_square":
         corr = xhat * (r * S / k)
     elif eps_mode == "rms":
-        root = xf[:, :k].square().mean(dim=-1, keepdim=True).sqrt()  # (M, 1)
-        coef = torch.where(root > 0, S / (k * root), torch.zeros_like(S))
+        ms, sc = _mean_square(xf, k)
+        root = ms.sqrt()[:, None]  # (M, 1): RMS, or s·RMS where mean(x²) overflows
+        coef = torch.where(root > 0, S / (k * root), torch.zeros_like(S)) * sc[:, None]
         corr = xhat * coef
     else:
         raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
@@ -259,6 +297,11 @@ def rms_norm_bwd(
 # ----------------------------------------------------------------------------------------------
 # LayerNorm
 # ----------------------------------------------------------------------------------------------
+# r below which x − μ may overflow float32: |x − μ| ≤ sqrt(N)·σ ≤ 2^16·σ, so overflow needs
+# σ > 2^112, r < 2^-112; rows with r < 2^-100 take the scaled form (same value, no overflow).
+_RISK_R = 2.0**-100
+
+
 def layer_norm_fwd(
     x: torch.Tensor,  # (M, N)
     weight: torch.Tensor | None,  # (N,)
@@ -266,7 +309,9 @@ def layer_norm_fwd(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm forward: y = γ ⊙ (x − μ)·r + β with r = 1/sqrt(σ² + ε), σ² the population variance
-    (two-pass). Computed in the compute dtype, returned in x's dtype, as ``F.layer_norm``.
+    (two-pass). Computed in the compute dtype, returned in x's dtype, as ``F.layer_norm``. A row
+    whose μ, x − μ or σ² overflows is normalized from s·x (the module docstring): x − μ is then
+    s·x − s·μ, r_s = 1/sqrt(σ_s² + ε·s²) normalizes it, and r = s·r_s is returned.
 
     Returns (y (M, N), μ (M,), r (M,)).
     """
@@ -274,8 +319,18 @@ def layer_norm_fwd(
     xf = x.to(cd)
     mean = xf.mean(dim=-1)  # (M,)
     xc = xf - mean[:, None]
-    rstd = torch.rsqrt(xc.square().mean(dim=-1) + eps)  # (M,)
-    y = xc * rstd[:, None]
+    var = xc.square().mean(dim=-1)
+    s = overflow_scale(cd)
+    xs = xf * s  # the same reads as the plain statistics: fused into their reductions when compiled
+    mean_s = xs.mean(dim=-1)
+    xc_s = xs - mean_s[:, None]
+    over = ~torch.isfinite(var)  # also NaN: a NaN or inf input gives NaN either way
+    xc = torch.where(over[:, None], xc_s, xc)
+    sc = _ones_but(over, s, var)
+    r = torch.rsqrt(torch.where(over, xc_s.square().mean(dim=-1), var) + eps * sc * sc)  # (M,)
+    mean = torch.where(over, mean_s / s, mean)
+    rstd = r * sc
+    y = xc * r[:, None]
     if weight is not None:
         y = y * weight.to(cd)
     if bias is not None:
@@ -294,11 +349,13 @@ def layer_norm_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm backward: x̂ = (x − μ)·r, g = dy ⊙ γ,
     dx = r·(g − mean(g) − x̂·mean(g ⊙ x̂)); dγ = Σ_rows dy ⊙ x̂; dβ = Σ_rows dy.
-    Returns (dx, dγ, dβ) like :func:`rms_norm_bwd`."""
+    Where r < 2^-100 (σ > 1e30, where x − μ may overflow) x̂ = (s·x − s·μ)·(r/s): the same value,
+    with s of :func:`overflow_scale`. Returns (dx, dγ, dβ) like :func:`rms_norm_bwd`."""
     cd = compute_dtype(x.dtype)
     dyf = dy.to(cd)
     r = rstd.to(cd)[:, None]
-    xhat = (x.to(cd) - mean.to(cd)[:, None]) * r
+    sc = _ones_but(r < _RISK_R, overflow_scale(cd), r)  # (M, 1)
+    xhat = (x.to(cd) * sc - mean.to(cd)[:, None] * sc) * (r / sc)
     g = dyf * weight.to(cd) if weight is not None else dyf
     dx = r * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
     dw = x.new_empty((0,), dtype=compute_dtype(x.dtype))  # distinct tensors: outputs never alias

@@ -7,25 +7,38 @@ outputs, pick a cached launch config (``_config.py``) and launch. No autograd, n
 
 from __future__ import annotations
 
+import functools
+import re
+
 import torch
 import triton
 import triton.language as tl
 
 from ...reference import compute_dtype, output_dtype
-from . import _config
-from ._config import Config, override
-from ._kernels import (
-    _INTERPRETED,
-    CAST_GEMMA,
-    CAST_LLAMA,
-    CAST_NONE,
-    _layer_norm_bwd_kernel,
-    _layer_norm_fwd_kernel,
-    _rms_norm_bwd_kernel,
-    _rms_norm_fwd_kernel,
-    _sum_partials_kernel,
-    flags,
-)
+
+# Triton 3.3 passes the kernels' dtype-annotated scalars (eps, offset: tl.float64) as float32,
+# which float64 inputs need exactly, and rejects chained boolean operators; both checked by
+# compiling every kernel for sm_90 with Triton 3.3.1 and 3.4.0. 3.4 ships with torch 2.8.
+MIN_TRITON = (3, 4)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+
+if _version(triton.__version__) < MIN_TRITON:
+    raise ImportError(
+        f"rmsnorm's Triton kernels need triton >= {'.'.join(map(str, MIN_TRITON))}, found "
+        f"triton {triton.__version__} (torch 2.8 and later bring a recent enough one); upgrade "
+        "triton, or run another backend: RMSNORM_BACKEND=reference (any device) or cpu"
+    )
+# The kernels are imported after the version check, so an old Triton fails with the message above.
+from . import _config  # noqa: E402
+from . import _flags as flag  # noqa: E402
+from ._common import sum_partials_kernel  # noqa: E402
+from ._config import Config, override  # noqa: E402
+from ._layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel  # noqa: E402
+from ._rms import rms_norm_bwd_kernel, rms_norm_fwd_kernel  # noqa: E402
 
 __all__ = [
     "rms_norm_fwd",
@@ -43,7 +56,7 @@ _TL = {
     torch.bfloat16: tl.bfloat16,
     torch.float64: tl.float64,
 }
-_CAST = {"gemma": CAST_GEMMA, "llama": CAST_LLAMA, "none": CAST_NONE}
+_CAST = {"gemma": flag.CAST_GEMMA, "llama": flag.CAST_LLAMA, "none": flag.CAST_NONE}
 _EPS_MODES = ("mean_square", "rms")
 
 
@@ -52,6 +65,14 @@ def _check_mode(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"eps_mode must be one of {_EPS_MODES}, got {eps_mode!r}")
     if casting_mode not in _CAST:
         raise ValueError(f"casting_mode must be one of {tuple(_CAST)}, got {casting_mode!r}")
+
+
+def _vec(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A (N,) or (M,) vector as the kernels read it, with unit stride. A strided, expanded
+    (stride 0) or sliced weight is copied (N elements, nothing next to the M·N of a launch); a
+    contiguous one is returned as is (~0.05 µs). Cheaper than a stride argument per vector, which
+    every launch would bind and every kernel would multiply by."""
+    return None if t is None else t.contiguous()
 
 
 def _acc(*dtypes: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
@@ -89,18 +110,58 @@ def _launches(cfg: Config, option_flags: int, extra: dict) -> list[dict]:
         "num_stages": cfg.num_stages,
         **extra,
     }
-    base = option_flags | flags(loop=cfg.loop, prefetch=cfg.programs > 0)
-    if cfg.split > 1 and _INTERPRETED:
+    base = option_flags | flag.flags(loop=cfg.loop, prefetch=cfg.programs > 0)
+    if cfg.split > 1 and flag.INTERPRETED:
         # The interpreter runs programs one after another: a split row runs as a publish launch
         # and a finish launch instead of spinning on its counter.
-        return [dict(common, FLAGS=base | flags(phase=ph)) for ph in (1, 2)]
+        return [dict(common, FLAGS=base | flag.flags(phase=ph)) for ph in (1, 2)]
+    if cfg.split > 1:
+        # The programs of a split row spin on each other, so they must all be resident at once.
+        # A cooperative launch makes that the driver's guarantee rather than an assumption
+        # (grid <= SMs on an otherwise idle GPU): kernels of other streams, a second split
+        # launch or an MPS share of the SMs then delay the launch instead of deadlocking it, and
+        # one that can never fit is refused at launch (see _SplitRefused).
+        common["launch_cooperative_grid"] = True
     return [dict(common, FLAGS=base)]
+
+
+class _SplitRefused(Exception):
+    """The driver refused a cooperative (split-layout) launch: it can never be co-resident."""
 
 
 def _launch(kernel, cfg: Config, launches: list, m: int, args: tuple) -> None:
     grid = (cfg.slots(m) * cfg.split,)
     for kwargs in launches:
-        kernel[grid](*args, **kwargs)
+        try:
+            kernel[grid](*args, **kwargs)
+        except RuntimeError as e:
+            if cfg.split > 1 and "cooperative" in str(e).lower():
+                raise _SplitRefused(str(e)) from e
+            raise
+
+
+def _split_fallback(fn):
+    """Run launcher `fn`; if the driver refuses a split-layout launch (an MPS share of the SMs
+    too small for the grid, say), switch the process to the looped layout and run it again."""
+
+    @functools.wraps(fn)
+    def launcher(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _SplitRefused as e:
+            import warnings
+
+            warnings.warn(
+                f"rmsnorm: the GPU refused a cooperative launch ({e}); using the looped layout "
+                "for long rows from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            _config.refuse_split()
+            _plans.clear()
+            return fn(*args, **kwargs)
+
+    return launcher
 
 
 def _workspace(cfg: Config, m: int, nv: int, acc: torch.dtype, x: torch.Tensor):
@@ -129,7 +190,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         # Registers hold the widest input's tile: an fp32 residual sizes the tile as fp32.
         size_dtype = x.dtype if rdt is None or rdt.itemsize <= x.dtype.itemsize else rdt
         cfg = _config.choose("fwd", n, size_dtype, dev)
-        option_flags = flags(
+        option_flags = flag.flags(
             res=rdt is not None, w=wdt is not None, b=bias is not None,
             rms_eps=eps_mode == "rms", partial=k < n, cast=_CAST[casting_mode],
         )  # fmt: skip
@@ -137,6 +198,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc
 
     cfg, launches, y_dtype, acc = _plan(key, build)
+    weight, bias = _vec(weight), _vec(bias)
     y = torch.empty((m, n), dtype=y_dtype, device=dev)
     h = None if rdt is None else torch.empty((m, n), dtype=rdt, device=dev)
     rstd = torch.empty((m,), dtype=acc, device=dev)
@@ -149,10 +211,11 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         x if bias is None else bias, rstd, ws, cnt, x.stride(0), res.stride(0), m, n, k, eps,
         offset,
     )  # fmt: skip
-    _launch(_rms_norm_fwd_kernel, cfg, launches, m, args)
+    _launch(rms_norm_fwd_kernel, cfg, launches, m, args)
     return y, h, rstd
 
 
+@_split_fallback
 def rms_norm_fwd(
     x: torch.Tensor,  # (M, N)
     weight: torch.Tensor | None,  # (N,)
@@ -168,6 +231,7 @@ def rms_norm_fwd(
     return y, rstd
 
 
+@_split_fallback
 def add_rms_norm_fwd(
     x: torch.Tensor,  # (M, N)
     residual: torch.Tensor,  # (M, N)
@@ -189,8 +253,9 @@ def _param_grads(x, weight, bias, need: bool):
     empty = x.new_empty((0,), dtype=compute_dtype(x.dtype))
     need_dw = need and weight is not None
     need_db = need and bias is not None
-    dw = torch.empty_like(weight) if need_dw else empty
-    db = torch.empty_like(bias) if need_db else empty
+    # Fresh unit-stride outputs (empty_like would copy a view's layout, which the kernel ignores).
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=x.device) if need_dw else empty
+    db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if need_db else empty
     return dw, db, need_dw, need_db
 
 
@@ -204,10 +269,10 @@ def _reduce_partials(part: torch.Tensor, dw, db, need_dw: bool, need_db: bool, n
         block_n = max(32, min(256, _pow2(-(-n // 512))))
         block_r, warps = 32, 4
     grid = (triton.cdiv(n, block_n), int(need_dw) + int(need_db))
-    _sum_partials_kernel[grid](
+    sum_partials_kernel[grid](
         part, dw, db, rows, n, part.stride(0),
         NEED_DW=need_dw, NEED_DB=need_db, BLOCK_R=block_r, BLOCK_N=block_n, ACC=acc_tl,
-        RNE=_INTERPRETED,
+        RNE=flag.INTERPRETED,
         num_warps=warps,
     )  # fmt: skip
 
@@ -232,6 +297,7 @@ def _zero_grads(dw, db, need_dw, need_db):
         db.zero_()
 
 
+@_split_fallback
 def rms_norm_bwd(
     dy: torch.Tensor,  # (M, N)
     x: torch.Tensor,  # (M, N): x, or h for add_rms_norm
@@ -259,7 +325,7 @@ def rms_norm_bwd(
         _check_mode(eps_mode, casting_mode)
         acc, acc_tl = _acc(x.dtype, input_dtype)
         cfg = _config.choose("bwd", n, x.dtype, x.device)
-        option_flags = flags(
+        option_flags = flag.flags(
             res=has_dres, w=has_w, dw=need_dw, db=need_db, rms_eps=eps_mode == "rms",
             partial=k < n, cast=_CAST[casting_mode],
         )  # fmt: skip
@@ -271,12 +337,13 @@ def rms_norm_bwd(
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
     ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
+    weight, rstd = _vec(weight), _vec(rstd)
     dres = x if dresidual is None else dresidual
     args = (
         dy, x, weight if has_w else x, rstd, dres, dx, part, ws, cnt,
         dy.stride(0), x.stride(0), dres.stride(0), m, n, k, offset,
     )  # fmt: skip
-    _launch(_rms_norm_bwd_kernel, cfg, launches, m, args)
+    _launch(rms_norm_bwd_kernel, cfg, launches, m, args)
     if need_dw or need_db:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db
@@ -285,6 +352,7 @@ def rms_norm_bwd(
 # ----------------------------------------------------------------------------------------------
 # LayerNorm
 # ----------------------------------------------------------------------------------------------
+@_split_fallback
 def layer_norm_fwd(
     x: torch.Tensor,  # (M, N)
     weight: torch.Tensor | None,
@@ -299,23 +367,25 @@ def layer_norm_fwd(
     def build():
         acc, acc_tl = _acc(x.dtype)
         cfg = _config.choose("ln_fwd", n, x.dtype, x.device)
-        return cfg, _launches(cfg, flags(w=has_w, b=has_b), {"ACC": acc_tl}), acc
+        return cfg, _launches(cfg, flag.flags(w=has_w, b=has_b), {"ACC": acc_tl}), acc
 
     cfg, launches, acc = _plan(key, build)
+    weight, bias = _vec(weight), _vec(bias)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     mean = torch.empty((m,), dtype=acc, device=x.device)
     rstd = torch.empty((m,), dtype=acc, device=x.device)
     if m == 0:
         return y, mean, rstd
-    ws, cnt = _workspace(cfg, m, 2, acc, x)
+    ws, cnt = _workspace(cfg, m, 3, acc, x)  # per chunk: sum, M2 and its unit
     args = (
         x, y, weight if has_w else x, bias if has_b else x, mean, rstd, ws, cnt, x.stride(0),
         m, n, eps,
     )  # fmt: skip
-    _launch(_layer_norm_fwd_kernel, cfg, launches, m, args)
+    _launch(layer_norm_fwd_kernel, cfg, launches, m, args)
     return y, mean, rstd
 
 
+@_split_fallback
 def layer_norm_bwd(
     dy: torch.Tensor,  # (M, N)
     x: torch.Tensor,  # (M, N)
@@ -335,7 +405,7 @@ def layer_norm_bwd(
     def build():
         acc, acc_tl = _acc(x.dtype)
         cfg = _config.choose("ln_bwd", n, x.dtype, x.device)
-        option_flags = flags(w=has_w, dw=need_dw, db=need_db)
+        option_flags = flag.flags(w=has_w, dw=need_dw, db=need_db)
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), acc, acc_tl
 
     cfg, launches, acc, acc_tl = _plan(key, build)
@@ -343,11 +413,12 @@ def layer_norm_bwd(
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
     ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
+    weight, mean, rstd = _vec(weight), _vec(mean), _vec(rstd)
     args = (
         dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dy.stride(0), x.stride(0),
         m, n,
     )  # fmt: skip
-    _launch(_layer_norm_bwd_kernel, cfg, launches, m, args)
+    _launch(layer_norm_bwd_kernel, cfg, launches, m, args)
     if need_dw or need_db:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db

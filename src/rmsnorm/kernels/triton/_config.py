@@ -1,7 +1,7 @@
 """Launch configurations: one heuristic config per shape class, cached; no autotuning on the hot
 path.
 
-A config says how a kernel tiles the (M, N) problem (see the layouts in ``_kernels.py``): the tile
+A config says how a kernel tiles the (M, N) problem (see the layouts in ``_common.py``): the tile
 (BLOCK_M rows × BLOCK_N columns), whether a row is walked in column blocks (``loop``) or split over
 cooperating programs (``split``), the warps per program, and the grid cap for persistent kernels.
 Tests force the looped and split layouts at small N with :func:`override`.
@@ -59,11 +59,21 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+_split_refused = False
+
+
+def refuse_split() -> None:
+    """No split layouts from now on in this process (the driver refused a cooperative launch)."""
+    global _split_refused
+    _split_refused = True
+    _gpu_config.cache_clear()
+
+
 def _split_allowed() -> bool:
-    # The split layout spins on a counter; it needs every program of a row resident at once, which
-    # holds while the grid ≤ SM count (and in practice beyond it: row slots are dispatched in
-    # order). RMSNORM_TRITON_SPLIT=0 opts out.
-    return os.environ.get("RMSNORM_TRITON_SPLIT", "1") != "0"
+    # The split layout spins on a counter; it needs every program of a row resident at once. The
+    # grid is at most one program per SM (each fits an SM alone) and the launch is cooperative,
+    # so the driver guarantees it (see the launchers). RMSNORM_TRITON_SPLIT=0 opts out.
+    return not _split_refused and os.environ.get("RMSNORM_TRITON_SPLIT", "1") != "0"
 
 
 def _wide(n: int, elem: int, chunk_units: int, sms: int) -> Config:
