@@ -699,17 +699,17 @@ def test_gpu_opcheck():
     w = _rand(64, dtype=torch.bfloat16, shift=1.0)
     b = _rand(64, dtype=torch.bfloat16)
     res = _rand(8, 64, dtype=torch.float32)
-    _, rstd = torch.ops.rmsnorm.rms_norm_fwd(x, w, b, EPS, "rms", "llama", 1.0, 40)
-    _, mean, lrstd = torch.ops.rmsnorm.layer_norm_fwd(x, w, b, EPS)
+    _, rstd = torch.ops.rmsnorm.rms_norm_fwd(x, 1, w, b, EPS, "rms", "llama", 1.0, 40)
+    _, mean, lrstd = torch.ops.rmsnorm.layer_norm_fwd(x, 1, w, b, EPS)
     dy = _rand(8, 64, dtype=torch.float32)
     samples = [
-        (torch.ops.rmsnorm.rms_norm_fwd, (x, w, b, EPS, "rms", "llama", 1.0, 40)),
-        (torch.ops.rmsnorm.add_rms_norm_fwd, (x, res, w, None, EPS, "mean_square", "gemma", 0.0,
-                                              64)),
-        (torch.ops.rmsnorm.rms_norm_bwd, (dy, x, w, b, rstd, None, EPS, "rms", "llama", 1.0, 40,
-                                          torch.bfloat16, True)),
-        (torch.ops.rmsnorm.layer_norm_fwd, (x, w, b, EPS)),
-        (torch.ops.rmsnorm.layer_norm_bwd, (dy.bfloat16(), x, w, b, mean, lrstd, True)),
+        (torch.ops.rmsnorm.rms_norm_fwd, (x, 1, w, b, EPS, "rms", "llama", 1.0, 40)),
+        (torch.ops.rmsnorm.add_rms_norm_fwd, (x, res, 1, w, None, EPS, "mean_square", "gemma",
+                                              0.0, 64)),
+        (torch.ops.rmsnorm.rms_norm_bwd, (dy, x, 1, w, b, rstd, None, EPS, "rms", "llama", 1.0,
+                                          40, torch.bfloat16, True)),
+        (torch.ops.rmsnorm.layer_norm_fwd, (x, 1, w, b, EPS)),
+        (torch.ops.rmsnorm.layer_norm_bwd, (dy.bfloat16(), x, 1, w, b, mean, lrstd, True)),
     ]  # fmt: skip
     for op, args in samples:
         torch.library.opcheck(op, args)
