@@ -365,7 +365,8 @@ def _normalize(source: str) -> tuple[str, set[str], set[str]]:
         raise ValueError("not a function")
     norm = _Normalizer(fn)
     body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", None), str):
         body = body[1:]  # the docstring
     args = norm.visit(fn.args)
     body = [norm.visit(stmt) for stmt in body]
@@ -380,13 +381,13 @@ def _known() -> dict[tuple[str, ...], list[tuple[dict[str, str], Convention, str
     canonical dumps of its methods by name, its convention and the class it comes from."""
     known: dict = {}
     for origin, conv, source in _KNOWN_FORWARDS:
-        namespace: dict = dict(_KNOWN_GLOBALS)
-        exec(compile(textwrap.dedent(source), f"<known forward of {origin}>", "exec"), namespace)
-        methods = {}
-        for node in ast.parse(textwrap.dedent(source)).body:
-            methods[node.name] = _normalize(ast.unparse(node))[0]
-        names = namespace["forward"].__code__.co_names
-        known.setdefault(names, []).append((methods, conv, origin))
+        source = textwrap.dedent(source)
+        module_code = compile(source, f"<known forward of {origin}>", "exec")
+        forward_code = next(
+            c for c in module_code.co_consts if getattr(c, "co_name", 0) == "forward"
+        )
+        methods = {node.name: _normalize(ast.unparse(node))[0] for node in ast.parse(source).body}
+        known.setdefault(forward_code.co_names, []).append((methods, conv, origin))
     return known
 
 
@@ -453,6 +454,7 @@ def _match_source(cls: type) -> Convention | str:
 # ----------------------------------------------------------------------------------------------
 _registered_classes: dict[type, Convention | None] = {}
 _registered_names: dict[str, Convention | None] = {}
+# class -> (its forward when decided, the decision); weak keys: classes can be garbage-collected.
 _recognized: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -492,14 +494,13 @@ def _decide(cls: type) -> Convention | str:
     conv = CONVENTIONS.get(_qualname(cls))
     if conv is not None:
         return conv
-    try:
-        return _recognized[cls]
-    except KeyError:
-        pass
-    forward = inspect.getattr_static(cls, "forward", None)
+    forward = getattr(cls, "forward", None)
+    cached = _recognized.get(cls)
+    if cached is not None and cached[0] is forward:  # the class's forward has not been replaced
+        return cached[1]
     own = getattr(forward, "_rmsnorm_convention", None)  # patched by patch_classes
     result = own if own is not None else _match_source(cls)
-    _recognized[cls] = result
+    _recognized[cls] = (forward, result)
     return result
 
 
