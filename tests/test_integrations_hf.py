@@ -568,6 +568,14 @@ def test_recognition_is_by_code_and_refuses_any_difference():
         hf.convention_of(gated)
 
 
+def test_a_class_whose_forward_is_replaced_is_decided_again():
+    cls = type("SwappedNorm", (LlamaCopyNorm,), {})
+    assert hf.convention_of(cls) == hf.NAMED_CONVENTIONS["llama"]
+    cls.forward = EpsRenamedNorm.forward
+    with pytest.raises(ValueError, match="SwappedNorm is not patched: its forward is none of"):
+        hf.convention_of(cls)
+
+
 def test_register_wins_over_recognition(monkeypatch):
     monkeypatch.setattr(hf, "_registered_classes", {})
     monkeypatch.setattr(hf, "_registered_names", {})
@@ -788,7 +796,7 @@ def test_the_sweep_sees_the_installed_transformers():
             assert isinstance(hf.convention_of(cls), hf.Convention), qualified
 
 
-@pytest.mark.parametrize("module_name", MODELING, ids=lambda n: n.rpartition(".modeling_")[2])
+@pytest.mark.parametrize("module_name", MODELING, ids=lambda n: n.split(".", 2)[2])
 def test_every_norm_class_is_patched_with_parity_or_refused(module_name):
     module = _import(module_name)
     for cls in _norm_classes(module):
