@@ -14,21 +14,23 @@ from ..modules import LayerNorm, RMSNorm
 
 __all__ = ["norm_parameters", "all_reduce_norm_grads"]
 
-# Hugging Face norm classes are recognised by name, so this module never imports transformers.
+# Hugging Face norm classes are recognised from their classes (a cached decision per class), so
+# this module never imports transformers.
 _NORM_TYPES = (RMSNorm, LayerNorm, nn.RMSNorm, nn.LayerNorm)
 
 
 def _is_norm(module: nn.Module) -> bool:
     if isinstance(module, _NORM_TYPES):
         return True
-    from .hf import CONVENTIONS, _qualname
+    from .hf import Convention, _base_of, _decide
 
-    return _qualname(type(module)) in CONVENTIONS
+    cls = type(module)
+    return isinstance(_decide(_base_of(cls) or cls), Convention)
 
 
 def norm_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters (weight, bias) of every normalization layer in ``model``: this library's,
-    torch's, and the Hugging Face classes of :data:`rmsnorm.integrations.hf.CONVENTIONS`."""
+    torch's, and the Hugging Face classes :mod:`rmsnorm.integrations.hf` recognises."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     seen, params = set(), []

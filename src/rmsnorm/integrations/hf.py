@@ -1,11 +1,19 @@
-"""Hugging Face transformers integration: swap the ``forward`` of known normalization classes for
-this library's ops, with each class's convention (ε attribute, casting mode, offset) read from one
-table. transformers is imported only by :func:`patch_classes`, never at import time."""
+"""Hugging Face transformers integration: make the normalization layers of a model run this
+library's ops. A class is recognised when its ``forward`` is one of a few known normalization
+forwards (compared as code), by an explicit table, or by :func:`register`; transformers itself is
+imported only by :func:`patch_classes` with no argument, never at import time."""
 
 from __future__ import annotations
 
+import ast
+import builtins
 import functools
 import importlib
+import importlib.util
+import inspect
+import math
+import os
+import textwrap
 import types
 import warnings
 import weakref
@@ -13,13 +21,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional
 from torch import nn
 
-from ..functional import layer_norm, rms_norm
+from .. import layer_norm, rms_norm
 
 __all__ = [
     "Convention",
     "CONVENTIONS",
+    "NAMED_CONVENTIONS",
+    "register",
+    "convention_of",
     "patch",
     "unpatch",
     "patch_classes",
@@ -28,58 +40,273 @@ __all__ = [
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
+_RMS_CASTING = ("llama", "gemma", "none", "t5")
 
 
 @dataclass(frozen=True)
 class Convention:
     """How one normalization class computes, in this library's terms.
 
-    ``kind``: ``"rms"`` (RMSNorm, ``eps_mode="mean_square"``) or ``"layer"`` (LayerNorm).
+    ``kind``: ``"rms"`` (RMSNorm, ``eps_mode="mean_square"``) or ``"layer"`` (LayerNorm), both
+    over the last dimension unless ``shape_attr`` names the attribute holding the normalized shape
+    (``"normalized_shape"`` for ``torch.nn.LayerNorm``).
     ``eps_attr``: the attribute holding ε (``variance_epsilon`` in Llama-derived classes, ``eps`` in
-    Gemma's and torch's). ``casting_mode``: ``"llama"``, ``"gemma"`` (see CONVENTIONS.md) or
-    ``"t5"`` (T5LayerNorm's rule, which depends on the weight dtype; see :func:`_t5_norm`).
-    ``offset``: the scale is offset + γ. ``bias``: the module's ``bias`` attribute is added.
+    Gemma's and torch's); ``None`` means the fixed ``eps``.
+    ``casting_mode`` (RMSNorm only): ``"llama"``, ``"gemma"``, ``"none"`` (see
+    :func:`rmsnorm.rms_norm`) or ``"t5"`` (T5LayerNorm's rule, which depends on the weight dtype).
+    ``offset``: the scale is offset + γ. ``weight`` / ``bias``: the module's ``weight`` / ``bias``
+    attribute scales / is added; ``weight_flag`` names a boolean attribute that switches the weight
+    on and off per instance (Gemma 3n's ``with_scale``).
     ``model_types``: for classes shared by every model (``torch.nn.LayerNorm``), patch only inside
     models whose ``config.model_type`` is listed.
     """
 
     kind: str
-    eps_attr: str
+    eps_attr: str | None
     casting_mode: str = "gemma"
     offset: float = 0.0
     bias: bool = False
     model_types: tuple[str, ...] = ()
+    weight: bool = True
+    weight_flag: str | None = None
+    eps: float | None = None
+    shape_attr: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("rms", "layer"):
+            raise ValueError(f"Convention.kind must be 'rms' or 'layer', got {self.kind!r}")
+        modes = _RMS_CASTING if self.kind == "rms" else ("gemma",)
+        if self.casting_mode not in modes:
+            raise ValueError(
+                f"Convention.casting_mode must be one of {modes} for kind={self.kind!r}, "
+                f"got {self.casting_mode!r}"
+            )
+        if self.eps_attr is None:
+            if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)):
+                raise ValueError(
+                    f"Convention.eps must be a number when eps_attr is None, got {self.eps!r}"
+                )
+        elif not isinstance(self.eps_attr, str) or self.eps is not None:
+            raise ValueError(
+                "Convention needs either eps_attr (an attribute name) or eps (a fixed number), "
+                f"got eps_attr={self.eps_attr!r}, eps={self.eps!r}"
+            )
+        if not isinstance(self.offset, (int, float)) or not math.isfinite(self.offset):
+            raise ValueError(f"Convention.offset must be a finite number, got {self.offset!r}")
+        if self.kind == "layer" and self.offset != 0.0:
+            raise ValueError("Convention.offset must be 0 for kind='layer' (layer_norm has none)")
+        needs_weight = self.offset != 0.0 or self.casting_mode == "t5" or self.weight_flag
+        if needs_weight and not self.weight:
+            raise ValueError(
+                "Convention with offset, casting_mode='t5' or weight_flag needs weight=True"
+            )
+        if not isinstance(self.model_types, tuple):
+            raise ValueError(f"Convention.model_types must be a tuple, got {self.model_types!r}")
 
 
-# Llama-derived RMSNorms: x.to(fp32) normalized, cast back to the input dtype, then weight * that.
-_LLAMA = Convention("rms", "variance_epsilon", "llama")
-# Gemma: x.float() normalized, × (1 + weight.float()), cast back at the end (`type_as(x)`).
-_GEMMA = Convention("rms", "eps", "gemma", offset=1.0)
+def _conv(eps_attr: str | None, casting_mode: str = "gemma", **kwargs) -> Convention:
+    return Convention("rms", eps_attr, casting_mode, **kwargs)
 
 
-def _hf(model: str, cls: str) -> str:
-    return f"transformers.models.{model}.modeling_{model}.{cls}"
+# Conventions by name, for :func:`register` and the docs.
+NAMED_CONVENTIONS: dict[str, Convention] = {
+    # x.to(fp32) normalized, cast back to the input dtype, then weight * that.
+    "llama": _conv("variance_epsilon", "llama"),
+    # x.float() normalized, × (1 + weight.float()), cast back at the end (`type_as(x)`).
+    "gemma": _conv("eps", offset=1.0),
+    # normalized in fp32, (weight * x̂) in fp32, cast to the input dtype at the end.
+    "olmo2": _conv("variance_epsilon"),
+    # fp32 variance, x̂ cast to the weight's dtype only when that is half precision.
+    "t5": _conv("variance_epsilon", "t5"),
+    # torch.nn.LayerNorm: F.layer_norm over normalized_shape, with weight and bias.
+    "layer_norm": Convention("layer", "eps", bias=True, shape_attr="normalized_shape"),
+}
 
 
-# The one table: qualified class name -> convention. Each entry was checked against the class's
-# forward in transformers 5.24 and is verified by tests/test_integrations_hf.py (docs table).
+# ----------------------------------------------------------------------------------------------
+# Recognition by code: the known forwards. A class is recognised when its forward (and every
+# method of its own that the forward reaches through ``self``) is one of these, up to local
+# variable names, annotations, docstrings, comments and layout, with the same globals (torch, nn,
+# F). Each entry is written once here, the way transformers 5.24 writes it, with the class it was
+# taken from ("model.Class": transformers.models.<model>.modeling_<model>.<Class>).
+# ----------------------------------------------------------------------------------------------
+_NORM_HELPER = """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+"""
+
+_KNOWN_FORWARDS: tuple[tuple[str, Convention, str], ...] = (
+    (
+        "llama.LlamaRMSNorm",
+        NAMED_CONVENTIONS["llama"],
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states.to(input_dtype)
+""",
+    ),
+    (
+        "gemma.GemmaRMSNorm",
+        NAMED_CONVENTIONS["gemma"],
+        """
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+"""
+        + _NORM_HELPER,
+    ),
+    (
+        "olmo2.Olmo2RMSNorm",
+        NAMED_CONVENTIONS["olmo2"],
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight * hidden_states).to(input_dtype)
+""",
+    ),
+    (
+        "helium.HeliumRMSNorm",
+        NAMED_CONVENTIONS["olmo2"],
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight.to(torch.float32) * hidden_states).to(input_dtype)
+""",
+    ),
+    (
+        "t5.T5LayerNorm",
+        NAMED_CONVENTIONS["t5"],
+        """
+def forward(self, hidden_states):
+    variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    if self.weight.dtype in [torch.float16, torch.bfloat16]:
+        hidden_states = hidden_states.to(self.weight.dtype)
+    return self.weight * hidden_states
+""",
+    ),
+    (
+        "gemma3n.Gemma3nRMSNorm",  # no offset; the weight only where with_scale is True
+        _conv("eps", weight_flag="with_scale"),
+        """
+def forward(self, hidden_states):
+    normed_output = self._norm(hidden_states.float())
+    if self.with_scale:
+        normed_output = normed_output * self.weight.float()
+    return normed_output.type_as(hidden_states)
+
+def _norm(self, hidden_states):
+    mean_squared = hidden_states.pow(2).mean(-1, keepdim=True) + self.eps
+    return hidden_states * torch.pow(mean_squared, -0.5)
+""",
+    ),
+    (
+        "moshi.MoshiRMSNorm",
+        _conv("eps"),
+        """
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * self.weight.float()
+    return output.type_as(x)
+"""
+        + _NORM_HELPER,
+    ),
+    (
+        "llama4.Llama4TextRMSNorm",
+        _conv("eps", "llama"),
+        """
+def forward(self, x):
+    output = self._norm(x.float()).type_as(x)
+    return output * self.weight
+"""
+        + _NORM_HELPER,
+    ),
+    (
+        # x / sqrt(mean(x²) + ε) · weight, all in the input dtype: "llama" computes x̂ in fp32 and
+        # rounds it to the input dtype before the weight, so it is the same in fp32 and closer to
+        # exact in half precision, with the same output dtype.
+        "imagegpt.ImageGPTLayerNorm",
+        _conv("eps", "llama"),
+        """
+def forward(self, tensor):
+    tensor = tensor / torch.sqrt(torch.mean(torch.square(tensor), axis=-1, keepdim=True) + self.eps)
+    tensor = tensor * self.weight
+    return tensor
+""",
+    ),
+    (
+        "nanochat.NanoChatRMSNorm",  # no weight
+        _conv("eps", weight=False),
+        """
+def forward(self, x):
+    return self._norm(x.float()).type_as(x)
+"""
+        + _NORM_HELPER,
+    ),
+    (
+        "inkling2.Inkling2UnweightedRMSNorm",
+        _conv("eps", weight=False),
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.float()
+    hidden_states = hidden_states * torch.rsqrt(hidden_states.square().mean(-1, keepdim=True) + self.eps)
+    return hidden_states.to(input_dtype)
+""",  # noqa: E501
+    ),
+    (
+        # r in fp32, rounded to the input dtype, x·r in the input dtype: casting_mode "none".
+        "deepseek_v4.DeepseekV4UnweightedRMSNorm",
+        _conv("eps", "none", weight=False),
+        """
+def forward(self, x):
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + self.eps).to(x.dtype)
+""",
+    ),
+    (
+        "cohere.CohereLayerNorm",  # LayerNorm without bias, fp32 throughout, cast at the end
+        Convention("layer", "variance_epsilon"),
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    mean = hidden_states.mean(-1, keepdim=True)
+    variance = (hidden_states - mean).pow(2).mean(-1, keepdim=True)
+    hidden_states = (hidden_states - mean) * torch.rsqrt(variance + self.variance_epsilon)
+    hidden_states = self.weight.to(torch.float32) * hidden_states
+    return hidden_states.to(input_dtype)
+""",
+    ),
+    (
+        "olmo.OlmoLayerNorm",  # LayerNorm without parameters, ε fixed at 1e-5
+        Convention("layer", None, weight=False, eps=1e-5, shape_attr="normalized_shape"),
+        """
+def forward(self, hidden_states):
+    orig_dtype = hidden_states.dtype
+    return F.layer_norm(hidden_states.to(dtype=torch.float32), self.normalized_shape, None, None, eps=1e-5).to(orig_dtype)
+""",  # noqa: E501
+    ),
+)
+
+# The global names the known forwards use, and what they must be in the candidate's module.
+_KNOWN_GLOBALS = {"torch": torch, "nn": nn, "F": torch.nn.functional}
+
+# Classes that need an entry because their forward is not one of the known ones: qualified class
+# name -> convention. torch's LayerNorm is shared by every model, so it is patched only inside the
+# models that use it as their own norm.
 CONVENTIONS: dict[str, Convention] = {
-    _hf("llama", "LlamaRMSNorm"): _LLAMA,
-    _hf("mistral", "MistralRMSNorm"): _LLAMA,
-    _hf("mixtral", "MixtralRMSNorm"): _LLAMA,
-    _hf("qwen2", "Qwen2RMSNorm"): _LLAMA,
-    _hf("qwen3", "Qwen3RMSNorm"): _LLAMA,  # also q_norm / k_norm over head_dim
-    _hf("phi3", "Phi3RMSNorm"): _LLAMA,
-    _hf("gemma", "GemmaRMSNorm"): _GEMMA,
-    _hf("gemma2", "Gemma2RMSNorm"): _GEMMA,
-    _hf("gemma3", "Gemma3RMSNorm"): _GEMMA,  # also q_norm / k_norm over head_dim
-    # OLMo2: normalized in fp32, (weight * x̂) in fp32, cast to the input dtype at the end.
-    _hf("olmo2", "Olmo2RMSNorm"): Convention("rms", "variance_epsilon", "gemma"),
-    # T5: fp32 variance, x̂ cast to the weight's dtype only when that is half precision.
-    _hf("t5", "T5LayerNorm"): Convention("rms", "variance_epsilon", "t5"),
-    # GPT-2 and GPT-NeoX use torch's own LayerNorm; only patched inside those models.
     "torch.nn.modules.normalization.LayerNorm": Convention(
-        "layer", "eps", bias=True, model_types=("gpt2", "gpt_neox")
+        "layer", "eps", bias=True, model_types=("gpt2", "gpt_neox"), shape_attr="normalized_shape"
     ),
 }
 
@@ -88,46 +315,297 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+class _Normalizer(ast.NodeTransformer):
+    """Renames the arguments and locals of one function to a0, a1, ... / v0, v1, ... in order of
+    appearance and drops what cannot change the result (annotations, the docstring, the name);
+    records the global names it reads and the attributes it reads from the first argument."""
+
+    def __init__(self, fn: ast.FunctionDef) -> None:
+        args = fn.args
+        params = args.posonlyargs + args.args + args.kwonlyargs
+        params += [a for a in (args.vararg, args.kwarg) if a is not None]
+        self.names = {a.arg: f"a{i}" for i, a in enumerate(params)}
+        self.self_name = params[0].arg if params else None
+        stored = {
+            n.id
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+        }
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and node.id in stored:
+                self.names.setdefault(node.id, f"v{len(self.names)}")
+        self.globals: set[str] = set()
+        self.self_attrs: set[str] = set()
+
+    def visit_arg(self, node: ast.arg) -> ast.arg:
+        return ast.arg(arg=self.names[node.arg])
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        if node.id in self.names:
+            return ast.Name(id=self.names[node.id], ctx=node.ctx)
+        self.globals.add(node.id)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if isinstance(node.value, ast.Name) and node.value.id == self.self_name:
+            self.self_attrs.add(node.attr)
+        return self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        if node.value is None:
+            return ast.Pass()
+        return self.generic_visit(ast.Assign(targets=[node.target], value=node.value))
+
+
+def _normalize(source: str) -> tuple[str, set[str], set[str]]:
+    """(canonical dump, global names read, attributes read from self) of the one function in
+    ``source``."""
+    fn = ast.parse(textwrap.dedent(source)).body[0]
+    if not isinstance(fn, ast.FunctionDef):
+        raise ValueError("not a function")
+    norm = _Normalizer(fn)
+    body = fn.body
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", None), str):
+        body = body[1:]  # the docstring
+    args = norm.visit(fn.args)
+    body = [norm.visit(stmt) for stmt in body]
+    decorators = [norm.visit(d) for d in fn.decorator_list]
+    dump = ast.dump(ast.Module([*decorators, args, *body], type_ignores=[]))
+    return dump, norm.globals, norm.self_attrs
+
+
+@functools.cache
+def _known() -> dict[tuple[str, ...], list[tuple[dict[str, str], Convention, str]]]:
+    """The known forwards, keyed by their ``co_names`` (a cheap first filter): for each, the
+    canonical dumps of its methods by name, its convention and the class it comes from."""
+    known: dict = {}
+    for origin, conv, source in _KNOWN_FORWARDS:
+        source = textwrap.dedent(source)
+        module_code = compile(source, f"<known forward of {origin}>", "exec")
+        forward_code = next(
+            c for c in module_code.co_consts if getattr(c, "co_name", 0) == "forward"
+        )
+        methods = {node.name: _normalize(ast.unparse(node))[0] for node in ast.parse(source).body}
+        known.setdefault(forward_code.co_names, []).append((methods, conv, origin))
+    return known
+
+
+def _source_methods(cls: type, forward: types.FunctionType) -> dict[str, str] | str:
+    """The canonical dumps of ``forward`` and of every method of ``cls`` it reaches through self,
+    or the reason they cannot be compared."""
+    methods: dict[str, str] = {}
+    todo = [("forward", forward)]
+    while todo:
+        name, fn = todo.pop()
+        try:
+            dump, global_names, attrs = _normalize(inspect.getsource(fn))
+        except (OSError, TypeError, SyntaxError, ValueError, IndexError):
+            return f"the source of its {name} is not available to compare with the known forwards"
+        for g in global_names:
+            expected = _KNOWN_GLOBALS.get(g, getattr(builtins, g, None))
+            actual = fn.__globals__.get(g, getattr(builtins, g, None))
+            if expected is None or actual is not expected:
+                return f"its {name} reads the global {g!r}, which none of the known forwards use"
+        methods[name] = dump
+        for attr in sorted(attrs):
+            static = inspect.getattr_static(cls, attr, None)
+            if isinstance(static, types.FunctionType):
+                if attr not in methods and all(attr != t[0] for t in todo):
+                    todo.append((attr, static))
+            elif static is not None and hasattr(type(static), "__get__"):
+                return f"it reads self.{attr} through a {type(static).__name__} of the class"
+    return methods
+
+
+def _match_source(cls: type) -> Convention | str:
+    forward = inspect.getattr_static(cls, "forward", None)
+    if forward is nn.Module.forward:
+        return "it has no forward"
+    if forward is nn.LayerNorm.forward:  # a subclass that keeps torch's forward
+        return NAMED_CONVENTIONS["layer_norm"]
+    if not isinstance(forward, types.FunctionType):
+        return f"its forward is a {type(forward).__name__}, not a plain function"
+    code = forward.__code__
+    inputs = list(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])
+    if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
+        inputs.append("*args/**kwargs")
+    if len(inputs) != 1:
+        return (
+            f"its forward takes {', '.join(inputs) or 'nothing'} besides self; this library's "
+            "ops normalize one tensor (gated and conditioned norms keep their own forward)"
+        )
+    candidates = _known().get(code.co_names)
+    if candidates is not None:
+        methods = _source_methods(cls, forward)
+        if isinstance(methods, str):
+            return methods
+        for known_methods, conv, _ in candidates:
+            if methods == known_methods:
+                return conv
+    return (
+        f"its forward is none of the {len(_KNOWN_FORWARDS)} known normalization forwards "
+        "(if it computes one of the conventions, declare it with hf.register)"
+    )
+
+
 # ----------------------------------------------------------------------------------------------
-# The replacement forwards: one function per convention, usable as a class attribute (method) and
-# bound to one instance.
+# Registry and the per-class decision (cached: a dict lookup per class after the first).
+# ----------------------------------------------------------------------------------------------
+_registered_classes: dict[type, Convention | None] = {}
+_registered_names: dict[str, Convention | None] = {}
+# class -> (its forward when decided, the decision); weak keys: classes can be garbage-collected.
+_recognized: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def register(cls: type | str, convention: Convention | str | None) -> None:
+    """Declare how ``cls`` computes: a :class:`Convention`, the name of one in
+    :data:`NAMED_CONVENTIONS`, or ``None`` to never patch the class. ``cls`` is a class or its
+    qualified name (``"package.module.ClassName"``; nothing is imported). A registration wins over
+    the table and the automatic recognition; register before patching."""
+    if isinstance(convention, str):
+        if convention not in NAMED_CONVENTIONS:
+            raise ValueError(
+                f"convention must be a Convention, None or one of {sorted(NAMED_CONVENTIONS)}, "
+                f"got {convention!r}"
+            )
+        convention = NAMED_CONVENTIONS[convention]
+    elif convention is not None and not isinstance(convention, Convention):
+        raise TypeError(
+            f"convention must be a Convention, a name or None, got {type(convention).__name__}"
+        )
+    if isinstance(cls, type):
+        if not issubclass(cls, nn.Module):
+            raise TypeError(f"cls must be a torch.nn.Module subclass, got {_qualname(cls)}")
+        _registered_classes[cls] = convention
+    elif isinstance(cls, str) and "." in cls and all(p.isidentifier() for p in cls.split(".")):
+        _registered_names[cls] = convention
+    else:
+        raise TypeError(
+            f"cls must be a class or a qualified class name 'package.module.Class', got {cls!r}"
+        )
+
+
+def _decide(cls: type) -> Convention | str:
+    """The convention of ``cls``, or why it has none (a short reason)."""
+    if cls in _registered_classes or _qualname(cls) in _registered_names:
+        conv = _registered_classes.get(cls, _registered_names.get(_qualname(cls)))
+        return conv if conv is not None else "it is registered as not to be patched"
+    conv = CONVENTIONS.get(_qualname(cls))
+    if conv is not None:
+        return conv
+    forward = getattr(cls, "forward", None)
+    cached = _recognized.get(cls)
+    if cached is not None and cached[0] is forward:  # the class's forward has not been replaced
+        return cached[1]
+    own = getattr(forward, "_rmsnorm_convention", None)  # patched by patch_classes
+    result = own if own is not None else _match_source(cls)
+    _recognized[cls] = (forward, result)
+    return result
+
+
+def convention_of(cls_or_module: type | nn.Module) -> Convention:
+    """The convention :func:`patch` uses for a class (or a module: its class, and the module's own
+    attributes are checked), from :func:`register`, :data:`CONVENTIONS` or the known forwards.
+    Raises ``ValueError`` naming the class and why it is not patched."""
+    module = cls_or_module if isinstance(cls_or_module, nn.Module) else None
+    cls = type(module) if module is not None else cls_or_module
+    if not isinstance(cls, type):
+        raise TypeError(f"expected a class or a torch.nn.Module, got {cls_or_module!r}")
+    cls = _base_of(cls) or cls
+    result = _decide(cls)
+    if isinstance(result, str):
+        raise ValueError(f"{_qualname(cls)} is not patched: {result}")
+    if module is not None:
+        problem = _instance_problem(module, result)
+        if problem is not None:
+            raise ValueError(f"{_qualname(cls)} is not patched: {problem}")
+    return result
+
+
+def _instance_problem(module: nn.Module, conv: Convention) -> str | None:
+    """Why this module cannot be run by ``conv`` although its class can (None when it can)."""
+    if conv.eps_attr is not None:
+        eps = getattr(module, conv.eps_attr, None)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            return f"its {conv.eps_attr} is {eps!r}, not a number"
+    if conv.shape_attr is not None:
+        if getattr(module, conv.shape_attr, None) is None:
+            return f"it has no {conv.shape_attr}"
+        return None  # the op checks weight and bias against the shape
+    with_weight = conv.weight
+    if conv.weight_flag is not None:
+        flag = getattr(module, conv.weight_flag, None)
+        if not isinstance(flag, bool):
+            return f"its {conv.weight_flag} is {flag!r}, not True or False"
+        with_weight = flag
+    params = [("weight", with_weight), ("bias", conv.bias)]
+    for attr, used in params:
+        value = getattr(module, attr, None)
+        if used and not (isinstance(value, torch.Tensor) and value.dim() == 1):
+            shape = list(value.shape) if isinstance(value, torch.Tensor) else value
+            return (
+                f"its {attr} is {shape}: the convention applies a 1-D {attr} to the last "
+                "dimension only"
+            )
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# The replacement forwards: one function per convention, made once (no lookups per call).
 # ----------------------------------------------------------------------------------------------
 def _t5_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """T5LayerNorm: x̂ = x·rsqrt(mean(x²) + ε) in promote(x, fp32); x̂ is cast to the weight's dtype
     when that is fp16/bf16; the result is weight * x̂ (so fp32 weights give an fp32 output)."""
+    shape = x.shape[-1:]
     if weight.dtype in _HALF:
         if x.dtype == weight.dtype:
-            return rms_norm(x, weight.shape, weight, eps, casting_mode="llama")
+            return rms_norm(x, shape, weight, eps, casting_mode="llama")
         # Mixed half weight / other input (rare): the literal T5 expression, normalization fused.
-        xhat = rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), weight.shape, None, eps)
+        xhat = rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), shape, None, eps)
         return weight * xhat.to(weight.dtype)
     # fp32/fp64 weight: x̂ stays in fp32 (exact upcast of a half input), product in promote(x̂, w).
     x = x.to(torch.promote_types(x.dtype, torch.float32))
-    return rms_norm(x, weight.shape, weight, eps, casting_mode="llama")
+    return rms_norm(x, shape, weight, eps, casting_mode="llama")
 
 
 @functools.cache
 def _forward_for(conv: Convention):
+    eps_attr, fixed_eps, casting, offset = conv.eps_attr, conv.eps, conv.casting_mode, conv.offset
     if conv.kind == "layer":
+        shape_attr, with_weight, with_bias = conv.shape_attr, conv.weight, conv.bias
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             return layer_norm(
-                input, self.normalized_shape, self.weight, self.bias, getattr(self, conv.eps_attr)
+                input,
+                getattr(self, shape_attr) if shape_attr else input.shape[-1:],
+                self.weight if with_weight else None,
+                self.bias if with_bias else None,
+                getattr(self, eps_attr) if eps_attr else fixed_eps,
             )
 
-    elif conv.casting_mode == "t5":
+    elif casting == "t5":
 
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-            return _t5_norm(hidden_states, self.weight, getattr(self, conv.eps_attr))
+            return _t5_norm(hidden_states, self.weight, getattr(self, eps_attr))
+
+    elif conv.weight and not conv.bias and not conv.weight_flag and eps_attr:
+        # The hot path of nearly every decoder (Llama, Gemma, OLMo 2 and their copies).
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            return rms_norm(
+                hidden_states, hidden_states.shape[-1:], self.weight, getattr(self, eps_attr),
+                casting_mode=casting, offset=offset,
+            )  # fmt: skip
 
     else:
+        flag, with_weight, with_bias = conv.weight_flag, conv.weight, conv.bias
 
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-            w = self.weight
+            use_weight = getattr(self, flag) if flag else with_weight
             return rms_norm(
-                hidden_states, w.shape, w, getattr(self, conv.eps_attr),
-                casting_mode=conv.casting_mode, offset=conv.offset,
-                bias=self.bias if conv.bias else None,
+                hidden_states, hidden_states.shape[-1:], self.weight if use_weight else None,
+                getattr(self, eps_attr) if eps_attr else fixed_eps,
+                casting_mode=casting, offset=offset, bias=self.bias if with_bias else None,
             )  # fmt: skip
 
     forward.__qualname__ = forward.__name__ = "forward"
@@ -136,23 +614,57 @@ def _forward_for(conv: Convention):
     return forward
 
 
-def _convention_of(module: nn.Module, model_type: str | None) -> Convention | None:
-    conv = CONVENTIONS.get(_qualname(type(module)))
-    if conv is None or (conv.model_types and model_type not in conv.model_types):
-        return None
-    return conv
-
-
 def _is_ours(fn: object) -> bool:
     return hasattr(getattr(fn, "__func__", fn), "_rmsnorm_convention")
 
 
 # ----------------------------------------------------------------------------------------------
-# Instances
+# Instances: a patched module's class becomes a subclass of its own (same name, module and
+# qualified name) whose forward is this library's. Nothing is stored in the instance, so the patch
+# follows the module through copy.deepcopy, pickle and torch.save / torch.load: the subclass
+# pickles as "the original class, patched with this convention" and is rebuilt on loading.
 # ----------------------------------------------------------------------------------------------
+_patched_types: dict[tuple[type, Convention], type] = {}
 # A module that already had its own instance-level forward (e.g. another library's hook) gets it
 # back on unpatch; weak keys so a patched model can still be garbage-collected.
 _instance_originals: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _reduce_patched(self: nn.Module, protocol: int):
+    cls = type(self)
+    base = cls.__dict__.get("_rmsnorm_base")
+    if base is None:  # a class derived from ours by someone else: the default rules apply
+        return object.__reduce_ex__(self, protocol)
+    _, _, *rest = object.__reduce_ex__(self, max(protocol, 2))
+    return (_new_patched, (base, cls._rmsnorm_convention), *rest)
+
+
+def _new_patched(base: type, convention: Convention) -> nn.Module:
+    """Unpickling: an empty instance of ``base`` patched with ``convention`` (state follows)."""
+    cls = _patched_type(base, convention)
+    return cls.__new__(cls)
+
+
+def _patched_type(base: type, conv: Convention) -> type:
+    cls = _patched_types.get((base, conv))
+    if cls is None:
+        namespace = {
+            "forward": _forward_for(conv),
+            "__reduce_ex__": _reduce_patched,
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__,
+            "_rmsnorm_base": base,
+            "_rmsnorm_convention": conv,
+        }
+        cls = type(base)(base.__name__, (base,), namespace)
+        _patched_types[(base, conv)] = cls
+    return cls
+
+
+def _base_of(cls: type) -> type | None:
+    """The original class when ``cls`` is one of our patched subclasses."""
+    return cls.__dict__.get("_rmsnorm_base")
 
 
 def _model_type(model: nn.Module) -> str | None:
@@ -165,60 +677,77 @@ def _looks_like_norm(module: nn.Module) -> bool:
 
 
 def patch(model: nn.Module) -> list[str]:
-    """Make every normalization layer of a known class in ``model`` run this library's op.
+    """Make every normalization layer of a recognised class in ``model`` run this library's op.
 
-    Swaps the ``forward`` of each module whose class is in :data:`CONVENTIONS` (for
-    ``torch.nn.LayerNorm`` only inside GPT-2 / GPT-NeoX models) for one reading the same parameters
-    with the class's convention; nothing else changes (parameters, ``state_dict``, hooks) and no
-    tensor is modified. Returns the names of the patched modules. Raises ``ValueError`` when there
-    is none; warns about norm-like modules of classes not in the table, which keep their forward.
-    Undo with :func:`unpatch`.
+    A class is recognised by :func:`register`, by :data:`CONVENTIONS` (``torch.nn.LayerNorm``
+    only inside GPT-2 / GPT-NeoX models) or when its forward is one of the known normalization
+    forwards (see :func:`convention_of`). Each such module gets a forward reading the same
+    parameters with the class's convention; nothing else changes (parameters, ``state_dict``,
+    hooks, the class name) and no tensor is modified. The patch survives ``copy.deepcopy``,
+    pickling and ``torch.save``. Returns the names of the patched modules. Raises ``ValueError``
+    when there is none; warns, with the reason, about norm layers it leaves alone. Undo with
+    :func:`unpatch`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     model_type = _model_type(model)
-    patched, unknown = [], set()
+    patched: list[str] = []
+    left: dict[str, str] = {}  # class -> why it was left alone
+    odd: dict[tuple[str, str], list[str]] = {}  # (class, why) -> modules of a patchable class
     for name, module in model.named_modules():
-        conv = _convention_of(module, model_type)
-        if conv is None:
+        cls = type(module)
+        if _base_of(cls) is not None or _is_ours(getattr(cls, "forward", None)):
+            patched.append(name)  # patched already (this instance, or its whole class)
+            continue
+        conv = _decide(cls)
+        if isinstance(conv, str):
             if _looks_like_norm(module):
-                unknown.add(_qualname(type(module)))
+                left.setdefault(_qualname(cls), conv)
             continue
-        current = module.__dict__.get("forward")
-        if current is not None and _is_ours(current):
-            patched.append(name)
+        if conv.model_types and model_type not in conv.model_types:
+            left.setdefault(
+                _qualname(cls),
+                f"it is shared by every model and patched only in models of type "
+                f"{list(conv.model_types)}; use rmsnorm.integrations.replace_norms for others",
+            )
             continue
-        if current is not None:
-            _instance_originals[module] = current
-        module.forward = types.MethodType(_forward_for(conv), module)
+        problem = _instance_problem(module, conv)
+        if problem is not None:
+            odd.setdefault((_qualname(cls), problem), []).append(name)
+            continue
+        foreign = module.__dict__.pop("forward", None)
+        if foreign is not None:
+            _instance_originals[module] = foreign
+        module.__class__ = _patched_type(cls, conv)
         patched.append(name)
+    for (cls_name, why), names in odd.items():
+        left[f"{cls_name} in {len(names)} module(s), e.g. {names[0]!r}"] = why
+    reasons = "; ".join(f"{cls}: {why}" for cls, why in sorted(left.items()))
     if not patched:
         raise ValueError(
             f"no normalization layer of a known class in {type(model).__name__} "
-            f"(model_type={model_type!r}); known classes: {sorted(CONVENTIONS)}"
-            + (f"; found unknown norm classes: {sorted(unknown)}" if unknown else "")
+            f"(model_type={model_type!r})" + (f"; left alone: {reasons}" if reasons else "")
         )
-    if unknown:
+    if reasons:
         warnings.warn(
-            f"rmsnorm.integrations.hf.patch: left these norm classes unpatched (not in the "
-            f"table): {sorted(unknown)}",
+            f"rmsnorm.integrations.hf.patch: left these norm layers unpatched: {reasons}",
             stacklevel=2,
         )
     return patched
 
 
 def unpatch(model: nn.Module) -> list[str]:
-    """Restore the original forward of every module :func:`patch` swapped in ``model`` (also in a
-    deep copy of a patched model). Returns the names of the restored modules."""
+    """Restore the original class (and any instance-level forward it had) of every module
+    :func:`patch` patched in ``model``, also in a copy or an unpickled copy of a patched model.
+    Returns the names of the restored modules."""
     restored = []
     for name, module in model.named_modules():
-        current = module.__dict__.get("forward")
-        if current is None or not _is_ours(current):
+        base = _base_of(type(module))
+        if base is None:
             continue
+        module.__class__ = base
         original = _instance_originals.pop(module, None)
-        if original is None:
-            del module.forward  # the class's forward applies again
-        else:
+        if original is not None:
             module.forward = original
         restored.append(name)
     return restored
@@ -236,53 +765,111 @@ _class_originals: dict[type, object] = {}  # class -> its own forward (None: it 
 _MISSING = object()
 
 
-def _resolve(cls_or_name: type | str) -> type:
-    if isinstance(cls_or_name, type):
-        cls = cls_or_name
-    elif isinstance(cls_or_name, str) and cls_or_name in CONVENTIONS:
+def _resolve(cls_or_name: type | str) -> tuple[type, Convention]:
+    if isinstance(cls_or_name, str) and "." in cls_or_name:
         module_name, _, attr = cls_or_name.rpartition(".")
-        cls = getattr(importlib.import_module(module_name), attr)
-    else:
-        raise ValueError(
-            f"classes must be classes or qualified names from CONVENTIONS, got {cls_or_name!r}"
-        )
-    name = _qualname(cls)
-    if name not in CONVENTIONS:
-        raise ValueError(f"{name} is not in the conventions table; known: {sorted(CONVENTIONS)}")
-    if CONVENTIONS[name].model_types:
-        raise ValueError(
-            f"{name} is shared by every model; patching the class would change all of them. "
-            "Use patch(model) on a built model, or rmsnorm.integrations.replace_norms(model)"
-        )
-    return cls
-
-
-def _default_classes() -> list[type]:
-    classes = []
-    for name, conv in CONVENTIONS.items():
-        if conv.model_types:
-            continue
         try:
-            classes.append(_resolve(name))
-        except (ImportError, AttributeError):  # an older transformers without this model
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import the class {cls_or_name!r}: {exc}") from exc
+    elif isinstance(cls_or_name, type):
+        cls = cls_or_name
+    else:
+        raise ValueError(f"classes must be classes or qualified class names, got {cls_or_name!r}")
+    if not issubclass(cls, nn.Module):
+        raise ValueError(f"{_qualname(cls)} is not a torch.nn.Module class")
+    conv = convention_of(cls)
+    if conv.model_types:
+        raise ValueError(
+            f"{_qualname(cls)} is shared by every model; patching the class would change all of "
+            "them. Use patch(model) on a built model, or rmsnorm.integrations.replace_norms(model)"
+        )
+    return cls, conv
+
+
+def _modeling_module_names() -> list[str]:
+    """``transformers.models.<model>.modeling_<name>`` of the installed transformers, found on
+    disk without importing them (none when transformers is not installed)."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = os.path.join(spec.submodule_search_locations[0], "models")
+    names = []
+    for model in sorted(os.listdir(root)):
+        folder = os.path.join(root, model)
+        if not os.path.isdir(folder):
             continue
-    return classes
+        for file in sorted(os.listdir(folder)):
+            if file.startswith("modeling_") and file.endswith(".py"):
+                if not file.startswith(("modeling_tf_", "modeling_flax_")):
+                    names.append(f"transformers.models.{model}.{file[:-3]}")
+    return names
+
+
+def _module_classes(module: types.ModuleType) -> list[type]:
+    """The torch.nn.Module classes defined in ``module``."""
+    return [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, nn.Module) and c.__module__ == module.__name__
+    ]
+
+
+def _recognised_classes(names: list[str], skip_missing: bool) -> list[tuple[type, Convention]]:
+    found = []
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # a model whose optional dependency is missing (e.g. torchaudio)
+            if skip_missing:
+                continue
+            raise
+        for cls in _module_classes(module):
+            conv = _decide(cls)
+            if isinstance(conv, Convention) and not conv.model_types:
+                found.append((cls, conv))
+    return found
+
+
+def _expand(item: type | str) -> list[tuple[type, Convention]]:
+    """A class, a qualified class name, or a model (a package of ``transformers.models``: its
+    recognised classes)."""
+    if not (isinstance(item, str) and item.isidentifier()):
+        return [_resolve(item)]
+    modules = [n for n in _modeling_module_names() if n.split(".")[2] == item]
+    if not modules:
+        raise ValueError(
+            f"{item!r} is neither a class nor a model of the installed transformers "
+            "(a package name of transformers.models, e.g. 'qwen3_moe')"
+        )
+    found = _recognised_classes(modules, skip_missing=False)
+    if not found:
+        raise ValueError(f"transformers model {item!r} has no recognised normalization class")
+    return found
 
 
 def patch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
     """Swap the ``forward`` of whole classes, so models built afterwards use this library's ops.
 
-    ``classes``: classes or qualified names from :data:`CONVENTIONS`; ``None`` means every
-    Hugging Face class in the table that the installed transformers has (this imports those
-    modeling files). ``torch.nn.LayerNorm`` is refused: it is shared by every model. Returns the
-    qualified names patched. Undo with :func:`unpatch_classes`.
+    ``classes``: classes or qualified class names, each recognised as by :func:`convention_of`
+    (else ``ValueError`` naming it and why), or model names (packages of ``transformers.models``,
+    e.g. ``"qwen3_moe"``: their recognised classes). ``None`` means every recognised class of the
+    installed transformers, which imports all its modeling files (about 9 s and 330 MB with
+    transformers 5.24). ``torch.nn.LayerNorm`` is refused: it is shared by every model. Instances
+    are not checked one by one as :func:`patch` does; the op's own checks reject one it cannot run
+    (e.g. a 2-D weight). Returns the qualified names patched. Undo with :func:`unpatch_classes`.
     """
-    resolved = _default_classes() if classes is None else [_resolve(c) for c in classes]
+    if classes is None:
+        resolved = _recognised_classes(_modeling_module_names(), skip_missing=True)
+    else:
+        if isinstance(classes, (str, type)):
+            raise TypeError("classes must be a list of classes or names (or None), not one")
+        resolved = [pair for c in classes for pair in _expand(c)]
     done = []
-    for cls in resolved:
+    for cls, conv in resolved:
         if cls not in _class_originals:
             _class_originals[cls] = cls.__dict__.get("forward", _MISSING)
-            cls.forward = _forward_for(CONVENTIONS[_qualname(cls)])
+            cls.forward = _forward_for(conv)
         done.append(_qualname(cls))
     return done
 
@@ -290,7 +877,12 @@ def patch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
 def unpatch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
     """Restore the forward of classes patched by :func:`patch_classes` (``None``: all of them).
     Returns the qualified names restored."""
-    targets = list(_class_originals) if classes is None else [_resolve(c) for c in classes]
+    if classes is None:
+        targets = list(_class_originals)
+    else:
+        if isinstance(classes, (str, type)):
+            raise TypeError("classes must be a list of classes or names (or None), not one")
+        targets = [cls for c in classes for cls, _ in _expand(c)]
     done = []
     for cls in targets:
         original = _class_originals.pop(cls, None)
