@@ -384,19 +384,26 @@ def check_dtensor_functional(rank: int) -> None:
 
 
 def check_dtensor_normalized_dim_sharded(rank: int) -> None:
-    """An input sharded on a normalized dim, or partial, matches no rule: DTensor redistributes
-    it (the normalized dims whole on every rank) and the results are those of whole tensors."""
+    """An input sharded on a normalized dim, or partial, or a sharded weight and bias, match no
+    rule: DTensor redistributes them (the normalized dims whole on every rank, the parameters
+    replicated) and the results are those of whole tensors."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     g = torch.Generator().manual_seed(6)
     x, res, cot = (torch.randn(_X_SHAPE, generator=g) for _ in range(3))
-    for shape, p in (((6,), Shard(3)), ((4, 6), Shard(2)), ((4, 6), Shard(3))):
+    cases = (  # normalized shape, input placement, weight and bias placement
+        ((6,), Shard(3), Replicate()),
+        ((4, 6), Shard(2), Replicate()),
+        ((4, 6), Shard(3), Replicate()),
+        ((6,), Shard(0), Shard(0)),
+    )
+    for shape, p, p_param in cases:
         w, b = 1 + 0.3 * torch.randn(shape, generator=g), 0.1 * torch.randn(shape, generator=g)
         first_normalized = len(_X_SHAPE) - len(shape)
         for name, fn in _functional_cases(shape).items():
-            what = f"{name} over {shape}, input {p}"
+            what = f"{name} over {shape}, input {p}, weight and bias {p_param}"
             want, want_grads = _run_functional(fn, (x, res, w, b), cot, None)
-            got, grads = _run_functional(fn, (x, res, w, b), cot, (p, p, Replicate(), Replicate()))
+            got, grads = _run_functional(fn, (x, res, w, b), cot, (p, p, p_param, p_param))
             for o, o_want in zip(got, want, strict=True):
                 for q in o.placements:
                     assert not (isinstance(q, Shard) and q.dim >= first_normalized), (what, q)
