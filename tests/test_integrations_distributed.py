@@ -232,7 +232,7 @@ def check_dtensor_plan(rank: int) -> None:
     torch's outputs (Shard(1)), gradients (d weight Partial(sum)) and parameters after training
     (SGD: Adam's first steps would turn rounding-level differences of tiny gradients into lr-size
     ones)."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Partial, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     x, y = data()
@@ -264,7 +264,7 @@ def check_dtensor_plan(rank: int) -> None:
         _close(out.full_tensor(), out_t.full_tensor(), "norm output")
     for name in norm_names(grads):
         g, g_t = grads[name], grads_t[name]
-        assert g.placements == g_t.placements, (name, g.placements, g_t.placements)
+        assert g.placements == g_t.placements == (Partial("sum"),), (name, g, g_t)
         _close(g.full_tensor(), g_t.full_tensor(), f"{name}.grad")
     for name, p_t in params_t.items():
         _close(params[name], p_t, name)
