@@ -1,6 +1,8 @@
 """Distributed training with this library's norms, on 2 local processes (gloo): DDP and FSDP2 end
-with the parameters of single-process training on the same global batch, and sequence parallelism
-gives the whole sequence's d weight after all_reduce_norm_grads."""
+with the parameters of single-process training on the same global batch; sequence parallelism on
+plain tensors gives the whole sequence's d weight after all_reduce_norm_grads; on DTensors
+(``parallelize_module`` plans, direct calls, torch.compile) the ops' sharding rules give what
+``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` give in the same plan."""
 
 from __future__ import annotations
 
@@ -8,8 +10,11 @@ import copy
 import datetime
 import json
 import socket
+import subprocess
+import sys
 import time
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -18,13 +23,23 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import rmsnorm
+from rmsnorm import _dtensor
 from rmsnorm.integrations.distributed import all_reduce_norm_grads, norm_parameters
 
 WORLD = 2
 STEPS = 3
 BATCH, SEQ, DIM = 4, 6, 24  # global batch, tokens per sequence, hidden size
 TIMEOUT_S = 240  # whole launch, both processes (2 torch imports on a busy 2-core machine)
-CHECKS = ("ddp", "fsdp2", "sequence_parallel")
+CHECKS = (
+    "ddp",
+    "fsdp2",
+    "sequence_parallel",
+    "dtensor_plan",
+    "dtensor_add_rms_norm",
+    "dtensor_functional",
+    "dtensor_normalized_dim_sharded",
+    "dtensor_compile",
+)
 
 
 class Block(nn.Module):
@@ -133,6 +148,302 @@ def check_sequence_parallel(rank: int) -> None:
             torch.testing.assert_close(p.grad, p_full.grad, rtol=1e-5, atol=1e-6)
 
 
+# ----------------------------------------------------------------------------------------------
+# DTensor: the ops' sharding rules under tensor / sequence parallel plans
+# ----------------------------------------------------------------------------------------------
+def _mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (WORLD,))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}: {m}")
+
+
+def _op_node(t: torch.Tensor) -> bool:
+    """Whether t was made by a custom op's registered autograd (not the eager autograd.Function
+    path, which only plain tensors take)."""
+    return "rmsnorm_" in type(t.grad_fn).__name__
+
+
+class SPBlock(nn.Module):
+    """A pre-norm MLP block laid out as torchtitan parallelizes one: the norm sequence-parallel,
+    the MLP column- then row-parallel, the residual stream each rank's slice of the sequence."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+        self.up = nn.Linear(DIM, 2 * DIM)
+        self.down = nn.Linear(2 * DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+
+
+class SPModel(nn.Module):
+    def __init__(self, rms_cls: type, ln_cls: type) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([SPBlock(rms_cls(DIM, eps=1e-6)), SPBlock(ln_cls(DIM))])
+        self.norm_f = rms_cls(DIM, eps=1e-6)
+        self.head = nn.Linear(DIM, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm_f(x))
+
+
+def sp_model(ours: bool) -> SPModel:
+    """The same model with this library's norms or torch's (same initial parameters)."""
+    torch.manual_seed(0)
+    model = (
+        SPModel(rmsnorm.RMSNorm, rmsnorm.LayerNorm) if ours else SPModel(nn.RMSNorm, nn.LayerNorm)
+    )
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in norm_parameters(model):
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def sp_plan() -> dict:
+    """A torchtitan-style plan: norms SequenceParallel, MLPs Colwise/Rowwise, the head gathered."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan = {
+        "norm_f": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    for i in range(2):
+        plan[f"blocks.{i}.norm"] = SequenceParallel()
+        plan[f"blocks.{i}.up"] = ColwiseParallel(input_layouts=Shard(1))
+        plan[f"blocks.{i}.down"] = RowwiseParallel(output_layouts=Shard(1))
+    return plan
+
+
+def check_dtensor_plan(rank: int) -> None:
+    """parallelize_module with SequenceParallel norms: this library's RMSNorm / LayerNorm give
+    torch's outputs (Shard(1)), gradients (d weight Partial(sum)) and parameters after training
+    (SGD: Adam's first steps would turn rounding-level differences of tiny gradients into lr-size
+    ones)."""
+    from torch.distributed.tensor import Partial, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    x, y = data()
+    cols = slice(rank * SEQ // WORLD, (rank + 1) * SEQ // WORLD)
+    runs = []
+    for ours in (True, False):
+        model = parallelize_module(sp_model(ours), _mesh(), sp_plan())
+        norm_outputs = []
+        for m in model.modules():
+            if isinstance(m, (nn.RMSNorm, nn.LayerNorm)):
+                m.register_forward_hook(lambda mod, args, out, outs=norm_outputs: outs.append(out))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            logits = model(x[:, cols])
+            nn.functional.mse_loss(logits, y).backward()
+            if step == 0:
+                first = logits.detach(), list(norm_outputs)
+                grads = {n: p.grad.detach() for n, p in model.named_parameters()}
+            opt.step()
+        params = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
+        runs.append((*first, grads, params))
+    (logits, outs, grads, params), (logits_t, outs_t, grads_t, params_t) = runs
+    _close(logits, logits_t, "logits")
+    assert len(outs) == len(outs_t) == 3
+    for out, out_t in zip(outs, outs_t, strict=True):
+        assert out.placements == out_t.placements == (Shard(1),), (out.placements, out_t.placements)
+        assert _op_node(out), type(out.grad_fn).__name__
+        _close(out.full_tensor(), out_t.full_tensor(), "norm output")
+    for name in norm_names(grads):
+        g, g_t = grads[name], grads_t[name]
+        assert g.placements == g_t.placements == (Partial("sum"),), (name, g, g_t)
+        _close(g.full_tensor(), g_t.full_tensor(), f"{name}.grad")
+    for name, p_t in params_t.items():
+        _close(params[name], p_t, name)
+
+
+def norm_names(grads: dict) -> list[str]:
+    names = [n for n in grads if "norm" in n]
+    assert len(names) == 4, names  # 2 RMSNorm weights, 1 LayerNorm weight and bias
+    return names
+
+
+def check_dtensor_add_rms_norm(rank: int) -> None:
+    """AddRMSNorm takes two inputs (SequenceParallel converts only the first): distributed with
+    both inputs Shard(1), it gives what torch.nn.RMSNorm of their sum gives."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_module
+
+    x, _ = data()
+    res, cot = data(2)[0], data(3)[0]
+    cols = slice(rank * SEQ // WORLD, (rank + 1) * SEQ // WORLD)
+
+    def shard_inputs(module, inputs, mesh):
+        return tuple(DTensor.from_local(t, mesh, [Shard(1)], run_check=False) for t in inputs)
+
+    class TorchAddRMSNorm(nn.RMSNorm):
+        def forward(self, x, residual):
+            h = x + residual
+            return super().forward(h), h
+
+    runs = []
+    for norm in (rmsnorm.AddRMSNorm(DIM, eps=1e-6), TorchAddRMSNorm(DIM, eps=1e-6)):
+        with torch.no_grad():
+            norm.weight.add_(0.3 * torch.randn(DIM, generator=torch.Generator().manual_seed(4)))
+        distribute_module(norm, _mesh(), input_fn=shard_inputs)
+        x_local = x[:, cols].clone().requires_grad_(True)
+        res_local = res[:, cols].clone().requires_grad_(True)
+        out, h = norm(x_local, res_local)
+        assert out.placements == h.placements == (Shard(1),), (out.placements, h.placements)
+        cot_d = DTensor.from_local(cot[:, cols], out.device_mesh, [Shard(1)])
+        ((out * cot_d).sum() + (h * h).sum()).backward()
+        runs.append((out, h, x_local.grad, res_local.grad, norm.weight.grad))
+    assert _op_node(runs[0][0])
+    names = ("out", "h", "d input", "d residual")
+    for what, got, want in zip(names, runs[0][:4], runs[1][:4], strict=True):
+        _close(_full(got), _full(want), what)
+    assert runs[0][4].placements == runs[1][4].placements, (runs[0][4], runs[1][4])
+    _close(runs[0][4].full_tensor(), runs[1][4].full_tensor(), "d weight")
+
+
+_X_SHAPE = (3, 5, 4, 6)  # 3 and 5 rows do not split evenly over 2 ranks
+
+
+def _functional_cases(shape: tuple[int, ...]) -> dict:
+    """name -> fn(x, residual, weight, bias) returning a tuple of outputs, over ``shape``."""
+    return {
+        "rms_norm": lambda x, r, w, b: (
+            rmsnorm.rms_norm(x, shape, w, 1e-6, eps_mode="rms", offset=0.5, bias=b),
+        ),
+        "add_rms_norm": lambda x, r, w, b: rmsnorm.add_rms_norm(x, r, shape, w, 1e-6, bias=b),
+        "layer_norm": lambda x, r, w, b: (rmsnorm.layer_norm(x, shape, w, b),),
+    }
+
+
+def _run_functional(fn, tensors, cot, placements):
+    """fn's outputs and the gradients of its inputs, on plain tensors (placements None) or on
+    DTensors laid out as ``placements`` (one per input) over the mesh."""
+    from torch.distributed.tensor import distribute_tensor
+
+    if placements is None:
+        inputs = [t.clone().requires_grad_(True) for t in tensors]
+    else:
+        mesh = _mesh()
+        inputs = [
+            distribute_tensor(t, mesh, [p]).requires_grad_(True)
+            for t, p in zip(tensors, placements, strict=True)
+        ]
+    outs = fn(*inputs)
+    loss = sum((o * (cot if placements is None else distribute_tensor(cot, mesh, o.placements)))
+               .sum() for o in outs)  # fmt: skip
+    loss.backward()
+    return outs, [t.grad for t in inputs]
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def check_dtensor_functional(rank: int) -> None:
+    """rms_norm / add_rms_norm / layer_norm on DTensors whose rows are sharded (evenly or not)
+    or replicated: outputs and d input sharded as the input, d weight / d bias Partial(sum) when
+    the rows are sharded, values those of the same call on whole tensors."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    g = torch.Generator().manual_seed(5)
+    x, res, cot = (torch.randn(_X_SHAPE, generator=g) for _ in range(3))
+    for shape in ((6,), (4, 6)):
+        w, b = 1 + 0.3 * torch.randn(shape, generator=g), 0.1 * torch.randn(shape, generator=g)
+        rows = len(_X_SHAPE) - len(shape)
+        for p in [Shard(d) for d in range(rows)] + [Replicate()]:
+            for name, fn in _functional_cases(shape).items():
+                what = f"{name} over {shape}, input {p}"
+                want, want_grads = _run_functional(fn, (x, res, w, b), cot, None)
+                got, grads = _run_functional(
+                    fn, (x, res, w, b), cot, (p, p, Replicate(), Replicate())
+                )
+                for o, o_want in zip(got, want, strict=True):
+                    assert o.placements == (p,), (what, o.placements)
+                    assert _op_node(o), (what, type(o.grad_fn).__name__)
+                    _close(o.full_tensor(), o_want, what)
+                param_grad = Partial("sum") if isinstance(p, Shard) else Replicate()
+                expected = (p, p, param_grad, param_grad)
+                for i, (gr, gr_want) in enumerate(zip(grads, want_grads, strict=True)):
+                    if gr_want is None:  # rms_norm / layer_norm do not read the residual
+                        assert gr is None, what
+                        continue
+                    assert gr.placements == (expected[i],), (what, i, gr.placements)
+                    _close(gr.full_tensor(), gr_want, f"{what}, gradient {i}")
+
+
+def check_dtensor_normalized_dim_sharded(rank: int) -> None:
+    """An input sharded on a normalized dim, or partial, or a sharded weight and bias, match no
+    rule: DTensor redistributes them (the normalized dims whole on every rank, the parameters
+    replicated) and the results are those of whole tensors."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    g = torch.Generator().manual_seed(6)
+    x, res, cot = (torch.randn(_X_SHAPE, generator=g) for _ in range(3))
+    cases = (  # normalized shape, input placement, weight and bias placement
+        ((6,), Shard(3), Replicate()),
+        ((4, 6), Shard(2), Replicate()),
+        ((4, 6), Shard(3), Replicate()),
+        ((6,), Shard(0), Shard(0)),
+    )
+    for shape, p, p_param in cases:
+        w, b = 1 + 0.3 * torch.randn(shape, generator=g), 0.1 * torch.randn(shape, generator=g)
+        first_normalized = len(_X_SHAPE) - len(shape)
+        for name, fn in _functional_cases(shape).items():
+            what = f"{name} over {shape}, input {p}, weight and bias {p_param}"
+            want, want_grads = _run_functional(fn, (x, res, w, b), cot, None)
+            got, grads = _run_functional(fn, (x, res, w, b), cot, (p, p, p_param, p_param))
+            for o, o_want in zip(got, want, strict=True):
+                for q in o.placements:
+                    assert not (isinstance(q, Shard) and q.dim >= first_normalized), (what, q)
+                _close(o.full_tensor(), o_want, what)
+            for i, (gr, gr_want) in enumerate(zip(grads, want_grads, strict=True)):
+                if gr_want is not None:
+                    _close(gr.full_tensor(), gr_want, f"{what}, gradient {i}")
+    # Partial inputs (a row-parallel matmul's output, say) are reduced first.
+    mesh = _mesh()
+    share = (rank + 1) / (WORLD * (WORLD + 1) / 2)  # the ranks' shares add up to 1
+    w, b = 1 + 0.3 * torch.randn(6, generator=g), 0.1 * torch.randn(6, generator=g)
+    for name, fn in _functional_cases((6,)).items():
+        got = fn(*(DTensor.from_local(t * share, mesh, [Partial()]) for t in (x, res)),
+                 *(DTensor.from_local(t, mesh, [Replicate()]) for t in (w, b)))  # fmt: skip
+        want = fn(x, res, w, b)
+        for o, o_want in zip(got, want, strict=True):
+            assert not any(isinstance(q, Partial) for q in o.placements), (name, o.placements)
+            _close(o.full_tensor(), o_want, f"{name}, partial input")
+
+
+def check_dtensor_compile(rank: int) -> None:
+    """torch.compile(fullgraph=True) of the sequence-parallel model: each op one graph node on
+    DTensors; outputs and gradients those of eager."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    x, y = data()
+    cols = slice(rank * SEQ // WORLD, (rank + 1) * SEQ // WORLD)
+    runs = []
+    for compiled in (False, True):
+        model = parallelize_module(sp_model(True), _mesh(), sp_plan())
+        fn = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
+        logits = fn(x[:, cols])
+        nn.functional.mse_loss(logits, y).backward()
+        runs.append((logits, {n: p.grad.full_tensor() for n, p in model.named_parameters()}))
+    (logits, grads), (logits_c, grads_c) = runs
+    _close(logits_c, logits, "compiled logits")
+    for name, grad in grads.items():
+        _close(grads_c[name], grad, f"compiled {name}.grad")
+
+
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)  # two processes on two cores
     dist.init_process_group(
@@ -198,3 +509,60 @@ def test_norm_parameters_finds_every_norm():
                 m.parameters(recurse=False)]  # fmt: skip
     assert {id(p) for p in norm_parameters(model)} == {id(p) for p in expected}
     assert len(norm_parameters(model)) == 2 * 2 + 2 + 1
+
+
+# The DTensor rules are registered without the user calling anything, whichever of rmsnorm and
+# torch.distributed.tensor is imported first, and calling the op directly (not through rmsnorm's
+# functions). A fresh interpreter each, single-process gloo group.
+_IMPORT_ORDER = """
+import sys
+import torch
+{first}
+{second}
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+x = distribute_tensor(torch.randn(2, 4, 8), init_device_mesh("cpu", (1,)), [Shard(1)])
+y, rstd = torch.ops.rmsnorm.rms_norm_fwd(x, 1, None, None, 1e-6, "mean_square", "gemma", 0.0, 8)
+assert y.placements == rstd.placements == (Shard(1),), (y.placements, rstd.placements)
+dist.destroy_process_group()
+"""
+_IMPORT_RMSNORM = "import rmsnorm"
+_NOT_YET = (  # and a find_spec probe (an availability check) must not use the import hook up
+    "assert 'torch.distributed.tensor' not in sys.modules, 'import rmsnorm imported DTensor'\n"
+    "import importlib.util; assert importlib.util.find_spec('torch.distributed.tensor')"
+)
+_IMPORT_DTENSOR = "from torch.distributed.tensor import Shard, distribute_tensor"
+
+
+@pytest.mark.parametrize("rmsnorm_first", [True, False], ids=["rmsnorm_first", "dtensor_first"])
+def test_sharding_rules_registered_whatever_the_import_order(rmsnorm_first):
+    imports = (_IMPORT_RMSNORM, _IMPORT_DTENSOR)
+    first, second = (imports[0] + "\n" + _NOT_YET, imports[1]) if rmsnorm_first else imports[::-1]
+    code = _IMPORT_ORDER.format(first=first, second=second)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_no_distributed_support_means_no_rules(monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
+    hooks = [f for f in sys.meta_path if not isinstance(f, _dtensor._AfterImport)]
+    monkeypatch.setattr(sys, "meta_path", hooks)
+    monkeypatch.setattr(_dtensor, "_registered", False)
+    monkeypatch.setattr(_dtensor, "_register", lambda: pytest.fail("registered without DTensor"))
+    before = list(sys.meta_path)
+    _dtensor.install()
+    assert sys.meta_path == before
+
+
+def test_a_failed_registration_is_a_warning(monkeypatch):
+    def incompatible():
+        raise ImportError("no register_sharding")
+
+    monkeypatch.setattr(_dtensor, "_registered", False)
+    monkeypatch.setattr(_dtensor, "_register", incompatible)
+    with pytest.warns(RuntimeWarning, match="could not register the DTensor sharding rules"):
+        _dtensor.register()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _dtensor.register()  # once

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _autograd, _launch
+from . import _autograd, _dtensor, _launch
 from .reference import CASTING_MODES, EPS_MODES, compute_dtype, output_dtype
 
 _lib = torch.library.Library("rmsnorm", "DEF")  # noqa: TOR901 (module-lifetime registration)
@@ -316,3 +316,7 @@ for _name in ("rms_norm_bwd", "layer_norm_bwd"):
     torch.library.register_autograd(
         f"rmsnorm::{_name}", _bwd_not_differentiable, setup_context=_no_setup
     )
+
+
+# DTensor sharding rules, registered once torch.distributed.tensor is imported (not by this import).
+_dtensor.install()

@@ -1,6 +1,7 @@
-"""Sequence-parallel training with this library's norms: when each rank normalizes its own slice of
-the sequence, the norm weights see only part of the tokens, so their gradients must be summed over
-the sequence-parallel group. DDP and FSDP2 need nothing from here (see docs/integrations.md)."""
+"""Sequence-parallel training on plain tensors: when each rank normalizes its own slice of the
+sequence, the norm weights see only part of the tokens, so their gradients must be summed over the
+sequence-parallel group. DDP, FSDP2 and DTensor plans need nothing from here (see
+docs/integrations.md)."""
 
 from __future__ import annotations
 
