@@ -206,3 +206,41 @@ def test_inference_mode_inputs_with_a_trainable_weight(backend):
         y = rmsnorm.rms_norm(x, N, w) + rmsnorm.layer_norm(x, N, w, b)
     y.square().sum().backward()
     torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-contiguous samples and memory formats, forward and backward, on every backend
+# ----------------------------------------------------------------------------------------------
+_LAYOUTS = {
+    "strided rows": lambda: torch.randn(6, 2 * N)[::2, :N],
+    "strided elements": lambda: torch.randn(4, 2 * N)[:, ::2],
+    "transposed": lambda: torch.randn(N, 5).t(),
+    "expanded": lambda: torch.randn(1, N).expand(4, N),
+    "channels_last": lambda: torch.randn(2, 3, 4, N).to(memory_format=torch.channels_last),
+    "storage offset": lambda: torch.randn(5 * N)[N - 1 : 4 * N - 1].view(3, N),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+def test_layouts_on_every_backend(backend, layout):
+    x0 = _LAYOUTS[layout]()
+    w = torch.randn(N)
+    x = x0.detach().requires_grad_()  # a leaf with the layout under test
+    wg = w.clone().requires_grad_()
+    with rmsnorm.use_backend(backend):
+        outs = [rmsnorm.rms_norm(x, N, wg), rmsnorm.layer_norm(x, N, wg)]
+        outs += list(rmsnorm.add_rms_norm(x, x.sin(), N, wg))
+    expected = [F.rms_norm(x0, (N,), w), F.layer_norm(x0, (N,), w)]
+    expected += [F.rms_norm(x0 + x0.sin(), (N,), w), x0 + x0.sin()]
+    for got, exp in zip(outs, expected, strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-5)
+        assert got.stride() == exp.stride()
+    sum(o.square().sum() for o in outs).backward()
+    xr, wr = x0.detach().requires_grad_(), w.clone().requires_grad_()
+    ref_outs = [F.rms_norm(xr, (N,), wr), F.layer_norm(xr, (N,), wr)]
+    h = xr + xr.sin()
+    ref_outs += [F.rms_norm(h, (N,), wr), h]
+    sum(o.square().sum() for o in ref_outs).backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wg.grad, wr.grad, rtol=1e-4, atol=1e-4)
