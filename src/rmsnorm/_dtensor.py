@@ -61,6 +61,14 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def ensure() -> None:
+    """Register the rules if ``torch.distributed.tensor`` is imported and they are not yet: the
+    functional API calls this before handing a tensor subclass to the ops, in case an import
+    route bypassed the finder above."""
+    if not _registered and _MODULE in sys.modules:
+        register()
+
+
 def register() -> None:
     """Register the rules for the five ops (once; later calls return at once). A failure is
     reported as a warning: the library works without them, only not on DTensors."""

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from . import _autograd, _launch, _ops  # noqa: F401  (_ops registers torch.ops.rmsnorm.*)
+from . import _autograd, _dtensor, _launch, _ops  # noqa: F401  (_ops registers torch.ops.rmsnorm.*)
 from . import reference as ref
 from .reference import CASTING_MODES, EPS_MODES, default_eps, partial_size
 
@@ -200,6 +200,7 @@ def _path(*tensors: torch.Tensor | None) -> int:
         if t is not None:
             kind = type(t)
             if kind is not _Tensor and kind is not _Parameter:
+                _dtensor.ensure()  # a DTensor, maybe: its sharding rules must be in place
                 return _OP
             if t.requires_grad:
                 grad = True
