@@ -471,6 +471,66 @@ def _shared(cls: type) -> bool:
     return bool(hf.convention_of(cls).model_types)
 
 
+class T5LikeNorm(nn.Module):
+    """T5LayerNorm's computation written another way: known only through hf.register."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + self.variance_epsilon)
+        xhat = x * r
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            xhat = xhat.to(self.weight.dtype)
+        return self.weight * xhat
+
+
+def test_conventions_hold_only_real_casting_modes():
+    """T5LayerNorm's rule is a variant of the llama casting mode, not a casting mode of its own;
+    register(cls, "t5") still names it."""
+    from rmsnorm.reference import CASTING_MODES
+
+    known = [conv for _, conv, _ in hf._KNOWN_FORWARDS]
+    for conv in [*hf.NAMED_CONVENTIONS.values(), *hf.CONVENTIONS.values(), *known]:
+        assert conv.casting_mode in CASTING_MODES, conv
+    t5 = hf.NAMED_CONVENTIONS["t5"]
+    assert (t5.kind, t5.casting_mode, t5.cast_to_weight) == ("rms", "llama", True)
+    with pytest.raises(ValueError, match="'t5' is not a casting mode.*cast_to_weight=True"):
+        hf.Convention("rms", "variance_epsilon", "t5")
+    with pytest.raises(ValueError, match="variant of casting_mode='llama'"):
+        hf.Convention("rms", "eps", "gemma", cast_to_weight=True)
+    with pytest.raises(ValueError, match="variant of casting_mode='llama'"):
+        hf.Convention("layer", "eps", cast_to_weight=True)
+    with pytest.raises(ValueError, match="needs weight=True"):
+        hf.Convention("rms", "eps", "llama", cast_to_weight=True, weight=False)
+    with pytest.raises(ValueError, match="cast_to_weight must be True or False"):
+        hf.Convention("rms", "eps", "llama", cast_to_weight=1)
+
+    hf.register(T5LikeNorm, "t5")
+    assert hf.convention_of(T5LikeNorm) is t5
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    for weight_dtype in (torch.bfloat16, torch.float32):
+        module = T5LikeNorm(16).to(weight_dtype)
+        ref = copy.deepcopy(module)
+        assert hf.patch(module) == [""]
+        with torch.no_grad():
+            y, y_ref = module(x), ref(x)
+        assert y.dtype == y_ref.dtype == weight_dtype  # the output follows the weight
+        torch.testing.assert_close(y, y_ref)
+
+    class T5FixedEps(T5LikeNorm):  # ε fixed by the convention, no attribute
+        pass
+
+    hf.register(T5FixedEps, hf.Convention("rms", None, "llama", eps=1e-6, cast_to_weight=True))
+    module = T5FixedEps(16)
+    ref = copy.deepcopy(module)
+    hf.patch(module)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), ref(x))
+
+
 def test_errors_are_clear():
     with pytest.raises(ValueError, match="shared by every model"):
         hf.patch_classes([nn.LayerNorm])
