@@ -1,16 +1,21 @@
-"""rmsnorm.integrations.replace_norms / restore_norms: torch's norm modules become this library's
-in place, with the same parameters, hooks and state_dict, and back."""
+"""rmsnorm.integrations: norm_kind (is this a norm layer?), and replace_norms / restore_norms:
+torch's norm modules become this library's in place, with the same parameters, hooks and
+state_dict, and back."""
 
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 import rmsnorm
-from rmsnorm.integrations import replace_norms, restore_norms
+from rmsnorm.integrations import hf, norm_kind, replace_norms, restore_norms
 
 
 class Net(nn.Module):
@@ -109,3 +114,84 @@ def test_subclasses_are_left_alone():
     assert replace_norms(net) == []
     with pytest.raises(TypeError, match="torch.nn.Module"):
         replace_norms([nn.LayerNorm(4)])
+
+
+class OwnRMSNorm(nn.Module):
+    """Written like transformers' LlamaRMSNorm, under other names: recognised by its code."""
+
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        mean_square = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(mean_square + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+class ScaledRMSNorm(OwnRMSNorm):
+    """Named like a norm, but its forward is none of the known ones."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
+class SubLayerNorm(nn.LayerNorm):
+    pass
+
+
+@pytest.mark.parametrize(
+    "module, kind",
+    [
+        (nn.RMSNorm(8), "rms"),
+        (nn.LayerNorm(8), "layer"),
+        (rmsnorm.RMSNorm(8, offset=1.0), "rms"),
+        (rmsnorm.AddRMSNorm(8), "rms"),
+        (rmsnorm.LayerNorm(8, bias=False), "layer"),
+        (SubLayerNorm(8), "layer"),  # a subclass is still a LayerNorm (replace_norms skips it)
+        (OwnRMSNorm(8), "rms"),
+        (ScaledRMSNorm(8), None),
+        (nn.BatchNorm1d(8), None),
+        (nn.GroupNorm(2, 8), None),
+        (nn.Linear(8, 8), None),
+        (nn.Sequential(nn.LayerNorm(8)), None),  # a container is not a norm layer
+    ],
+)
+def test_norm_kind(module, kind):
+    assert norm_kind(module) == kind
+
+
+def test_norm_kind_follows_the_hf_recognition():
+    """Patched modules keep their kind; a registration decides for a class of one's own."""
+    module = nn.Sequential(OwnRMSNorm(8))
+    hf.patch(module)
+    assert hf.is_patched(module[0]) and norm_kind(module[0]) == "rms"
+
+    class RegisteredNorm(ScaledRMSNorm):
+        pass
+
+    class NeverNorm(OwnRMSNorm):
+        pass
+
+    hf.register(RegisteredNorm, "llama")
+    hf.register(NeverNorm, None)
+    assert norm_kind(RegisteredNorm(8)) == "rms" and norm_kind(NeverNorm(8)) is None
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module"):
+        norm_kind(nn.LayerNorm)
+
+
+def test_norm_kind_never_imports_transformers():
+    code = (
+        "import sys, torch\n"
+        "from rmsnorm.integrations import norm_kind\n"
+        "class N(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)\n"
+        "assert norm_kind(N()) is None and norm_kind(torch.nn.Linear(2, 2)) is None\n"
+        "assert 'transformers' not in sys.modules, 'transformers imported'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)

@@ -21,8 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from rmsnorm.analysis.capture import norm_kind
-from rmsnorm.integrations import hf
+from rmsnorm.integrations import hf, norm_kind
 from rmsnorm.testing import assert_close_to_reference
 
 transformers = pytest.importorskip("transformers")
@@ -471,6 +470,66 @@ def _shared(cls: type) -> bool:
     return bool(hf.convention_of(cls).model_types)
 
 
+class T5LikeNorm(nn.Module):
+    """T5LayerNorm's computation written another way: known only through hf.register."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + self.variance_epsilon)
+        xhat = x * r
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            xhat = xhat.to(self.weight.dtype)
+        return self.weight * xhat
+
+
+def test_conventions_hold_only_real_casting_modes():
+    """T5LayerNorm's rule is a variant of the llama casting mode, not a casting mode of its own;
+    register(cls, "t5") still names it."""
+    from rmsnorm.reference import CASTING_MODES
+
+    known = [conv for _, conv, _ in hf._KNOWN_FORWARDS]
+    for conv in [*hf.NAMED_CONVENTIONS.values(), *hf.CONVENTIONS.values(), *known]:
+        assert conv.casting_mode in CASTING_MODES, conv
+    t5 = hf.NAMED_CONVENTIONS["t5"]
+    assert (t5.kind, t5.casting_mode, t5.cast_to_weight) == ("rms", "llama", True)
+    with pytest.raises(ValueError, match="'t5' is not a casting mode.*cast_to_weight=True"):
+        hf.Convention("rms", "variance_epsilon", "t5")
+    with pytest.raises(ValueError, match="variant of casting_mode='llama'"):
+        hf.Convention("rms", "eps", "gemma", cast_to_weight=True)
+    with pytest.raises(ValueError, match="variant of casting_mode='llama'"):
+        hf.Convention("layer", "eps", cast_to_weight=True)
+    with pytest.raises(ValueError, match="needs weight=True"):
+        hf.Convention("rms", "eps", "llama", cast_to_weight=True, weight=False)
+    with pytest.raises(ValueError, match="cast_to_weight must be True or False"):
+        hf.Convention("rms", "eps", "llama", cast_to_weight=1)
+
+    hf.register(T5LikeNorm, "t5")
+    assert hf.convention_of(T5LikeNorm) is t5
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    for weight_dtype in (torch.bfloat16, torch.float32):
+        module = T5LikeNorm(16).to(weight_dtype)
+        ref = copy.deepcopy(module)
+        assert hf.patch(module) == [""]
+        with torch.no_grad():
+            y, y_ref = module(x), ref(x)
+        assert y.dtype == y_ref.dtype == weight_dtype  # the output follows the weight
+        torch.testing.assert_close(y, y_ref)
+
+    class T5FixedEps(T5LikeNorm):  # ε fixed by the convention, no attribute
+        pass
+
+    hf.register(T5FixedEps, hf.Convention("rms", None, "llama", eps=1e-6, cast_to_weight=True))
+    module = T5FixedEps(16)
+    ref = copy.deepcopy(module)
+    hf.patch(module)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), ref(x))
+
+
 def test_errors_are_clear():
     with pytest.raises(ValueError, match="shared by every model"):
         hf.patch_classes([nn.LayerNorm])
@@ -649,7 +708,6 @@ _WIDTH_ARGS = frozenset(
     {"hidden_size", "dim", "size", "c_in", "normalized_shape", "num_features", "d_model",
      "hidden_dim", "embed_dim", "num_channels"}
 )  # fmt: skip
-_KIND = {"rms": "rmsnorm", "layer": "layernorm"}
 
 # Families users hit first (each raised "no normalization layer of a known class" with only the
 # table of 11 classes); skipped where the installed transformers predates the model.
@@ -741,8 +799,7 @@ def _run(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
 def _check_parity(cls: type, module: nn.Module, conv: hf.Convention, label: str) -> None:
     _randomize(module)
     ref = copy.deepcopy(module)  # keeps the class's own forward
-    kind = norm_kind(ref)  # the lab's behavioural probe agrees on the kind
-    assert kind is None or kind == _KIND[conv.kind], (label, kind, conv)
+    assert norm_kind(ref) == conv.kind, label  # "is this a norm layer?" has one answer
     assert hf.patch(module) == [""], label
     assert hf.is_patched(module) and type(module).__name__ == cls.__name__, label
     # float32: values and gradients.

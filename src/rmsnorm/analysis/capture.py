@@ -2,8 +2,9 @@
 centering of their inputs and what swapping each for the other kind would change.
 
 Which modules count as norm layers (:func:`norm_kind`):
-1. ``isinstance`` of ``torch.nn.LayerNorm`` (kind ``layernorm``) or ``torch.nn.RMSNorm``
-   (``rmsnorm``); this library's modules subclass these.
+1. What :func:`rmsnorm.integrations.norm_kind` recognises, of the kind it says: ``torch.nn``'s
+   LayerNorm and RMSNorm and their subclasses (this library's modules among them), and the
+   Hugging Face classes recognised by their code (``LlamaRMSNorm``, ``T5LayerNorm`` ...).
 2. Any other module whose class name contains ``LayerNorm``, ``RMSNorm``, ``Layer_Norm`` or
    ``RMS_Norm`` (any case: ``LlamaRMSNorm``, ``GemmaRMSNorm``, ``Qwen2RMSNorm``, ``T5LayerNorm``,
    ``FusedRMSNorm`` ...), that has no child modules and whose parameters are all 1-D of one length
@@ -28,10 +29,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .. import integrations
 from .stats import row_stats, summarize
 
 __all__ = ["norm_kind", "find_norm_layers", "NormLayerRecord", "NormCapture"]
 
+_KINDS = {"layer": "layernorm", "rms": "rmsnorm"}  # integrations.norm_kind's words -> the lab's
 _NAME_RULE = re.compile(r"(layer|rms)_?norm", re.IGNORECASE)
 _PROBE_SHIFT = 3.0
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
@@ -96,10 +99,9 @@ def _probe_kind(module: nn.Module, width: int) -> str | None:
 def norm_kind(module: nn.Module) -> str | None:
     """``"layernorm"``, ``"rmsnorm"`` or None (not a norm layer), by the rule in the module
     docstring."""
-    if isinstance(module, nn.LayerNorm):
-        return "layernorm"
-    if isinstance(module, nn.RMSNorm):
-        return "rmsnorm"
+    recognised = integrations.norm_kind(module)
+    if recognised is not None:
+        return _KINDS[recognised]
     name = type(module).__name__
     if not _NAME_RULE.search(name) or next(module.children(), None) is not None:
         return None

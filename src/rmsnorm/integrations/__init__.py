@@ -1,6 +1,6 @@
-"""Integrations with the wider ecosystem: :func:`replace_norms` for plain PyTorch models, and the
-submodules ``hf`` (Hugging Face models) and ``distributed`` (sequence-parallel helpers). Nothing
-here imports transformers at import time."""
+"""Integrations with the wider ecosystem: :func:`norm_kind` (is this module a norm layer?),
+:func:`replace_norms` for plain PyTorch models, and the submodules ``hf`` (Hugging Face models) and
+``distributed`` (sequence-parallel helpers). Nothing here imports transformers."""
 
 from __future__ import annotations
 
@@ -8,13 +8,51 @@ from torch import nn
 
 from ..modules import LayerNorm, RMSNorm
 
-__all__ = ["replace_norms", "restore_norms"]
+__all__ = ["norm_kind", "replace_norms", "restore_norms"]
 
 # Our subclasses' extra attributes, at the values that compute exactly what torch's modules do.
 _RMS_EXTRAS = dict(eps_mode="mean_square", casting_mode="gemma", offset=0.0, partial=None)
+# replace_norms swaps exactly torch's two classes (a subclass may override forward), so it looks
+# classes up here rather than asking norm_kind, which also answers for subclasses.
 _SWAPS = {nn.RMSNorm: RMSNorm, nn.LayerNorm: LayerNorm}
 _BACK = {RMSNorm: nn.RMSNorm, LayerNorm: nn.LayerNorm}
 _MARK = "_rmsnorm_replaced"
+
+
+def norm_kind(module: nn.Module) -> str | None:
+    """Whether ``module`` is a normalization layer, and of which kind: the one answer to that
+    question across the library.
+
+    Recognised: ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` and their subclasses (this library's
+    modules among them), and every class :func:`rmsnorm.integrations.hf.convention_of` recognises
+    (registered, listed, or whose forward is one of the known normalization forwards; decided once
+    per class, without importing transformers). The kind belongs to the class: a module that
+    :func:`~rmsnorm.integrations.hf.patch` leaves alone for its own attributes (e.g. a 2-D weight)
+    still counts.
+
+    Args:
+        module: any ``torch.nn.Module``.
+
+    Returns:
+        ``"rms"`` (RMSNorm), ``"layer"`` (LayerNorm) or ``None`` (not a recognised norm layer).
+
+    Example::
+
+        >>> [norm_kind(m) for m in (nn.LayerNorm(8), rmsnorm.RMSNorm(8), nn.Linear(2, 2))]
+        ['layer', 'rms', None]
+    """
+    if isinstance(module, nn.RMSNorm):
+        return "rms"
+    if isinstance(module, nn.LayerNorm):
+        return "layer"
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    from . import hf  # ~6 ms on its first import; it never imports transformers
+
+    try:
+        return hf.convention_of(type(module)).kind
+    except ValueError:  # not recognised (the message says why; here only the answer matters)
+        return None
 
 
 def replace_norms(model: nn.Module) -> list[str]:

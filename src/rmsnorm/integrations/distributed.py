@@ -11,32 +11,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..modules import LayerNorm, RMSNorm
+from . import norm_kind
 
 __all__ = ["norm_parameters", "all_reduce_norm_grads"]
 
-# Hugging Face norm classes are recognised from their classes (a cached decision per class), so
-# this module never imports transformers.
-_NORM_TYPES = (RMSNorm, LayerNorm, nn.RMSNorm, nn.LayerNorm)
-
-
-def _is_norm(module: nn.Module) -> bool:
-    if isinstance(module, _NORM_TYPES):
-        return True
-    from .hf import Convention, _base_of, _decide
-
-    cls = type(module)
-    return isinstance(_decide(_base_of(cls) or cls), Convention)
-
 
 def norm_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters (weight, bias) of every normalization layer in ``model``: this library's,
-    torch's, and the Hugging Face classes :mod:`rmsnorm.integrations.hf` recognises."""
+    """The parameters (weight, bias) of every normalization layer in ``model``, as
+    :func:`rmsnorm.integrations.norm_kind` recognises them: this library's, torch's, and the
+    Hugging Face classes :mod:`rmsnorm.integrations.hf` recognises."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     seen, params = set(), []
     for module in model.modules():
-        if _is_norm(module):
+        if norm_kind(module) is not None:
             for p in module.parameters(recurse=False):
                 if id(p) not in seen:
                     seen.add(id(p))

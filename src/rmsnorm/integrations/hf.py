@@ -25,6 +25,7 @@ import torch.nn.functional
 from torch import nn
 
 from .. import layer_norm, rms_norm
+from ..reference import CASTING_MODES
 
 __all__ = [
     "Convention",
@@ -40,7 +41,6 @@ __all__ = [
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
-_RMS_CASTING = ("llama", "gemma", "none", "t5")
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,12 @@ class Convention:
     (``"normalized_shape"`` for ``torch.nn.LayerNorm``).
     ``eps_attr``: the attribute holding ε (``variance_epsilon`` in Llama-derived classes, ``eps`` in
     Gemma's and torch's); ``None`` means the fixed ``eps``.
-    ``casting_mode`` (RMSNorm only): ``"llama"``, ``"gemma"``, ``"none"`` (see
-    :func:`rmsnorm.rms_norm`) or ``"t5"`` (T5LayerNorm's rule, which depends on the weight dtype).
+    ``casting_mode`` (RMSNorm only): ``"llama"``, ``"gemma"`` or ``"none"`` (see
+    :func:`rmsnorm.rms_norm`).
+    ``cast_to_weight`` (RMSNorm only): T5LayerNorm's rule, a variant of ``casting_mode="llama"``
+    (which it requires): x̂ is normalized in fp32 and cast to the **weight's** dtype when that is
+    fp16/bf16 (else kept in fp32), then multiplied by the weight, so the output dtype follows the
+    weight rather than the input.
     ``offset``: the scale is offset + γ. ``weight`` / ``bias``: the module's ``weight`` / ``bias``
     attribute scales / is added; ``weight_flag`` names a boolean attribute that switches the weight
     on and off per instance (Gemma 3n's ``with_scale``).
@@ -71,11 +75,17 @@ class Convention:
     weight_flag: str | None = None
     eps: float | None = None
     shape_attr: str | None = None
+    cast_to_weight: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("rms", "layer"):
             raise ValueError(f"Convention.kind must be 'rms' or 'layer', got {self.kind!r}")
-        modes = _RMS_CASTING if self.kind == "rms" else ("gemma",)
+        if self.casting_mode == "t5":
+            raise ValueError(
+                "Convention.casting_mode 't5' is not a casting mode: T5LayerNorm's rule is "
+                "casting_mode='llama' with cast_to_weight=True (the named convention 't5')"
+            )
+        modes = CASTING_MODES if self.kind == "rms" else ("gemma",)
         if self.casting_mode not in modes:
             raise ValueError(
                 f"Convention.casting_mode must be one of {modes} for kind={self.kind!r}, "
@@ -95,10 +105,19 @@ class Convention:
             raise ValueError(f"Convention.offset must be a finite number, got {self.offset!r}")
         if self.kind == "layer" and self.offset != 0.0:
             raise ValueError("Convention.offset must be 0 for kind='layer' (layer_norm has none)")
-        needs_weight = self.offset != 0.0 or self.casting_mode == "t5" or self.weight_flag
+        if not isinstance(self.cast_to_weight, bool):
+            raise ValueError(
+                f"Convention.cast_to_weight must be True or False, got {self.cast_to_weight!r}"
+            )
+        if self.cast_to_weight and (self.kind, self.casting_mode) != ("rms", "llama"):
+            raise ValueError(
+                "Convention.cast_to_weight=True is a variant of casting_mode='llama' for "
+                f"kind='rms', got kind={self.kind!r}, casting_mode={self.casting_mode!r}"
+            )
+        needs_weight = self.offset != 0.0 or self.cast_to_weight or self.weight_flag
         if needs_weight and not self.weight:
             raise ValueError(
-                "Convention with offset, casting_mode='t5' or weight_flag needs weight=True"
+                "Convention with offset, cast_to_weight or weight_flag needs weight=True"
             )
         if not isinstance(self.model_types, tuple):
             raise ValueError(f"Convention.model_types must be a tuple, got {self.model_types!r}")
@@ -117,7 +136,7 @@ NAMED_CONVENTIONS: dict[str, Convention] = {
     # normalized in fp32, (weight * x̂) in fp32, cast to the input dtype at the end.
     "olmo2": _conv("variance_epsilon"),
     # fp32 variance, x̂ cast to the weight's dtype only when that is half precision.
-    "t5": _conv("variance_epsilon", "t5"),
+    "t5": _conv("variance_epsilon", "llama", cast_to_weight=True),
     # torch.nn.LayerNorm: F.layer_norm over normalized_shape, with weight and bias.
     "layer_norm": Convention("layer", "eps", bias=True, shape_attr="normalized_shape"),
 }
@@ -584,10 +603,11 @@ def _forward_for(conv: Convention):
                 getattr(self, eps_attr) if eps_attr else fixed_eps,
             )
 
-    elif casting == "t5":
+    elif conv.cast_to_weight:
 
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-            return _t5_norm(hidden_states, self.weight, getattr(self, eps_attr))
+            eps = getattr(self, eps_attr) if eps_attr else fixed_eps
+            return _t5_norm(hidden_states, self.weight, eps)
 
     elif conv.weight and not conv.bias and not conv.weight_flag and eps_attr:
         # The hot path of nearly every decoder (Llama, Gemma, OLMo 2 and their copies).
