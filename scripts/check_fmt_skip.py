@@ -9,9 +9,11 @@ Exits 1 listing ``path:line`` of each such marker; ``make lint`` runs it after `
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 MARKER = re.compile(r"\s*# fmt: skip\s*$")
@@ -27,13 +29,23 @@ def _formatted(text: str, path: Path) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+def _marker_lines(source: str) -> list[int]:
+    """0-based lines ending in a ``# fmt: skip`` comment (the text inside strings is not one)."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return [
+        tok.start[0] - 1
+        for tok in tokens
+        if tok.type == tokenize.COMMENT and tok.string.strip() == "# fmt: skip"
+    ]
+
+
 def inert_markers(path: Path) -> list[int]:
     """1-based line numbers of the markers of ``path`` whose removal leaves formatted code."""
-    lines = path.read_text().splitlines(keepends=True)
+    source = path.read_text()
+    lines = io.StringIO(source).readlines()  # the lines tokenize numbers
     inert = []
-    for i, line in enumerate(lines):
-        if not MARKER.search(line):
-            continue
+    for i in _marker_lines(source):
+        line = lines[i]
         without = lines.copy()
         without[i] = MARKER.sub("", line.rstrip("\r\n")) + "\n"
         text = "".join(without)

@@ -55,7 +55,7 @@ def test_make_test_gpu_refuses_without_a_gpu():
     assert "torch sees no CUDA device" in proc.stderr and "pytest" not in proc.stdout
 
 
-CODE = """\
+CODE = '''\
 table = [
     1,  # fmt: skip
     2,
@@ -63,7 +63,10 @@ table = [
 x = 1  # fmt: skip
 pairs = [(1, 2),
          (3, 4)]  # fmt: skip
+text = """
+not a comment  # fmt: skip
 """
+'''
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="needs ruff (dev extra)")
@@ -73,7 +76,7 @@ def test_inert_fmt_skip_markers_are_reported(tmp_path):
     script = ROOT / "scripts" / "check_fmt_skip.py"
     proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
-    # Inside a literal the formatter ignores the marker; `x = 1` is formatted already. The last
-    # one keeps a layout the formatter would change, so it stays.
+    # Inside a literal the formatter ignores the marker; `x = 1` is formatted already. The third
+    # keeps a layout the formatter would change, so it stays; the last is text in a string.
     reported = [line.split(": ")[0] for line in proc.stdout.splitlines()]
     assert reported == [f"{path}:2", f"{path}:5"]
