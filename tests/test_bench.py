@@ -140,6 +140,22 @@ def test_run_loop_budget_skips_and_failures_are_logged(monkeypatch):
     assert any("bad" in line and "no kernel for this shape" in line for line in logs)
 
 
+def test_run_loop_gives_the_variants_the_runs_budget():
+    """The layout sweep's deadline follows the budget of the run (--budget), not the device's
+    default."""
+    from rmsnorm.bench import cpu, loop
+
+    setup = cpu.setup(dry_run=True)
+    setup.plan, setup.budget_s = [], 7.0
+    seen = []
+    setup.variants = lambda meta, timer, start, budget_s, log: seen.append(budget_s) or []
+    loop._run(setup, variants=True, log=lambda line: None)
+    assert seen == [7.0]
+    logs = []
+    loop._run(cpu.setup(dry_run=True), variants=True, log=logs.append)
+    assert "variants: this device has one kernel layout; nothing to add" in logs
+
+
 def test_bench_device_errors_name_the_option(monkeypatch):
     from rmsnorm._validate import ArgumentError
 

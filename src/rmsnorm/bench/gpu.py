@@ -91,10 +91,10 @@ def setup(quick: bool = False, dry_run: bool = False, warm: tuple[int, int] | No
     liger, why = (None, "dry run") if dry_run else _liger()
     budget_s = 90.0 if quick else 270.0
 
-    def variants(meta: dict, timer: Timer, start: float, log) -> list:
+    def variants(meta: dict, timer: Timer, start: float, budget_s: float, log) -> list:
         from .variants import run_variants
 
-        extra = 60.0 if quick else 90.0
+        extra = 60.0 if quick else 90.0  # past the main plan's budget
         return run_variants(meta, timer, start, budget_s + extra, log, shard=warm or (0, 1))
 
     return Setup(

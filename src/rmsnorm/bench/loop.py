@@ -127,7 +127,8 @@ class Setup:
     compile: bool = True  # the torch.compile'd reference among the providers
     strict: bool = False  # a provider that fails is an error (dry runs), not a logged skip
     after_item: Callable[[], None] = lambda: None
-    variants: Callable[[dict, Timer, float, Callable], list[Row]] | None = None
+    # forced kernel layouts: (meta, timer, start, budget_s of this run, log) -> rows
+    variants: Callable[[dict, Timer, float, float, Callable], list[Row]] | None = None
     notes: list[str] = field(default_factory=list)  # logged before the run
 
 
@@ -190,9 +191,9 @@ def _run(setup: Setup, variants: bool, log: Callable[[str], object]) -> list[Row
         log(_progress(new, item, time.monotonic() - start))
 
     if variants and setup.variants is not None:
-        rows += setup.variants(meta, timer, start, log)
+        rows += setup.variants(meta, timer, start, setup.budget_s, log)
     elif variants:
-        log("--variants: this device has one kernel layout; nothing to add")
+        log("variants: this device has one kernel layout; nothing to add")
     return rows
 
 
@@ -208,17 +209,21 @@ def _sweep(setup: Setup, item: Item, providers: dict, copy_gbps: float, log) -> 
     timer, rows = setup.timer, []
     inputs = _inputs(item.op, item.m, item.n, item.dtype, grad=True, dev=timer.device)
     for mode in item.modes:
+
+        def failed(name: str, exc: Exception, mode: str = mode) -> None:
+            # a peer that cannot run a shape (Liger past N = 65536)
+            _failed(setup, log, f"{item.op} {name} {mode} ({item.m}, {item.n})", exc)
+
         fns = {}
         for name, fn in providers.items():
             try:
                 fns[name] = _mode_fn(fn, inputs, mode)
-            except Exception as exc:  # a peer that cannot run a shape (Liger past 65536)
-                _failed(setup, log, f"{item.op} {name} {mode} ({item.m}, {item.n})", exc)
-        on_error = None if setup.strict else lambda name, exc: _failed(setup, log, name, exc)
+            except Exception as exc:
+                failed(name, exc)
         samples = interleaved(
             fns,
             rounds=setup.rounds,
-            on_error=on_error,
+            on_error=None if setup.strict else failed,
             timer=lambda fn: timer.median_ms(fn) * 1e-3,
         )
         for name, s in samples.items():
