@@ -1,8 +1,14 @@
-# The README's two commands: `make report` and `make test`. Both set everything up first.
+# The README's two commands: `make report` and `make test`. Every target sets everything up first.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= report
+BENCH_OUT ?= benchmarks/results
+BENCH_ARGS ?=
+# The GPU subset: the Triton kernel tests (run natively, not interpreted, where torch sees a GPU)
+# and every test marked `gpu` elsewhere.
+GPU_TEST_FILES ?= tests/test_triton_kernels.py tests/test_overflow.py
+LINT_PATHS := src tests benchmarks scripts
 
 .PHONY: setup report test test-gpu lint bench clean
 
@@ -18,9 +24,25 @@ report: setup
 test: setup
 	$(BIN)/python -m pytest -n 2 --timeout 900 -q
 
+NO_GPU := make test-gpu: torch sees no CUDA device; the GPU tests need one (make test runs the rest)
+
+# Fails at once, saying why, where torch sees no CUDA device. pytest's exit code 5 is "no test
+# selected": no test outside GPU_TEST_FILES is marked gpu.
+test-gpu: setup
+	@$(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('$(NO_GPU)')"
+	$(BIN)/python -m pytest --timeout 900 -q $(GPU_TEST_FILES)
+	$(BIN)/python -m pytest --timeout 900 -q -m gpu tests $(addprefix --ignore=,$(GPU_TEST_FILES)); \
+	  rc=$$?; test $$rc -eq 0 -o $$rc -eq 5
+
+# `rmsnorm bench` on the device torch sees (cuda, else cpu): <device>_bench.csv/.md/.png in
+# $(BENCH_OUT). BENCH_ARGS adds options, e.g. BENCH_ARGS=--quick.
+bench: setup
+	$(BIN)/rmsnorm bench --out $(BENCH_OUT) $(BENCH_ARGS)
+
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/python scripts/check_fmt_skip.py $(LINT_PATHS)
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -74,11 +74,12 @@ def test_make_row_and_writers(tmp_path):
 
 
 def test_cpu_mode_dry_run(tmp_path):
-    """The CPU mode's plan, providers, interleaved timing and writers, at tiny shapes."""
-    from rmsnorm.bench import cpu
+    """The one run loop with the CPU configuration: plan, providers, interleaved timing and
+    writers, at tiny shapes."""
+    from rmsnorm.bench.loop import measure
 
     logs = []
-    rows = cpu.run(quick=True, dry_run=True, log=logs.append)
+    rows = measure("cpu", dry_run=True, log=logs.append)
     got = {(r.op, r.mode, r.provider) for r in rows}
     for mode in ("forward", "backward", "forward_backward"):
         assert ("rms_norm", mode, "rmsnorm") in got and ("rms_norm", mode, "torch") in got
@@ -86,6 +87,7 @@ def test_cpu_mode_dry_run(tmp_path):
     assert ("rms_norm", "forward", "hf_llama_eager") in got
     assert ("add_rms_norm", "backward", "torch_add") in got
     assert {r.device for r in rows} == {"cpu"} and "cores" in rows[0].device_name
+    assert {r.variant for r in rows} == {"eager"}  # no CUDA graphs on a CPU
     assert not [line for line in logs if "failed" in line]
     bench.write_csv(rows, tmp_path / "cpu_bench.csv")
     bench.write_markdown(rows, tmp_path / "cpu_bench.md")
@@ -93,19 +95,77 @@ def test_cpu_mode_dry_run(tmp_path):
 
 
 def test_gpu_mode_dry_run(tmp_path):
-    """The GPU mode's plan, providers, modes, decode timing and writers, on CPU tensors."""
-    from rmsnorm.bench import gpu
+    """The one run loop with the GPU configuration (decode timing with CUDA graphs, the GPU plan),
+    on CPU tensors."""
+    from rmsnorm.bench.loop import measure
 
     logs = []
-    rows = gpu.run(quick=True, dry_run=True, log=logs.append)
+    rows = measure("cuda", dry_run=True, log=logs.append)
     ops = {(r.op, r.mode, r.provider, r.variant) for r in rows}
     assert ("rms_norm", "backward", "rmsnorm", "eager") in ops
     assert ("rms_norm", "forward", "hf_llama_eager", "cuda_graph") in ops
     assert ("add_rms_norm", "backward", "torch_add", "eager") in ops
     assert ("layer_norm", "forward", "torch", "eager") in ops
     assert all(r.ms > 0 and r.bytes > 0 for r in rows)
+    assert any("liger: not available" in line for line in logs)
     bench.write_markdown(rows, tmp_path / "dry.md")
     assert "## add_rms_norm" in (tmp_path / "dry.md").read_text()
+
+
+def test_run_loop_budget_skips_and_failures_are_logged(monkeypatch):
+    """Past the budget the remaining items are skipped with a line each; a provider that fails on
+    an item is dropped from it with a line, the others still timed."""
+    import rmsnorm.bench.loop as loop
+    from rmsnorm.bench import cpu
+
+    setup = cpu.setup(dry_run=True)
+    logs = []
+    setup.budget_s = 0.0
+    rows = loop._run(setup, variants=False, log=logs.append)
+    assert {r.op for r in rows} == {"copy"}
+    assert len([line for line in logs if line.startswith("skipped ")]) == len(setup.plan)
+
+    def broken(*tensors):
+        raise RuntimeError("no kernel for this shape")
+
+    setup = cpu.setup(dry_run=True)
+    setup.plan, setup.strict = setup.plan[:1], False
+    logs.clear()
+    real = loop._providers
+    monkeypatch.setattr(
+        loop, "_providers", lambda op, liger, compile: {**real(op, liger, compile), "bad": broken}
+    )
+    rows = loop._run(setup, variants=False, log=logs.append)
+    assert "bad" not in {r.provider for r in rows} and "rmsnorm" in {r.provider for r in rows}
+    assert any("bad" in line and "no kernel for this shape" in line for line in logs)
+
+
+def test_run_loop_gives_the_variants_the_runs_budget():
+    """The layout sweep's deadline follows the budget of the run (--budget), not the device's
+    default."""
+    from rmsnorm.bench import cpu, loop
+
+    setup = cpu.setup(dry_run=True)
+    setup.plan, setup.budget_s = [], 7.0
+    seen = []
+    setup.variants = lambda meta, timer, start, budget_s, log: seen.append(budget_s) or []
+    loop._run(setup, variants=True, log=lambda line: None)
+    assert seen == [7.0]
+    logs = []
+    loop._run(cpu.setup(dry_run=True), variants=True, log=logs.append)
+    assert "variants: this device has one kernel layout; nothing to add" in logs
+
+
+def test_bench_device_errors_name_the_option(monkeypatch):
+    from rmsnorm._validate import ArgumentError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.resolve_device("auto") == "cpu"
+    with pytest.raises(ArgumentError, match="device: 'cuda' was asked for") as info:
+        bench.run(device="cuda")
+    assert info.value.param == "device"
+    with pytest.raises(ArgumentError, match="device must be one of"):
+        bench.resolve_device("tpu")
 
 
 def test_variant_configs_include_the_defaults():

@@ -132,6 +132,48 @@ def test_bench_defaults_to_the_device_torch_has(monkeypatch, tmp_path):
     assert calls == ["cpu", "cuda"]
 
 
+def test_bench_refuses_a_device_it_cannot_run_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(app, ["bench", "--device", "cuda", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "rmsnorm bench: --device: 'cuda' was asked for but torch sees no GPU"
+    )
+    result = CliRunner().invoke(app, ["bench", "--budget", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "must be a number > 0" in result.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_compare_old_spellings_are_hidden_aliases(monkeypatch, tmp_path):
+    """--batch (as in every other command) and --text-file replace --batch-size and --text, which
+    still work but are not in the help."""
+    import rmsnorm.compare as compare
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_config(preset, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(compare, "compare_config", fake_config)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("text")
+    for args in (
+        ["--batch", "5", "--text-file", str(corpus)],
+        ["--batch-size", "5", "--text", str(corpus)],
+    ):
+        seen.clear()
+        result = CliRunner().invoke(app, ["compare", *args])
+        assert isinstance(result.exception, Stop), result.output
+        assert seen["batch_size"] == 5 and seen["text"] == str(corpus)
+    help_text = CliRunner().invoke(app, ["compare", "--help"]).output
+    assert "--batch " in help_text and "--text-file" in help_text
+    assert "--batch-size" not in help_text and not re.search(r"--text\b(?!-)", help_text)
+
+
 def test_gpu_preset_is_refused_on_a_cpu_with_the_estimate(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     result = CliRunner().invoke(app, ["compare", "--preset", "gpu", "--out", str(tmp_path)])
@@ -208,3 +250,47 @@ def test_log_progress_lines():
     with pytest.raises(RuntimeError), progress.task("fails", 1):
         raise RuntimeError("stop")
     assert len(lines) == 1  # started, never "done"
+
+
+def test_argument_error_renders_names_for_the_command_line():
+    """Library errors name their argument; a caller spells it its own way without rewriting the
+    message (a value that looks like a name, or has braces, is left alone)."""
+    from rmsnorm._validate import ArgumentError, divisible, one_of, positive_int
+
+    def flag(name):
+        return "--" + name.replace("_", "-")
+
+    with pytest.raises(ArgumentError) as info:
+        positive_int("n_layers", -1)
+    assert str(info.value) == "n_layers must be a positive integer, got -1"
+    assert info.value.render(flag) == "--n-layers must be a positive integer, got -1"
+    assert info.value.param == "n_layers" and info.value.detail.startswith("must be")
+    with pytest.raises(ArgumentError) as info:
+        divisible("d_model", 30, "n_heads", 4)
+    assert info.value.render(flag) == "--d-model (30) must be divisible by --n-heads (4)"
+    with pytest.raises(ArgumentError) as info:
+        one_of("norm", "{seq_len}", ("layernorm",))
+    assert info.value.render(flag) == "--norm must be one of 'layernorm', got '{seq_len}'"
+    error = ArgumentError("text", "cannot read {a}: n_layers")
+    assert str(error) == "text: cannot read {a}: n_layers"
+    assert error.render(flag) == "--text: cannot read {a}: n_layers"
+    for bad in (True, 1.0, "2", 0):
+        with pytest.raises(ArgumentError):
+            positive_int("n", bad)
+
+
+def test_convert_writes_json_with_either_spelling(monkeypatch, tmp_path):
+    """`--json` as in `inspect`; `--json-out`, its earlier spelling, still works unlisted."""
+    import rmsnorm.convert as convert
+
+    report = convert.ConversionReport(
+        "gpt2", "a", "b", {"float32": 1e-7}, {"original": 0.01}, (2, 32), False, "cpu", 1
+    )
+    monkeypatch.setattr(convert, "convert_directory", lambda *a, **k: report)
+    for flag in ("--json", "--json-out"):
+        out = tmp_path / f"{flag}.json"
+        result = CliRunner().invoke(app, ["convert", "a", "b", flag, str(out)])
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text())["architecture"] == "gpt2"
+    help_text = CliRunner().invoke(app, ["convert", "--help"]).output
+    assert "--json " in help_text and "--json-out" not in help_text

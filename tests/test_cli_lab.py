@@ -66,7 +66,8 @@ def test_report_quick_writes_files(runner, tmp_path):
             ["simulate", "--d-model", "30", "--n-heads", "4"],
             "--d-model (30) must be divisible by --n-heads (4)",
         ),
-        (["simulate", "--text", "/nonexistent/t.txt"], "--text"),
+        (["simulate", "--text-file", "/nonexistent/t.txt"], "--text-file"),
+        (["simulate", "--position", "sideways"], "--position must be one of 'pre', 'post'"),
         (["simulate", "--norm", "batchnorm"], "norm must be one of"),
         (["inspect", "--model", "/nonexistent/model"], "no such directory"),
         (["report", "--model", "/nonexistent/model", "--quick"], "no such directory"),
@@ -90,3 +91,26 @@ def test_simulate_spells_model_options_as_compare_does(runner, tmp_path):
     assert result.exit_code == 0, result.output
     cfg = json.loads((tmp_path / "simulation.json").read_text())["config"]
     assert (cfg["n_layers"], cfg["d_model"], cfg["n_heads"]) == (2, 32, 2)
+
+
+def test_library_errors_are_one_line_with_the_options_names(runner, tmp_path):
+    """An argument the library refuses comes back as one line naming this command's option (the
+    library's norm_position is --position here), exit code 2, no traceback."""
+    result = runner.invoke(app, ["simulate", "--position", "sideways", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "rmsnorm simulate: --position must be one of 'pre', 'post', got 'sideways'"
+    ]
+
+
+def test_old_option_spellings_still_work_out_of_the_help(runner, tmp_path):
+    """--text (a file) is --text-file in every command; the old spelling still works, unlisted."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    help_text = plain(runner.invoke(app, ["simulate", "--help"]))
+    assert "--text-file" in help_text and not re.search(r"--text\b(?!-)", help_text)
+    args = ["simulate", "--out", str(tmp_path / "sim"), *TINY, "--inputs", "text"]
+    result = runner.invoke(app, [*args, "--text", str(corpus)])
+    assert result.exit_code == 0, result.output
+    cfg = json.loads((tmp_path / "sim" / "simulation.json").read_text())["config"]
+    assert cfg["text"] == str(corpus)

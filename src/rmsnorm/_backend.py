@@ -89,6 +89,19 @@ class use_backend:
     run time, not at trace time), so set it around the call to a compiled function. Used inside a
     function being compiled, it is not traced: dynamo runs that function eagerly from there (a
     graph break), and with ``fullgraph=True`` it is an error that says so.
+
+    Args:
+        name (str or None): ``"auto"``, ``"reference"`` (the spec, :mod:`rmsnorm.reference`),
+            ``"cpu"`` (the CPU kernels) or ``"triton"`` (the GPU kernels); ``None`` removes the
+            override.
+
+    Example::
+
+        >>> x = torch.randn(4, 8)
+        >>> with rmsnorm.use_backend("reference"):  # this block runs the spec itself
+        ...     y = rmsnorm.rms_norm(x, 8)
+        >>> torch.allclose(y, rmsnorm.rms_norm(x, 8), atol=1e-6)  # the automatic choice again
+        True
     """
 
     def __init__(self, name: str | None):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +20,8 @@ except ImportError as exc:  # dependencies of the package: only a broken install
         "pip install --force-reinstall rmsnorm"
     ) from exc
 
+from ._validate import ArgumentError, non_negative_int, positive_int, positive_number
+
 app = typer.Typer(
     help="rmsnorm: RMSNorm / LayerNorm kernels and the lab that compares them.",
     no_args_is_help=True,
@@ -30,11 +34,64 @@ err_console = Console(stderr=True)
 _EXTRA_OF = {"matplotlib": "lab", "transformers": "hf"}
 
 
+# ----------------------------------------------------------------------------------------------
+# Errors: one path. Bad values of options are caught where typer parses them (the checks of
+# rmsnorm._validate); what the library raises is one line on stderr, "rmsnorm COMMAND: message",
+# exit code 2 for a bad argument (ArgumentError, with the library's argument names spelled as this
+# command's options) and 1 for anything else the user can act on (a missing file or extra).
+# ----------------------------------------------------------------------------------------------
+# Library argument names whose option is spelled differently here; any other name `x_y` is the
+# option `--x-y`.
+_OPTION_OF = {
+    "norm_position": "--position",
+    "text": "--text-file",
+    "batch_size": "--batch",
+    "budget_s": "--budget",
+}
+
+
+def _option(name: str) -> str:
+    return _OPTION_OF.get(name, "--" + name.replace("_", "-"))
+
+
 def _fail(command: str, message: str, code: int = 1) -> typer.Exit:
     err_console.print(
         f"rmsnorm {command}: {message}", markup=False, highlight=False, soft_wrap=True
     )
     return typer.Exit(code=code)
+
+
+@contextmanager
+def _reported(command: str, *errors: type[Exception]) -> Iterator[None]:
+    """Library errors raised inside the block, reported as one line (see above): every
+    :class:`ArgumentError`, and the exception types ``errors``."""
+    try:
+        yield
+    except ArgumentError as exc:
+        raise _fail(command, exc.render(_option), code=2) from None
+    except errors as exc:
+        raise _fail(command, str(exc)) from None
+
+
+def _checked(check: Callable[[str, object], object]) -> Callable:
+    """A typer callback applying ``check(name, value)`` (from :mod:`rmsnorm._validate`) to an
+    option's value as it is parsed; ``None`` (not given) passes."""
+
+    def callback(ctx: typer.Context, param: typer.CallbackParam, value):
+        if value is None or ctx.resilient_parsing:
+            return value
+        try:
+            check(param.name or "", value)
+        except ArgumentError as exc:
+            raise typer.BadParameter(exc.detail) from None
+        return value
+
+    return callback
+
+
+_positive = _checked(positive_int)
+_non_negative = _checked(non_negative_int)
+_positive_number = _checked(positive_number)
 
 
 def _require(command: str, *modules: str) -> None:
@@ -55,6 +112,28 @@ def _require(command: str, *modules: str) -> None:
         )
 
 
+# ----------------------------------------------------------------------------------------------
+# Options used by several commands: one spelling and one help each.
+# ----------------------------------------------------------------------------------------------
+_Threads = Annotated[
+    int | None,
+    typer.Option(callback=_positive, help="torch CPU threads (default: torch's, one per core)."),
+]
+# The lab's models are small (width ≤ 256). On a 2-core machine shared with other processes a
+# training step of the report's model took 0.2 s with one torch thread and 2.5 s with two (the
+# worker threads wait on each other), so these commands default to one.
+_LabThreads = Annotated[
+    int,
+    typer.Option(
+        callback=_positive, help="torch CPU threads; 1 suits these small models on a shared CPU."
+    ),
+]
+_TextFile = Annotated[
+    Path | None, typer.Option(exists=True, dir_okay=False, help="A text file to run.")
+]
+_Json = Annotated[Path | None, typer.Option("--json", help="Also write the results to this file.")]
+
+
 @app.callback()
 def _root(ctx: typer.Context) -> None:
     """rmsnorm: RMSNorm / LayerNorm kernels and the lab that compares them."""
@@ -62,10 +141,8 @@ def _root(ctx: typer.Context) -> None:
         return
     from . import _backend
 
-    try:  # a bad RMSNORM_BACKEND is one line here, not a traceback from deep inside an op
-        _backend.current()
-    except ValueError as exc:
-        raise _fail(ctx.invoked_subcommand or "", str(exc)) from None
+    with _reported(ctx.invoked_subcommand or "", ValueError):
+        _backend.current()  # a bad RMSNORM_BACKEND is one line here, not a deep traceback
 
 
 @app.command()
@@ -87,45 +164,59 @@ def _log(message: str) -> None:
     console.print(message, markup=False, highlight=False)
 
 
+_BENCH_DIR = Path("benchmarks/results")
+
+
 @app.command()
 def bench(
-    device: str = typer.Option(
-        "auto", help="auto (cuda when torch sees a GPU, else cpu), cuda or cpu"
-    ),
-    quick: bool = typer.Option(
-        False, "--quick", help="a handful of shapes instead of the full run"
-    ),
-    out: str = typer.Option("benchmarks/results", help="directory for <device>_bench.csv/.md/.png"),
-    variants: bool = typer.Option(
-        False, "--variants", help="also time forced kernel layouts of this library (tuning data)"
-    ),
-    budget: float = typer.Option(
-        None, help="seconds for the main plan; what does not fit is skipped and logged"
-    ),
-    latency: bool = typer.Option(
-        False,
-        "--latency",
-        help="time per call over M × N × dtype × pass against torch's norms and the targets; "
-        "writes <device>_latency.csv/.md/.png",
-    ),
+    device: Annotated[
+        str, typer.Option(help="auto (cuda when torch sees a GPU, else cpu), cuda or cpu.")
+    ] = "auto",
+    quick: Annotated[
+        bool, typer.Option("--quick", help="A handful of shapes instead of the full run.")
+    ] = False,
+    out: Annotated[
+        Path, typer.Option(help="Directory for <device>_bench.csv/.md/.png.")
+    ] = _BENCH_DIR,
+    variants: Annotated[
+        bool,
+        typer.Option(
+            "--variants", help="Also time forced kernel layouts of this library (tuning data)."
+        ),
+    ] = False,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            callback=_positive_number,
+            help="Seconds for the main plan; what does not fit is skipped and logged.",
+        ),
+    ] = None,
+    latency: Annotated[
+        bool,
+        typer.Option(
+            "--latency",
+            help="Time per call over M × N × dtype × pass against torch's norms and the targets; "
+            "writes <device>_latency.csv/.md/.png.",
+        ),
+    ] = False,
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
     from .analysis.progress import RichProgress
-    from .bench import run, summary
+    from .bench import resolve_device, run, summary
 
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
+    with _reported("bench", RuntimeError, ValueError, OSError):
+        device = resolve_device(device)
         with RichProgress(console) as progress:
             rows = run(
-                device=device, quick=quick, out=out, variants=variants, budget_s=budget, log=_log,
-                latency=latency, progress=progress,
-            )  # fmt: skip
-    except (NotImplementedError, RuntimeError, ValueError) as exc:
-        console.print(f"[red]rmsnorm bench: {exc}[/red]")
-        raise typer.Exit(2) from exc
+                device=device,
+                quick=quick,
+                out=out,
+                variants=variants,
+                budget_s=budget,
+                log=_log,
+                latency=latency,
+                progress=progress,
+            )
     if not latency:  # the latency mode logs its own summary
         _log(summary(rows))
 
@@ -133,13 +224,19 @@ def bench(
 # --- ecosystem: exact LayerNorm -> RMSNorm conversion ---
 @app.command()
 def convert(
-    source: str,
-    destination: str,
-    check_dtypes: str = "float32,float64",
-    batch: int = 2,
-    seq_len: int = 32,
-    repeats: int = 10,
-    json_out: str = "",
+    source: Annotated[str, typer.Argument(help="A local model directory.")],
+    destination: Annotated[str, typer.Argument(help="Where to write the converted model.")],
+    check_dtypes: Annotated[
+        str, typer.Option(help="Comma-separated dtypes to compare the logits in.")
+    ] = "float32,float64",
+    batch: Annotated[int, typer.Option(callback=_positive, help="Random-token sequences.")] = 2,
+    seq_len: Annotated[int, typer.Option(callback=_positive, help="Tokens per sequence.")] = 32,
+    repeats: Annotated[
+        int, typer.Option(callback=_positive, help="Forwards per median inference time.")
+    ] = 10,
+    json_out: _Json = None,
+    # The spelling of earlier versions, kept working but out of the help.
+    old_json_out: Annotated[Path | None, typer.Option("--json-out", hidden=True)] = None,
 ) -> None:
     """Exact LayerNorm -> RMSNorm conversion of a pre-LN model.
 
@@ -149,7 +246,7 @@ def convert(
     (Jiang et al., NeurIPS 2023) and writes the result to DESTINATION.
     Then compares the logits of both models on random tokens in each of
     --check-dtypes (comma-separated) and reports their median inference
-    time over --repeats forwards; --json-out also writes the report.
+    time over --repeats forwards; --json also writes the report.
     """
     import json
 
@@ -157,20 +254,23 @@ def convert(
 
     from .convert import ConversionError, convert_directory
 
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
-    ) as bar:
+    json_out = json_out or old_json_out
+    columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
+    # The error line comes after the spinner has stopped (the with blocks close inside out).
+    with (
+        _reported("convert", ConversionError, OSError, ValueError, ImportError),
+        Progress(*columns, console=console) as bar,
+    ):
         task = bar.add_task("starting", total=None)
-        try:
-            report = convert_directory(
-                source, destination, check_dtypes=tuple(check_dtypes.split(",")), batch=batch,
-                seq_len=seq_len, repeats=repeats,
-                progress=lambda message: bar.update(task, description=message),
-            )  # fmt: skip
-        except (ConversionError, FileNotFoundError, ValueError, ImportError) as exc:
-            bar.stop()
-            console.print(f"[red]rmsnorm convert: {exc}[/red]")
-            raise typer.Exit(code=1) from exc
+        report = convert_directory(
+            source,
+            destination,
+            check_dtypes=tuple(check_dtypes.split(",")),
+            batch=batch,
+            seq_len=seq_len,
+            repeats=repeats,
+            progress=lambda message: bar.update(task, description=message),
+        )
     table = Table(title=f"{report.architecture}: {source} -> {destination}")
     table.add_column("check")
     table.add_column("value", justify="right")
@@ -182,50 +282,14 @@ def convert(
     table.add_row("output head untied", "yes" if report.untied_head else "no (was not tied)")
     table.add_row("rmsnorm backend, torch threads", f"{report.backend}, {report.threads}")
     console.print(table)
-    if json_out:
+    if json_out is not None:
         with open(json_out, "w") as fh:
             json.dump(report.to_dict(), fh, indent=2)
 
 
 # --- centering lab: simulate / inspect / report ---
-_LAB_FLAGS = {  # library argument names → the options of these commands, for error messages
-    "n_layers": "--n-layers",
-    "d_model": "--d-model",
-    "n_heads": "--n-heads",
-    "seq_len": "--seq-len",
-    "train_steps": "--train-steps",
-    "train_batch": "--train-batch",
-    "init_std": "--init-std",
-    "planted_mean": "--planted-mean",
-    "norm_position": "--position",
-}
 _SIM_DIR = Path("simulation")
 _REPORT_DIR = Path("report")
-_Threads = Annotated[
-    int | None, typer.Option("--threads", min=1, help="torch CPU threads (default: torch's).")
-]
-# The lab's models are small (width ≤ 256). On a 2-core machine shared with other processes a
-# training step of the report's model took 0.2 s with one torch thread and 2.5 s with two (the
-# worker threads wait on each other), so these commands default to one.
-_LabThreads = Annotated[
-    int | None,
-    typer.Option(
-        "--threads", min=1, help="torch CPU threads; 1 suits these small models on a shared CPU."
-    ),
-]
-_TextFile = Annotated[
-    Path | None, typer.Option(exists=True, dir_okay=False, help="A text file to run.")
-]
-
-
-def _lab_error(exc: Exception) -> typer.Exit:
-    import re
-
-    msg = str(exc)
-    for name, flag in _LAB_FLAGS.items():
-        msg = re.sub(rf"\b{name}\b", flag, msg)
-    console.print(f"[bold red]error:[/] {msg}")
-    return typer.Exit(code=2)
 
 
 def _progress():
@@ -249,34 +313,39 @@ def _threads(n: int | None) -> None:
 @app.command()
 def simulate(
     out: Annotated[Path, typer.Option(help="Output directory.")] = _SIM_DIR,
-    n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = 12,
+    n_layers: Annotated[int, typer.Option(callback=_positive, help="Transformer blocks.")] = 12,
     d_model: Annotated[
-        int, typer.Option(min=1, help="Model width d, divisible by --n-heads.")
+        int, typer.Option(callback=_positive, help="Model width d, divisible by --n-heads.")
     ] = 256,
-    n_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
-    seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 64,
-    batch: Annotated[int, typer.Option(min=1, help="Sequences; tokens = batch × seq-len.")] = 16,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of weights and inputs.")] = 0,
+    n_heads: Annotated[int, typer.Option(callback=_positive, help="Attention heads.")] = 4,
+    seq_len: Annotated[int, typer.Option(callback=_positive, help="Tokens per sequence.")] = 64,
+    batch: Annotated[
+        int, typer.Option(callback=_positive, help="Sequences; tokens = batch × seq-len.")
+    ] = 16,
+    seed: Annotated[
+        int, typer.Option(callback=_non_negative, help="Seed of weights and inputs.")
+    ] = 0,
     norm: Annotated[str, typer.Option(help="layernorm, rmsnorm, prmsnorm or none.")] = "layernorm",
     position: Annotated[str, typer.Option(help="pre (pre-LN) or post (post-LN).")] = "pre",
     init_std: Annotated[float, typer.Option(help="Std of the weights at init.")] = 0.02,
     inputs: Annotated[
         str, typer.Option(help="tokens, gaussian, text, or auto (tokens; text when training).")
     ] = "auto",
-    text: _TextFile = None,
+    text_file: _TextFile = None,
     planted_mean: Annotated[
         float, typer.Option(help="Constant added to every element of the input embeddings.")
     ] = 0.0,
     train_steps: Annotated[
-        int, typer.Option(min=0, help="Train this many steps, then measure again.")
+        int, typer.Option(callback=_non_negative, help="Train this many steps, then measure again.")
     ] = 0,
-    train_batch: Annotated[int, typer.Option(min=1, help="Training batch size.")] = 16,
+    train_batch: Annotated[int, typer.Option(callback=_positive, help="Training batch size.")] = 16,
     threads: _LabThreads = 1,
-    # The spelling of earlier versions, kept working but out of the help: `compare` and the
-    # library say n_layers / d_model / n_heads.
-    layers: Annotated[int | None, typer.Option(min=1, hidden=True)] = None,
-    width: Annotated[int | None, typer.Option(min=1, hidden=True)] = None,
-    heads: Annotated[int | None, typer.Option(min=1, hidden=True)] = None,
+    # The spellings of earlier versions, kept working but out of the help: `compare` and the
+    # library say n_layers / d_model / n_heads, and every command says --text-file for a file.
+    layers: Annotated[int | None, typer.Option(callback=_positive, hidden=True)] = None,
+    width: Annotated[int | None, typer.Option(callback=_positive, hidden=True)] = None,
+    heads: Annotated[int | None, typer.Option(callback=_positive, hidden=True)] = None,
+    text: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, hidden=True)] = None,
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer."""
     from .analysis.simulate import SimulationConfig, write_simulation
@@ -284,7 +353,8 @@ def simulate(
 
     _require("simulate", "matplotlib")
     _threads(threads)
-    try:
+    text_file = text_file or text
+    with _reported("simulate", ValueError, OSError):
         cfg = SimulationConfig(
             n_layers=n_layers if layers is None else layers,
             d_model=d_model if width is None else width,
@@ -296,13 +366,11 @@ def simulate(
             norm_position=position,
             init_std=init_std,
             inputs=inputs,
-            text=None if text is None else str(text),
+            text=None if text_file is None else str(text_file),
             planted_mean=planted_mean,
             train_steps=train_steps,
             train_batch=train_batch,
         )
-    except (ValueError, FileNotFoundError) as exc:
-        raise _lab_error(exc) from None
     with _progress() as progress:
         result = run(cfg, progress)
         files = write_simulation(result, out, progress)
@@ -329,12 +397,14 @@ def inspect(
     ] = "builtin",
     text: Annotated[str | None, typer.Option(help="Text to run (default: random tokens).")] = None,
     text_file: _TextFile = None,
-    batch: Annotated[int, typer.Option(min=1, help="Random-token sequences.")] = 4,
-    seq_len: Annotated[int, typer.Option(min=1, help="Random-token sequence length.")] = 64,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the random tokens.")] = 0,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the numbers to this file.")
-    ] = None,
+    batch: Annotated[int, typer.Option(callback=_positive, help="Random-token sequences.")] = 4,
+    seq_len: Annotated[
+        int, typer.Option(callback=_positive, help="Random-token sequence length.")
+    ] = 64,
+    seed: Annotated[
+        int, typer.Option(callback=_non_negative, help="Seed of the random tokens.")
+    ] = 0,
+    json_out: _Json = None,
     threads: _Threads = None,
 ) -> None:
     """Hook every norm layer of a model: how centered are its inputs, what would a swap change?"""
@@ -344,11 +414,9 @@ def inspect(
     _threads(threads)
     if text_file is not None:
         text = text_file.read_text(errors="replace")
-    try:
+    with _reported("inspect", ValueError, OSError, ImportError):
         with console.status(f"running {model} with hooks on its norm layers"):
             result = inspect_source(model, text, batch=batch, seq_len=seq_len, seed=seed)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        raise _lab_error(exc) from None
     console.print(render_table(result))
     if json_out is not None:
         write_json(result.to_dict(), json_out)
@@ -364,12 +432,15 @@ def report(
     ] = None,
     text_file: _TextFile = None,
     train_steps: Annotated[
-        int, typer.Option(min=0, help="Steps of the short training run (0 skips it).")
+        int,
+        typer.Option(callback=_non_negative, help="Steps of the short training run (0 skips it)."),
     ] = 60,
     planted_mean: Annotated[
         float, typer.Option(help="Offset of the planted-mean contrast run (0 skips it).")
     ] = 0.02,
-    quick: Annotated[bool, typer.Option(help="Tiny sizes: every file in seconds.")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Tiny sizes: every file in seconds.")
+    ] = False,
     threads: _LabThreads = 1,
 ) -> None:
     """The main job: the centering report (report.md, self-contained report.html, figures)."""
@@ -378,14 +449,12 @@ def report(
     _require("report", "matplotlib")
     _threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
-    cfg = ReportConfig.from_options(
-        quick=quick, model=model, text=text, planted_mean=planted_mean, train_steps=train_steps
-    )
-    try:
+    with _reported("report", ValueError, OSError, ImportError):
+        cfg = ReportConfig.from_options(
+            quick=quick, model=model, text=text, planted_mean=planted_mean, train_steps=train_steps
+        )
         with _progress() as progress:
             summary = build_report(cfg, out, progress)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        raise _lab_error(exc) from None
     sim, ident = summary["simulation"], summary["identity"]
     console.print(
         f"median |μ|/σ {sim['median_mu_over_sigma']:.4f}, mean cos(LN, RMSNorm) "
@@ -396,48 +465,62 @@ def report(
     )
 
 
-# --- training comparison (issue 7) ---
+# --- training comparison ---
+def _override(what: str):
+    """An optional positive-integer option overriding the preset's value."""
+    return typer.Option(callback=_positive, help=f"{what} (default: the preset's).")
+
+
 @app.command()
 def compare(
-    out: str = typer.Option(
-        "compare-results", help="Folder for results.json, loss_curves.png, summary.md."
-    ),
-    variants: str = typer.Option(
-        "layernorm,rmsnorm,prmsnorm",
-        help="Comma-separated norms to train: layernorm (required: the baseline), rmsnorm, "
-        "prmsnorm (p = 6.25%), none.",
-    ),
-    seeds: int = typer.Option(3, help="Runs per variant (seeds --seed, --seed + 1, ...)."),
-    seed: int = typer.Option(0, help="First seed."),
-    preset: str = typer.Option(
-        "cpu", help="Model and schedule: cpu (≤ 3 min on 2 cores), gpu, tiny."
-    ),
-    text: str | None = typer.Option(
-        None, help="Train on this text file instead of the stdlib corpus."
-    ),
-    device: str = typer.Option("auto", help="auto (cuda when available), cpu or cuda."),
-    steps: int | None = typer.Option(None, help="Training steps (default: the preset's)."),
-    batch_size: int | None = typer.Option(None, help="Sequences per step (default: the preset's)."),
-    lr: float | None = typer.Option(None, help="Peak learning rate (default: the preset's)."),
-    n_layers: int | None = typer.Option(None, help="Transformer blocks (default: the preset's)."),
-    d_model: int | None = typer.Option(None, help="Model width (default: the preset's)."),
-    n_heads: int | None = typer.Option(None, help="Attention heads (default: the preset's)."),
-    seq_len: int | None = typer.Option(
-        None, help="Context length in bytes (default: the preset's)."
-    ),
-    eval_interval: int | None = typer.Option(None, help="Steps between validation losses."),
-    eval_batches: int | None = typer.Option(None, help="Batches per validation loss."),
-    threads: int | None = typer.Option(
-        None,
-        help="torch CPU threads (default: torch's, one per core); 1 is steadier on a busy machine.",
-    ),
+    out: Annotated[
+        Path, typer.Option(help="Folder for results.json, loss_curves.png, summary.md.")
+    ] = Path("compare-results"),
+    variants: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated norms to train: layernorm (required: the baseline), rmsnorm, "
+            "prmsnorm (p = 6.25%), none."
+        ),
+    ] = "layernorm,rmsnorm,prmsnorm",
+    seeds: Annotated[
+        int,
+        typer.Option(callback=_positive, help="Runs per variant (seeds --seed, --seed + 1, ...)."),
+    ] = 3,
+    seed: Annotated[int, typer.Option(callback=_non_negative, help="First seed.")] = 0,
+    preset: Annotated[
+        str, typer.Option(help="Model and schedule: cpu (≤ 3 min on 2 cores), gpu, tiny.")
+    ] = "cpu",
+    # Checked by the library, which reads it (its message says what is wrong with the file).
+    text_file: Annotated[
+        Path | None,
+        typer.Option(help="Train on this text file instead of the stdlib corpus."),
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto (cuda when available), cpu or cuda.")] = "auto",
+    steps: Annotated[int | None, _override("Training steps")] = None,
+    batch: Annotated[int | None, _override("Sequences per step")] = None,
+    lr: Annotated[
+        float | None,
+        typer.Option(callback=_positive_number, help="Peak learning rate (default: the preset's)."),
+    ] = None,
+    n_layers: Annotated[int | None, _override("Transformer blocks")] = None,
+    d_model: Annotated[int | None, _override("Model width")] = None,
+    n_heads: Annotated[int | None, _override("Attention heads")] = None,
+    seq_len: Annotated[int | None, _override("Context length in bytes")] = None,
+    eval_interval: Annotated[int | None, _override("Steps between validation losses")] = None,
+    eval_batches: Annotated[int | None, _override("Batches per validation loss")] = None,
+    threads: _Threads = None,
+    # The spellings of earlier versions, kept working but out of the help.
+    old_text: Annotated[Path | None, typer.Option("--text", hidden=True)] = None,
+    old_batch_size: Annotated[
+        int | None, typer.Option("--batch-size", callback=_positive, hidden=True)
+    ] = None,
 ) -> None:
     """Train the same small GPT-style LM with LayerNorm, RMSNorm and partial RMSNorm (only the norm
     changes) and write losses, step-time ratios and a summary into --out."""
     from .compare import (
         CPU_REFUSE_S,
         SUMMARY_COLUMNS,
-        ArgumentError,
         compare_config,
         estimate_seconds,
         format_duration,
@@ -448,6 +531,7 @@ def compare(
     )
 
     _require("compare", "matplotlib")
+    text_file = text_file or old_text
     finished = 0
 
     def save(partial: dict) -> None:  # after each seed: an interrupted run keeps what it finished
@@ -462,23 +546,34 @@ def compare(
         )
 
     try:
-        cfg = compare_config(
-            preset, variants=variants, seeds=seeds, seed=seed, text=text, device=device,
-            steps=steps, batch_size=batch_size, lr=lr, n_layers=n_layers, d_model=d_model,
-            n_heads=n_heads, seq_len=seq_len, eval_interval=eval_interval,
-            eval_batches=eval_batches, threads=threads,
-        )  # fmt: skip
-        out_dir = output_dir(out)
-        if cfg.device == "cpu" and (estimate := estimate_seconds(cfg)) > CPU_REFUSE_S:
-            err_console.print(
-                f"warning: this run will take at least {format_duration(estimate)} on this CPU",
-                markup=False,
+        with _reported("compare"):
+            cfg = compare_config(
+                preset,
+                variants=variants,
+                seeds=seeds,
+                seed=seed,
+                text=None if text_file is None else str(text_file),
+                device=device,
+                steps=steps,
+                batch_size=batch if old_batch_size is None else old_batch_size,
+                lr=lr,
+                n_layers=n_layers,
+                d_model=d_model,
+                n_heads=n_heads,
+                seq_len=seq_len,
+                eval_interval=eval_interval,
+                eval_batches=eval_batches,
+                threads=threads,
             )
-        with _progress() as progress:
-            results = run_comparison(cfg, progress, on_seed=save)
-        paths = write_outputs(results, out_dir)
-    except ArgumentError as exc:
-        raise typer.BadParameter(exc.detail, param_hint=f"--{exc.param.replace('_', '-')}") from exc
+            out_dir = output_dir(out)
+            if cfg.device == "cpu" and (estimate := estimate_seconds(cfg)) > CPU_REFUSE_S:
+                err_console.print(
+                    f"warning: this run will take at least {format_duration(estimate)} on this CPU",
+                    markup=False,
+                )
+            with _progress() as progress:
+                results = run_comparison(cfg, progress, on_seed=save)
+            paths = write_outputs(results, out_dir)
     except KeyboardInterrupt:
         kept = (
             f"the {finished} finished seed(s) are in {out_dir}"

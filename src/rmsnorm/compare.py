@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__, _backend
+from ._validate import ArgumentError, divisible, non_negative_int, positive_int, positive_number
 from .analysis.corpus import Corpus, stdlib_corpus, text_corpus
 from .analysis.progress import ensure as ensure_progress
 from .analysis.train import TrainConfig, Trainer
@@ -75,15 +76,6 @@ MODEL_OPTIONS = ("n_layers", "d_model", "n_heads", "seq_len")
 TRAIN_OPTIONS = ("steps", "batch_size", "lr", "eval_interval", "eval_batches")
 
 
-class ArgumentError(ValueError):
-    """A bad option of the comparison; ``param`` names it (the CLI shows it as ``--param``)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.detail = message
-
-
 @dataclass
 class CompareConfig:
     """Everything a comparison run depends on. ``model.norm`` is replaced per variant and
@@ -128,18 +120,6 @@ def parse_variants(variants: str | Sequence[str]) -> tuple[str, ...]:
             f"must include {BASELINE!r}: it is the baseline every ratio and verdict refers to",
         )
     return tuple(names)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgumentError(name, f"must be a positive integer, got {value!r}")
-    return value
-
-
-def _int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ArgumentError(name, f"must be a non-negative integer, got {value!r}")
-    return value
 
 
 def resolve_device(device: str) -> str:
@@ -232,27 +212,22 @@ def compare_config(
         if value is None:
             continue
         if name == "lr":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ArgumentError("lr", f"must be a number > 0, got {value!r}")
+            positive_number("lr", value)
         else:
-            _positive_int(name, value)
+            positive_int(name, value)
         (model_kw if name in MODEL_OPTIONS else train_kw)[name] = value
-    if model_kw["d_model"] % model_kw["n_heads"]:
-        raise ArgumentError(
-            "n_heads",
-            f"d_model ({model_kw['d_model']}) must be divisible by n_heads ({model_kw['n_heads']})",
-        )
+    divisible("d_model", model_kw["d_model"], "n_heads", model_kw["n_heads"])
     train_kw["warmup"] = min(train_kw["warmup"], max(1, train_kw["steps"] // 10))
     cfg = CompareConfig(
         variants=parse_variants(variants),
-        seeds=_positive_int("seeds", seeds),
-        seed=_int("seed", seed),
+        seeds=positive_int("seeds", seeds),
+        seed=non_negative_int("seed", seed),
         preset=preset,
         model=TransformerConfig(**model_kw),
         train=TrainConfig(**train_kw),
         text=None if text is None else str(text),
         device=resolve_device(device),
-        threads=None if threads is None else _positive_int("threads", threads),
+        threads=None if threads is None else positive_int("threads", threads),
     )
     if preset == "gpu" and device == "auto" and cfg.device == "cpu":
         # Sized for an accelerator: on a CPU it runs for days. Asking for the CPU explicitly
@@ -754,7 +729,7 @@ def reproduce_command(cfg: dict) -> str:
             if cfg[group][name] != preset[group][name]:
                 args.append(f"--{name.replace('_', '-')} {cfg[group][name]}")
     if cfg["text"] is not None:
-        args.append(f"--text {cfg['text']}")
+        args.append(f"--text-file {cfg['text']}")
     return " ".join(args + ["--out DIR"])
 
 

@@ -329,6 +329,45 @@ def rms_norm(
     default; ``"llama"``; ``"none"``) and, with ``partial=p``, the RMS estimated from the first k =
     ⌊p·N⌋ elements. Positional arguments and defaults match ``torch.nn.functional.rms_norm``;
     ``eps=None`` is the machine epsilon of the compute dtype, as there.
+
+    Args:
+        input (Tensor): a float32, bfloat16, float16 or float64 tensor.
+        normalized_shape (int or sequence of int): its trailing dims, normalized together (N is
+            their product).
+        weight (Tensor, optional): the scale γ, of shape ``normalized_shape``. Default: ``None``
+            (γ = 1).
+        eps (float, optional): ε. Default: ``None``, the machine epsilon of the compute dtype
+            (float32's for half and float32 inputs, float64's for float64 ones).
+        eps_mode (str): ``"mean_square"`` or ``"rms"``, as above. Default: ``"mean_square"``.
+        casting_mode (str): ``"gemma"``, ``"llama"`` or ``"none"``; :mod:`rmsnorm.reference`
+            states where each rounds. Default: ``"gemma"``.
+        offset (float): the scale is offset + weight (1 for Gemma); needs a weight when not 0.
+            Default: ``0.0``.
+        bias (Tensor, optional): added last, of shape ``normalized_shape``. Default: ``None``.
+        partial (float, optional): p in (0, 1]: the RMS of the first ⌊p·N⌋ elements only
+            (partial RMSNorm). Default: ``None`` (all N).
+
+    Keywords from ``eps_mode`` on are keyword-only.
+
+    Returns:
+        Tensor: y, in ``input``'s dtype (float32 under CUDA autocast, as torch), shape and memory
+        format (a channels_last input gives a channels_last output).
+
+    Shape:
+        - input: (*, normalized_shape)
+        - weight, bias: normalized_shape
+        - output: same shape as input
+
+    Example::
+
+        >>> x = torch.randn(2, 5, 8)
+        >>> weight = torch.rand(8) + 0.5
+        >>> y = rmsnorm.rms_norm(x, 8, weight)
+        >>> y.shape
+        torch.Size([2, 5, 8])
+        >>> torch.allclose(y, torch.nn.functional.rms_norm(x, (8,), weight), atol=1e-6)
+        True
+        >>> y = rmsnorm.rms_norm(x, 8, weight, 1e-6, offset=1.0, casting_mode="llama")
     """
     if _has_torch_function(input, weight, bias):
         return handle_torch_function(
@@ -385,6 +424,30 @@ def add_rms_norm(
     residual_out = input + residual, summed in fp32 and stored in ``residual``'s dtype (an fp32
     residual stream with bf16 inputs is allowed); out = rms_norm(residual_out) with ``input``'s
     dtype as the input dtype of the casting mode. Keywords as :func:`rms_norm`.
+
+    Args:
+        input (Tensor): what a block adds to the residual stream.
+        residual (Tensor): the residual stream, of ``input``'s shape and device.
+        normalized_shape (int or sequence of int): as :func:`rms_norm`.
+        weight (Tensor, optional): as :func:`rms_norm`. Default: ``None``.
+        eps (float, optional): as :func:`rms_norm`. Default: ``None``.
+        eps_mode, casting_mode, offset, bias, partial: keyword-only, as :func:`rms_norm`.
+
+    Returns:
+        (Tensor, Tensor): ``out`` in ``input``'s dtype and ``residual_out`` in ``residual``'s.
+
+    Shape:
+        - input, residual: (*, normalized_shape)
+        - out, residual_out: same shape as input
+
+    Example::
+
+        >>> x, h = torch.randn(4, 8), torch.randn(4, 8)
+        >>> out, h = rmsnorm.add_rms_norm(x, h, 8)  # the next block reads out, adds to h
+        >>> out.shape, h.shape
+        (torch.Size([4, 8]), torch.Size([4, 8]))
+        >>> torch.allclose(out, rmsnorm.rms_norm(h, 8), atol=1e-6)
+        True
     """
     if _has_torch_function(input, residual, weight, bias):
         return handle_torch_function(
@@ -431,6 +494,29 @@ def layer_norm(
     """Layer Normalization, as ``torch.nn.functional.layer_norm``:
     y = weight ⊙ (x − μ) / sqrt(σ² + ε) + bias with σ² the population variance over the trailing
     ``normalized_shape`` dims; statistics in fp32 (fp64 for fp64 inputs), output in input's dtype.
+
+    Args:
+        input (Tensor): a float32, bfloat16, float16 or float64 tensor.
+        normalized_shape (int or sequence of int): its trailing dims, normalized together.
+        weight (Tensor, optional): the scale, of shape ``normalized_shape``. Default: ``None``.
+        bias (Tensor, optional): the shift, of shape ``normalized_shape``. Default: ``None``.
+        eps (float): ε. Default: ``1e-5``.
+
+    Returns:
+        Tensor: y, in ``input``'s dtype and shape, contiguous whatever the input's layout.
+
+    Shape:
+        - input: (*, normalized_shape)
+        - weight, bias: normalized_shape
+        - output: same shape as input
+
+    Example::
+
+        >>> x = torch.randn(2, 5, 8)
+        >>> weight, bias = torch.rand(8) + 0.5, torch.randn(8)
+        >>> y = rmsnorm.layer_norm(x, 8, weight, bias)
+        >>> torch.allclose(y, torch.nn.functional.layer_norm(x, (8,), weight, bias), atol=1e-5)
+        True
     """
     if _has_torch_function(input, weight, bias):
         return handle_torch_function(

@@ -23,6 +23,37 @@ class RMSNorm(nn.RMSNorm):
     weight then starts at 1 − offset so the effective scale offset + γ starts at 1: Gemma's offset 1
     gives γ = 0), ``bias`` (adds a zero-initialised ``bias`` parameter) and ``partial``. With offset
     0 and no bias its ``state_dict`` is interchangeable with ``torch.nn.RMSNorm``'s.
+
+    Args:
+        normalized_shape (int or list or torch.Size): the trailing dims of the input normalized
+            together.
+        eps (float, optional): ε. Default: ``None``, the machine epsilon of the compute dtype.
+        elementwise_affine (bool): a learnable ``weight`` γ of shape ``normalized_shape``.
+            Default: ``True``.
+        device, dtype: of the parameters, as for any ``torch.nn`` module.
+        eps_mode (str): keyword-only, as :func:`rmsnorm.rms_norm`. Default: ``"mean_square"``.
+        casting_mode (str): keyword-only, as :func:`rmsnorm.rms_norm`. Default: ``"gemma"``.
+        offset (float): keyword-only; the scale is offset + γ. Default: ``0.0``.
+        bias (bool): keyword-only; adds a learnable ``bias``. Default: ``False``.
+        partial (float, optional): keyword-only, as :func:`rmsnorm.rms_norm`. Default: ``None``.
+
+    Shape:
+        - Input: (*, normalized_shape)
+        - Output: same shape as input
+
+    Example::
+
+        >>> norm = rmsnorm.RMSNorm(8, eps=1e-6)
+        >>> x = torch.randn(2, 5, 8)
+        >>> norm(x).shape
+        torch.Size([2, 5, 8])
+        >>> torch.allclose(norm(x), torch.nn.RMSNorm(8, eps=1e-6)(x), atol=1e-6)
+        True
+        >>> norm.load_state_dict(torch.nn.RMSNorm(8).state_dict())
+        <All keys matched successfully>
+        >>> gemma = rmsnorm.RMSNorm(8, offset=1.0)  # scale 1 + γ with γ = 0 at the start
+        >>> gemma.weight.sum().item()
+        0.0
     """
 
     def __init__(
@@ -86,7 +117,24 @@ class RMSNorm(nn.RMSNorm):
 class AddRMSNorm(RMSNorm):
     """The fused residual form: ``forward(x, residual) -> (out, residual_out)`` with
     residual_out = x + residual (stored in residual's dtype) and out = RMSNorm(residual_out).
-    Same parameters and options as :class:`RMSNorm`."""
+    Same parameters and options as :class:`RMSNorm`.
+
+    Args:
+        normalized_shape, eps, elementwise_affine, device, dtype, eps_mode, casting_mode, offset,
+            bias, partial: as :class:`RMSNorm`.
+
+    Shape:
+        - Input: x and residual, (*, normalized_shape) each
+        - Output: (out, residual_out), both of x's shape
+
+    Example::
+
+        >>> norm = rmsnorm.AddRMSNorm(8)
+        >>> x, h = torch.randn(4, 8), torch.randn(4, 8)
+        >>> out, h = norm(x, h)
+        >>> torch.allclose(out, rmsnorm.RMSNorm(8)(h), atol=1e-6)
+        True
+    """
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor
@@ -100,7 +148,28 @@ class AddRMSNorm(RMSNorm):
 
 class LayerNorm(nn.LayerNorm):
     """``torch.nn.LayerNorm`` running this library's LayerNorm op; constructor, parameters and
-    ``state_dict`` are torch's."""
+    ``state_dict`` are torch's.
+
+    Args:
+        normalized_shape (int or list or torch.Size): the trailing dims of the input normalized
+            together.
+        eps (float): ε. Default: ``1e-5``.
+        elementwise_affine (bool): a learnable ``weight`` (ones at the start). Default: ``True``.
+        bias (bool): and a learnable ``bias`` (zeros), with ``elementwise_affine``.
+            Default: ``True``.
+        device, dtype: of the parameters.
+
+    Shape:
+        - Input: (*, normalized_shape)
+        - Output: same shape as input
+
+    Example::
+
+        >>> norm = rmsnorm.LayerNorm(8)
+        >>> x = torch.randn(2, 5, 8)
+        >>> torch.allclose(norm(x), torch.nn.LayerNorm(8)(x), atol=1e-5)
+        True
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

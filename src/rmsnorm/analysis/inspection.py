@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .._validate import positive_int
 from .capture import NormCapture
 
 __all__ = [
@@ -154,9 +155,8 @@ def make_inputs(
     """Token ids (batch, seq) and a description. ``text``: one sequence, through the model's
     tokenizer when it has one, else as UTF-8 bytes (mod the vocabulary size); truncated to the
     model's context. Without text: ``batch`` rows of ``seq_len`` uniform random tokens."""
-    for name, value in (("batch", batch), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    positive_int("batch", batch)
+    positive_int("seq_len", seq_len)
     if text is not None:
         if not text:
             raise ValueError("text is empty")

@@ -9,13 +9,13 @@ the detection test of the analysis.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from .._validate import finite_number, non_negative_int, one_of, positive_int
 from .progress import ensure
 from .stats import (
     RowStats,
@@ -67,17 +67,11 @@ class SimulationConfig:
     def __post_init__(self) -> None:
         self.transformer_config()  # the model's own checks: sizes, heads, norm, init_std
         for name in ("batch", "train_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name))
         for name in ("train_steps", "raw_tokens", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not (isinstance(self.planted_mean, (int, float)) and math.isfinite(self.planted_mean)):
-            raise ValueError(f"planted_mean must be a finite number, got {self.planted_mean!r}")
-        if self.inputs not in INPUTS:
-            raise ValueError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
+            non_negative_int(name, getattr(self, name))
+        finite_number("planted_mean", self.planted_mean)
+        one_of("inputs", self.inputs, INPUTS)
         if self.text is not None and not Path(self.text).is_file():
             raise FileNotFoundError(f"text: no such file {self.text!r}")
 

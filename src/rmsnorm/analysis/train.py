@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .._validate import positive_int, positive_number
 from .corpus import Corpus
 from .transformer import Transformer
 
@@ -34,11 +35,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_interval", "eval_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+            positive_int(name, getattr(self, name))
+        positive_number("lr", self.lr)
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._validate import divisible, one_of, positive_int
 from ..modules import LayerNorm, RMSNorm
 
 NORMS = ("layernorm", "rmsnorm", "prmsnorm", "none")
@@ -45,19 +46,10 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "mlp_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
-        if self.norm_position not in NORM_POSITIONS:
-            raise ValueError(
-                f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}"
-            )
+            positive_int(name, getattr(self, name))
+        divisible("d_model", self.d_model, "n_heads", self.n_heads)
+        one_of("norm", self.norm, NORMS)
+        one_of("norm_position", self.norm_position, NORM_POSITIONS)
         if not 0.0 < self.partial <= 1.0:
             raise ValueError(f"partial must be in (0, 1], got {self.partial!r}")
         if not (isinstance(self.init_std, (int, float)) and 0 < self.init_std < math.inf):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .. import _validate
+
 __all__ = [
     "COLUMNS",
     "OPS",
@@ -36,6 +38,9 @@ __all__ = [
     "write_plot",
     "summary",
     "run",
+    "DEVICES",
+    "check_device",
+    "resolve_device",
 ]
 
 # "generate": greedy generate() of a whole model per token (latency mode; no bytes model)
@@ -343,25 +348,18 @@ def run(
     latency: bool = False,
     progress=None,
 ) -> list[Row]:
-    """Run the benchmark for `device` ("cuda" or "cpu"), write ``<device>_bench.{csv,md,png}``
-    under `out`, and return the rows. `quick` runs a handful of shapes; `variants` also times
-    forced kernel layouts of this library (tuning data, providers named ``rmsnorm[...]``);
-    `budget_s` bounds the run's wall time (items that do not fit are skipped and logged).
-    `latency` times the per-call grid of :mod:`rmsnorm.bench.latency` instead and writes
-    ``<device>_latency.{csv,md,png}``; `progress` (an :mod:`rmsnorm.analysis.progress` object)
+    """Run the benchmark for `device` ("cuda" or "cpu"), write ``<stem>_bench.{csv,md,png}``
+    under `out` (stem ``gpu`` or ``cpu``), and return the rows. `quick` runs a handful of shapes;
+    `variants` also times forced kernel layouts of this library (tuning data, providers named
+    ``rmsnorm[...]``); `budget_s` bounds the run's wall time (items that do not fit are skipped and
+    logged). `latency` times the per-call grid of :mod:`rmsnorm.bench.latency` instead and writes
+    ``<stem>_latency.{csv,md,png}``; `progress` (an :mod:`rmsnorm.analysis.progress` object)
     shows its advance."""
+    from .loop import measure
+
     if latency:
         return _run_latency(device, quick, out, budget_s, log, progress)
-    if device == "cuda":
-        from . import gpu
-
-        rows = gpu.run(quick=quick, variants=variants, budget_s=budget_s, log=log)
-    elif device == "cpu":
-        from . import cpu
-
-        rows = cpu.run(quick=quick, variants=variants, budget_s=budget_s, log=log)
-    else:
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    rows = measure(device, quick=quick, variants=variants, budget_s=budget_s, log=log)
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     stem = "gpu" if device == "cuda" else "cpu"
@@ -371,6 +369,25 @@ def run(
         log(f"wrote {outdir / f'{stem}_bench.png'}")
     log(f"wrote {outdir / f'{stem}_bench.csv'} and {outdir / f'{stem}_bench.md'}")
     return rows
+
+
+DEVICES = ("cuda", "cpu")
+
+
+def check_device(device: str) -> str:
+    """``device`` if it is one of :data:`DEVICES` and torch can run it, else ArgumentError."""
+    _validate.one_of("device", device, DEVICES)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise _validate.ArgumentError("device", "'cuda' was asked for but torch sees no GPU")
+    return device
+
+
+def resolve_device(device: str) -> str:
+    """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"``; checks explicit choices."""
+    _validate.one_of("device", device, ("auto", *DEVICES))
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return check_device(device)
 
 
 def _load_average() -> float | None:

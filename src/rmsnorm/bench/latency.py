@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import rmsnorm
 
-from . import Row, _header, machine, make_row
+from . import Row, _header, check_device, machine, make_row
 from .measure import interleaved
 
 __all__ = [
@@ -248,10 +248,7 @@ def run(
     not fit are skipped and logged. `progress`: an :mod:`rmsnorm.analysis.progress` object."""
     from ..analysis.progress import ensure
 
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda needs a CUDA device")
+    check_device(device)
     budget_s = (120.0 if quick else 900.0) if budget_s is None else budget_s
     progress = ensure(progress)
     start = time.monotonic()

@@ -9,6 +9,8 @@ from collections.abc import Callable, Hashable, Mapping
 
 import torch
 
+from .._validate import positive_int
+
 __all__ = ["per_call_s", "interleaved"]
 
 
@@ -35,8 +37,11 @@ def interleaved(
     warmup: int = 1,
     on_error: Callable[[Hashable, Exception], None] | None = None,
     on_round: Callable[[], None] | None = None,
+    timer: Callable[[Callable[[], object]], float] | None = None,
 ) -> dict[Hashable, list[float]]:
-    """Seconds per call of each of ``fns``, one :func:`per_call_s` sample per round.
+    """Seconds per call of each of ``fns``, one :func:`per_call_s` sample per round (or one
+    ``timer(fn)`` sample, seconds per call, where a device has a better clock: the GPU benchmark
+    passes Triton's ``do_bench``).
 
     Within a round every callable is timed once, in turn; the order rotates by one from round to
     round (starting at index ``start``), so no callable always runs first or right after a given
@@ -44,8 +49,7 @@ def interleaved(
     A callable that raises is dropped and reported to ``on_error(key, exc)``; without
     ``on_error`` the exception propagates. ``on_round()`` is called after each round (progress).
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds!r}")
+    positive_int("rounds", rounds)
     live: dict[Hashable, Callable[[], object]] = {}
     for key, fn in fns.items():
         try:
@@ -65,7 +69,8 @@ def interleaved(
             if key not in live:
                 continue
             try:
-                samples[key].append(per_call_s(live[key], min_run_time))
+                fn = live[key]
+                samples[key].append(per_call_s(fn, min_run_time) if timer is None else timer(fn))
             except Exception as exc:
                 if on_error is None:
                     raise

@@ -64,6 +64,25 @@ def replace_norms(model: nn.Module) -> list[str]:
     bias), keeping the same module object, Parameter objects, hooks and ``state_dict`` (the way
     ``torch.nn.utils.parametrize`` swaps a module's class). Returns the names of the modules
     replaced; :func:`restore_norms` undoes it.
+
+    Args:
+        model (torch.nn.Module): the model, changed in place.
+
+    Returns:
+        list[str]: the names (as ``model.named_modules()`` gives them) of the modules replaced.
+
+    Example::
+
+        >>> from rmsnorm.integrations import replace_norms
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.RMSNorm(8))
+        >>> x = torch.randn(4, 8)
+        >>> before = model(x)
+        >>> replace_norms(model)
+        ['1']
+        >>> type(model[1]) is rmsnorm.RMSNorm, isinstance(model[1], torch.nn.RMSNorm)
+        (True, True)
+        >>> torch.allclose(model(x), before, atol=1e-6)
+        True
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -84,7 +103,25 @@ def replace_norms(model: nn.Module) -> list[str]:
 
 def restore_norms(model: nn.Module) -> list[str]:
     """Undo :func:`replace_norms`: the modules it changed become torch's classes again (modules
-    that were this library's to begin with are left alone). Returns the names restored."""
+    that were this library's to begin with are left alone). Returns the names restored.
+
+    Args:
+        model (torch.nn.Module): the model, changed in place.
+
+    Returns:
+        list[str]: the names of the modules restored.
+
+    Example::
+
+        >>> from rmsnorm.integrations import replace_norms, restore_norms
+        >>> model = torch.nn.Sequential(torch.nn.LayerNorm(8), rmsnorm.RMSNorm(8))
+        >>> replace_norms(model)
+        ['0']
+        >>> restore_norms(model)  # the RMSNorm was this library's from the start: it stays
+        ['0']
+        >>> type(model[0]) is torch.nn.LayerNorm, type(model[1]) is rmsnorm.RMSNorm
+        (True, True)
+    """
     restored = []
     for name, module in model.named_modules():
         if not module.__dict__.get(_MARK, False) or type(module) not in _BACK:

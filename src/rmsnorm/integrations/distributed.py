@@ -19,7 +19,21 @@ __all__ = ["norm_parameters", "all_reduce_norm_grads"]
 def norm_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters (weight, bias) of every normalization layer in ``model``, as
     :func:`rmsnorm.integrations.norm_kind` recognises them: this library's, torch's, and the
-    Hugging Face classes :mod:`rmsnorm.integrations.hf` recognises."""
+    Hugging Face classes :mod:`rmsnorm.integrations.hf` recognises.
+
+    Args:
+        model (torch.nn.Module): the model.
+
+    Returns:
+        list[torch.nn.Parameter]: each parameter once, in module order.
+
+    Example::
+
+        >>> from rmsnorm.integrations.distributed import norm_parameters
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+        >>> [tuple(p.shape) for p in norm_parameters(model)]  # LayerNorm's weight and bias
+        [(8,), (8,)]
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     seen, params = set(), []
@@ -45,6 +59,25 @@ def all_reduce_norm_grads(
     a gradient are skipped, the same way on every rank. Gradients are flattened into one buffer per
     dtype and device, so a model costs one collective per dtype. Returns the number of gradients
     reduced.
+
+    Args:
+        model_or_params (torch.nn.Module or iterable of Tensor): a model, or the parameters.
+        group (ProcessGroup, optional): the sequence-parallel group. Default: ``None``, the
+            default group.
+
+    Returns:
+        int: the number of gradients reduced.
+
+    Example::
+
+        >>> import torch.distributed as dist
+        >>> from rmsnorm.integrations.distributed import all_reduce_norm_grads
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), rmsnorm.RMSNorm(8))
+        >>> model(torch.randn(4, 8)).sum().backward()  # this rank's slice of the sequence
+        >>> all_reduce_norm_grads(model)  # RMSNorm's weight, summed over the group
+        1
+        >>> dist.destroy_process_group()
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(

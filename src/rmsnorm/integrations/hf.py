@@ -481,7 +481,31 @@ def register(cls: type | str, convention: Convention | str | None) -> None:
     """Declare how ``cls`` computes: a :class:`Convention`, the name of one in
     :data:`NAMED_CONVENTIONS`, or ``None`` to never patch the class. ``cls`` is a class or its
     qualified name (``"package.module.ClassName"``; nothing is imported). A registration wins over
-    the table and the automatic recognition; register before patching."""
+    the table and the automatic recognition; register before patching.
+
+    Args:
+        cls (type or str): a ``torch.nn.Module`` subclass or its qualified name.
+        convention (Convention or str or None): how it computes; a name is one of
+            :data:`NAMED_CONVENTIONS` (``"llama"``, ``"gemma"``, ``"olmo2"``, ``"t5"``,
+            ``"layer_norm"``).
+
+    Example::
+
+        >>> from rmsnorm.integrations import hf
+        >>> class Norm(torch.nn.Module):  # computes as Llama's RMSNorm
+        ...     def __init__(self, n):
+        ...         super().__init__()
+        ...         self.weight = torch.nn.Parameter(torch.ones(n))
+        ...         self.variance_epsilon = 1e-6
+        ...     def forward(self, x):
+        ...         h = x.float()
+        ...         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        ...         return self.weight * h.to(x.dtype)
+        >>> hf.register(Norm, "llama")
+        >>> hf.convention_of(Norm).casting_mode
+        'llama'
+        >>> hf.register("mypackage.modeling.OtherNorm", None)  # never patch this one
+    """
     if isinstance(convention, str):
         if convention not in NAMED_CONVENTIONS:
             raise ValueError(
@@ -526,7 +550,24 @@ def _decide(cls: type) -> Convention | str:
 def convention_of(cls_or_module: type | nn.Module) -> Convention:
     """The convention :func:`patch` uses for a class (or a module: its class, and the module's own
     attributes are checked), from :func:`register`, :data:`CONVENTIONS` or the known forwards.
-    Raises ``ValueError`` naming the class and why it is not patched."""
+    Raises ``ValueError`` naming the class and why it is not patched.
+
+    Args:
+        cls_or_module (type or torch.nn.Module): a norm class, or one of its instances.
+
+    Returns:
+        Convention: how :func:`patch` would run it.
+
+    Example::
+
+        >>> from rmsnorm.integrations import hf
+        >>> hf.convention_of(torch.nn.LayerNorm).model_types  # patched only inside these models
+        ('gpt2', 'gpt_neox')
+        >>> hf.convention_of(torch.nn.Linear)
+        Traceback (most recent call last):
+        ...
+        ValueError: torch.nn.modules.linear.Linear is not patched: its forward is none of ...
+    """
     module = cls_or_module if isinstance(cls_or_module, nn.Module) else None
     cls = type(module) if module is not None else cls_or_module
     if not isinstance(cls, type):
@@ -707,6 +748,36 @@ def patch(model: nn.Module) -> list[str]:
     pickling and ``torch.save``. Returns the names of the patched modules. Raises ``ValueError``
     when there is none; warns, with the reason, about norm layers it leaves alone. Undo with
     :func:`unpatch`.
+
+    Args:
+        model (torch.nn.Module): a Hugging Face model, or any model holding recognised norm
+            layers; changed in place.
+
+    Returns:
+        list[str]: the names of the patched modules.
+
+    Example::
+
+        >>> from rmsnorm.integrations import hf
+        >>> class Norm(torch.nn.Module):  # computes as Llama's RMSNorm
+        ...     def __init__(self, n):
+        ...         super().__init__()
+        ...         self.weight = torch.nn.Parameter(torch.ones(n))
+        ...         self.variance_epsilon = 1e-6
+        ...     def forward(self, x):
+        ...         h = x.float()
+        ...         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        ...         return self.weight * h.to(x.dtype)
+        >>> hf.register(Norm, "llama")
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm(8))
+        >>> x = torch.randn(4, 8)
+        >>> before = model(x)
+        >>> hf.patch(model)
+        ['1']
+        >>> hf.is_patched(model[1]), type(model[1]).__name__
+        (True, 'Norm')
+        >>> torch.allclose(model(x), before, atol=1e-6)
+        True
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -759,7 +830,27 @@ def patch(model: nn.Module) -> list[str]:
 def unpatch(model: nn.Module) -> list[str]:
     """Restore the original class (and any instance-level forward it had) of every module
     :func:`patch` patched in ``model``, also in a copy or an unpickled copy of a patched model.
-    Returns the names of the restored modules."""
+    Returns the names of the restored modules.
+
+    Args:
+        model (torch.nn.Module): a model :func:`patch` changed (or a copy of one).
+
+    Returns:
+        list[str]: the names of the restored modules.
+
+    Example::
+
+        >>> import copy, types
+        >>> from rmsnorm.integrations import hf
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+        >>> model.config = types.SimpleNamespace(model_type="gpt2")  # as in a GPT-2 model
+        >>> hf.patch(model)
+        ['1']
+        >>> hf.unpatch(copy.deepcopy(model)), hf.unpatch(model)
+        (['1'], ['1'])
+        >>> hf.is_patched(model[1])
+        False
+    """
     restored = []
     for name, module in model.named_modules():
         base = _base_of(type(module))
@@ -774,7 +865,17 @@ def unpatch(model: nn.Module) -> list[str]:
 
 
 def is_patched(module: nn.Module) -> bool:
-    """True when ``module``'s forward (its own or its class's) is one of this library's."""
+    """True when ``module``'s forward (its own or its class's) is one of this library's.
+
+    Args:
+        module (torch.nn.Module): any module.
+
+    Example::
+
+        >>> from rmsnorm.integrations import hf
+        >>> hf.is_patched(torch.nn.LayerNorm(8))
+        False
+    """
     return _is_ours(module.forward)
 
 
@@ -878,6 +979,33 @@ def patch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
     transformers 5.24). ``torch.nn.LayerNorm`` is refused: it is shared by every model. Instances
     are not checked one by one as :func:`patch` does; the op's own checks reject one it cannot run
     (e.g. a 2-D weight). Returns the qualified names patched. Undo with :func:`unpatch_classes`.
+
+    Args:
+        classes (iterable of type or str, optional): classes, qualified class names or model
+            names; ``None`` for every recognised class of the installed transformers.
+
+    Returns:
+        list[str]: the qualified names of the classes patched.
+
+    Example::
+
+        >>> from rmsnorm.integrations import hf
+        >>> class Norm(torch.nn.Module):  # computes as Llama's RMSNorm
+        ...     def __init__(self, n):
+        ...         super().__init__()
+        ...         self.weight = torch.nn.Parameter(torch.ones(n))
+        ...         self.variance_epsilon = 1e-6
+        ...     def forward(self, x):
+        ...         h = x.float()
+        ...         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        ...         return self.weight * h.to(x.dtype)
+        >>> hf.register(Norm, "llama")
+        >>> [name.rsplit(".", 1)[-1] for name in hf.patch_classes([Norm])]
+        ['Norm']
+        >>> hf.is_patched(Norm(8))  # built after: runs this library's op
+        True
+        >>> [name.rsplit(".", 1)[-1] for name in hf.unpatch_classes([Norm])]
+        ['Norm']
     """
     if classes is None:
         resolved = _recognised_classes(_modeling_module_names(), skip_missing=True)
@@ -896,7 +1024,30 @@ def patch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
 
 def unpatch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
     """Restore the forward of classes patched by :func:`patch_classes` (``None``: all of them).
-    Returns the qualified names restored."""
+    Returns the qualified names restored.
+
+    Args:
+        classes (iterable of type or str, optional): as :func:`patch_classes`; ``None`` for every
+            class it patched.
+
+    Returns:
+        list[str]: the qualified names of the classes restored (those not patched are skipped).
+
+    Example::
+
+        >>> from rmsnorm.integrations import hf
+        >>> class Norm(torch.nn.Module):  # its forward as Llama's RMSNorm (left out here)
+        ...     def __init__(self, n):
+        ...         super().__init__()
+        ...         self.weight = torch.nn.Parameter(torch.ones(n))
+        ...         self.variance_epsilon = 1e-6
+        >>> hf.register(Norm, "llama")
+        >>> patched = hf.patch_classes([Norm])
+        >>> hf.unpatch_classes([Norm]) == patched, hf.unpatch_classes([Norm])  # once
+        (True, [])
+        >>> hf.is_patched(Norm(8))
+        False
+    """
     if classes is None:
         targets = list(_class_originals)
     else:
