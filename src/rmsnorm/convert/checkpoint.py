@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .. import _backend
+from .._validate import positive_int
 from ..integrations import replace_norms
 from .architectures import (
     ARCHITECTURES,
@@ -92,8 +93,7 @@ def time_inference(
     The models take turns (one forward each per round, ``repeats`` rounds), so a change in the
     machine's load during the measurement affects all of them alike.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    positive_int("repeats", repeats)
     modes = {name: m.training for name, m in models.items()}
     times: dict[str, list[float]] = {name: [] for name in models}
     try:
@@ -231,8 +231,7 @@ def convert_directory(
     ``progress(message)`` is called before each step.
     """
     for name, value in (("batch", batch), ("seq_len", seq_len), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(name, value)
     dtypes = {}
     for name in check_dtypes:
         dtype = getattr(torch, name, None)
