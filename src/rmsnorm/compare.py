@@ -6,14 +6,12 @@ Markdown."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import platform
 import statistics
-import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -21,8 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import __version__, _backend
+from . import __version__, info
 from .analysis.corpus import Corpus, stdlib_corpus, text_corpus
+from .analysis.io import write_json
 from .analysis.progress import ensure as ensure_progress
 from .analysis.train import TrainConfig, Trainer
 from .analysis.transformer import NORMS, Transformer, TransformerConfig, make_norm
@@ -399,68 +398,29 @@ def _threads(n: int | None):
         torch.set_num_threads(previous)
 
 
-def _git_commit() -> str | None:
-    """The commit of the checkout this module runs from (``+dirty`` with uncommitted changes to
-    tracked files); None outside a git checkout."""
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
-        )
-        if commit.returncode != 0:
-            return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info(device: str, threads: int | None = None) -> dict:
     """What the timings depend on: CPU model and cores, threads, GPU, versions, backend, commit."""
-    info = {
-        "cpu": _cpu_model(),
-        "cpu_cores": os.cpu_count(),
+    facts = {
+        "cpu": info.cpu_model(),
+        "cpu_cores": info.cpu_cores(),
         "torch_threads": torch.get_num_threads() if threads is None else threads,
-        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "gpu": info.gpu_name() if device == "cuda" else None,
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "rmsnorm": __version__,
-        "commit": _git_commit(),
+        "commit": info.source_commit(),
         "device": device,
-        "backend": _backend.describe(device),
+        "backend": info.describe_backend(device),
     }
     if device == "cuda":
-        import importlib.metadata
-
-        try:
-            info["triton"] = importlib.metadata.version("triton")
-        except importlib.metadata.PackageNotFoundError:
-            info["triton"] = None
-    return info
+        facts["triton"] = info.package_version("triton")
+    return facts
 
 
 def _load_average() -> list[float] | None:
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
+    load = info.load_average()
+    return None if load is None else list(load)
 
 
 def run_comparison(
@@ -950,18 +910,7 @@ def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
     out = output_dir(out_dir)
     paths = {kind: out / name for kind, name in OUTPUT_FILES.items()}
     # A diverged run has NaN losses; strict JSON has no NaN, so they are written as null.
-    text = json.dumps(_json_safe(results), indent=1, allow_nan=False)
-    paths["json"].write_text(text + "\n")
+    write_json(results, paths["json"])
     plot_losses(results, paths["png"])
     paths["md"].write_text(render_markdown(results))
     return paths
-
-
-def _json_safe(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import platform
 import time
 from dataclasses import dataclass, field, replace
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
+from .. import __version__, info
 from .page import Page
 from .progress import ensure
 from .simulate import SimulationConfig, SimulationResult, simulate
@@ -180,21 +179,22 @@ def build_report(cfg: ReportConfig, out: str | Path = "report", progress=None) -
     (also written as ``report.json``) with the list of files under ``"files"``."""
     from . import plots
     from .io import write_json
-    from .timing import machine_name, time_norms
+    from .timing import time_norms
 
     t_start = time.perf_counter()
     progress = ensure(progress)
     out = Path(out)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
+    load = info.load_average()
     summary: dict = {
         "rmsnorm": __version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "machine": machine_name(),
+        "machine": info.machine_description(),
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         # other processes on the machine slow every timing below; say how busy it was
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan,
+        "load_average": load[0] if load else math.nan,
     }
     files: dict[str, Path] = {}
 
