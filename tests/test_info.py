@@ -80,3 +80,12 @@ def test_versions_and_load():
     load = info.load_average()
     assert load is None or (len(load) == 3 and all(v >= 0 for v in load))
     assert info.describe_backend("cpu")
+
+
+def test_benchmark_rows_carry_the_same_facts(monkeypatch):
+    from rmsnorm.bench import machine
+
+    monkeypatch.setenv("RMSNORM_COMMIT", "f00dfeed")
+    meta = machine("cpu")
+    assert meta["commit"] == "f00dfeed" and meta["device_name"] == info.cpu_model()
+    assert meta["triton"] == (info.package_version("triton") or "none")
