@@ -1,5 +1,5 @@
 """Norm-layer detection, the capture hooks and ``inspect_model`` / ``load_model``
-(analysis/capture.py, analysis/inspection.py), on torch modules and tiny Hugging Face models built
+(lab/capture.py, lab/inspection.py), on torch modules and tiny Hugging Face models built
 from a config (offline)."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import rmsnorm
-from rmsnorm.analysis import capture, inspection
-from rmsnorm.analysis.transformer import Transformer, TransformerConfig
+from rmsnorm.lab import capture, inspection
+from rmsnorm.lab.transformer import Transformer, TransformerConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -108,7 +108,7 @@ def test_swap_difference_matches_the_relation():
     x = torch.randn(200, 64, dtype=torch.float64) + 0.3
     res = inspection.inspect_model(ln, x)
     layer = res.layers[0]
-    s = rmsnorm.analysis.row_stats(x)
+    s = rmsnorm.lab.row_stats(x)
     expected = (2 - 2 * s.std / s.rms).mean()  # Σ‖Δ‖² / Σ‖y‖², with ‖y‖²/d = 1 per row
     assert layer["swap_rel_diff"] == pytest.approx(float(expected.sqrt()), rel=1e-6)
     assert layer["mu_over_sigma"]["q50"] == pytest.approx(

@@ -15,9 +15,9 @@ import torch
 from typer.testing import CliRunner
 
 import rmsnorm
-from rmsnorm.analysis.progress import LogProgress
 from rmsnorm.cli import app
-from rmsnorm.compare import ArgumentError, compare_config, training_flops
+from rmsnorm.lab.compare import ArgumentError, compare_config, training_flops
+from rmsnorm.lab.progress import LogProgress
 
 SRC = str(Path(rmsnorm.__file__).resolve().parents[1])
 OPTIONAL = ("matplotlib", "transformers", "triton", "numba")
@@ -160,7 +160,7 @@ def test_training_flops_counts_the_matrix_products():
 def test_compare_logs_progress_and_keeps_finished_seeds_when_interrupted(monkeypatch, tmp_path):
     """Not on a terminal: progress as lines. Stopped in the second seed: the first one's results
     are in --out, marked partial."""
-    import rmsnorm.compare as compare
+    import rmsnorm.lab.compare as compare
 
     real = compare.build_models
     seeds_built = []

@@ -8,9 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rmsnorm.analysis.transformer import TransformerConfig
 from rmsnorm.cli import app
-from rmsnorm.compare import (
+from rmsnorm.lab.compare import (
     OUTPUT_FILES,
     ArgumentError,
     build_models,
@@ -23,6 +22,7 @@ from rmsnorm.compare import (
     shared_parameters,
     summarize,
 )
+from rmsnorm.lab.transformer import TransformerConfig
 
 ALL = "layernorm,rmsnorm,prmsnorm,none"
 # The tiny preset shortened further: enough steps for the loss to fall well below ln 256 ≈ 5.55.
@@ -226,7 +226,7 @@ def test_spread_rule():
 
 
 def test_busy_machine_warning():
-    from rmsnorm.compare import _load_warnings
+    from rmsnorm.lab.compare import _load_warnings
 
     def fake(load, threads):
         machine = {"device": "cpu", "torch_threads": threads, "cpu_cores": 2}

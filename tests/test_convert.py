@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from rmsnorm import LayerNorm, RMSNorm
-from rmsnorm.analysis.transformer import Transformer, TransformerConfig
 from rmsnorm.convert import (
     ConversionError,
     _logits,
@@ -24,6 +23,7 @@ from rmsnorm.convert import (
     save_model,
     verify_conversion,
 )
+from rmsnorm.lab.transformer import Transformer, TransformerConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

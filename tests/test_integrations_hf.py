@@ -21,8 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from rmsnorm.analysis.capture import norm_kind
 from rmsnorm.integrations import hf
+from rmsnorm.lab.capture import norm_kind
 from rmsnorm.testing import assert_close_to_reference
 
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""The report (analysis/report.py, plots.py, page.py): every promised file from the tiny
+"""The report (lab/report.py, plots.py, page.py): every promised file from the tiny
 configuration, a self-contained HTML page and consistent numbers."""
 
 import json
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm.analysis.page import Page
-from rmsnorm.analysis.report import ReportConfig, build_report
+from rmsnorm.lab.page import Page
+from rmsnorm.lab.report import ReportConfig, build_report
 
 FIGURES = (
     "mean_histograms", "ratio_by_layer", "cosine_by_layer", "divergence_curve", "sigma_mu_plane",

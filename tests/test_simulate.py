@@ -1,4 +1,4 @@
-"""The simulation (analysis/simulate.py): shapes, the centered default, planted-mean detection,
+"""The simulation (lab/simulate.py): shapes, the centered default, planted-mean detection,
 the short training run and argument checks."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from rmsnorm.analysis.simulate import SimulationConfig, simulate, write_simulation
+from rmsnorm.lab.simulate import SimulationConfig, simulate, write_simulation
 
 TINY = dict(n_layers=2, d_model=32, n_heads=2, seq_len=16, batch=4)
 

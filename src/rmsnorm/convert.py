@@ -3,7 +3,7 @@
 stream, then replace each LayerNorm by an RMSNorm carrying the same γ and β; the logits do not
 change.
 
-Supported: the lab's :class:`~rmsnorm.analysis.transformer.Transformer` (pre-LN, LayerNorm), Hugging
+Supported: the lab's :class:`~rmsnorm.lab.transformer.Transformer` (pre-LN, LayerNorm), Hugging
 Face GPT-2 and GPT-NeoX (Pythia) models. Anything else is refused with the reason.
 """
 
@@ -43,6 +43,7 @@ CONVERSION_TAG = {
     "eps_mode": "mean_square",
     "casting_mode": "gemma",
 }
+# The name written into saved directories, as first released: changing it would orphan them.
 _LAB_FORMAT = "rmsnorm.analysis.transformer.Transformer"
 _LAB_WEIGHTS = "model.pt"
 
@@ -134,7 +135,7 @@ _HF_PLANS = {"gpt2": _plan_gpt2, "gpt_neox": _plan_gpt_neox}
 
 
 def _plan(model: nn.Module) -> _Plan:
-    from .analysis.transformer import Transformer
+    from .lab.transformer import Transformer
 
     if isinstance(model, Transformer):
         plan = _plan_lab(model)
@@ -143,7 +144,7 @@ def _plan(model: nn.Module) -> _Plan:
         if model_type not in _HF_PLANS or not hasattr(model, "base_model"):
             raise ConversionError(
                 f"unknown architecture {type(model).__name__} (model_type={model_type!r}): "
-                "supported are rmsnorm.analysis.transformer.Transformer (pre-LN) and Hugging Face "
+                "supported are rmsnorm.lab.transformer.Transformer (pre-LN) and Hugging Face "
                 f"models of type {sorted(_HF_PLANS)}"
             )
         plan = _HF_PLANS[model_type](model)
@@ -232,7 +233,7 @@ def _swap_norms(plan: _Plan, model: nn.Module) -> None:
 
 
 def _mark_converted(model: nn.Module) -> None:
-    from .analysis.transformer import Transformer
+    from .lab.transformer import Transformer
 
     if isinstance(model, Transformer):
         # cfg describes the model as built now; the bias of each RMSNorm follows cfg.bias.
@@ -282,7 +283,7 @@ def _is_converted(model: nn.Module) -> bool:
 
 def _check_convertible(model: nn.Module) -> None:
     """Raise before copying anything: unsupported architecture, post-LN, no LayerNorm to convert."""
-    from .analysis.transformer import Transformer
+    from .lab.transformer import Transformer
 
     plan = _plan(model)
     if _is_converted(model):
@@ -321,7 +322,7 @@ def recenter_(model: nn.Module) -> nn.Module:
 # Checking and timing
 # ----------------------------------------------------------------------------------------------
 def _logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    from .analysis.transformer import Transformer
+    from .lab.transformer import Transformer
 
     if isinstance(model, Transformer):
         return model(tokens)
@@ -330,7 +331,7 @@ def _logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _vocab_and_context(model: nn.Module) -> tuple[int, int]:
-    from .analysis.transformer import Transformer
+    from .lab.transformer import Transformer
 
     if isinstance(model, Transformer):
         return model.cfg.vocab_size, model.cfg.seq_len
@@ -402,7 +403,7 @@ def save_model(model: nn.Module, directory: str | Path) -> Path:
     format) plus ``model.pt`` (the state_dict). Converted checkpoints keep the LayerNorms' keys
     (``weight``, ``bias``), so plain transformers loads them too, as the equivalent LayerNorm model.
     """
-    from .analysis.transformer import Transformer
+    from .lab.transformer import Transformer
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -438,7 +439,7 @@ def load_model(directory: str | Path) -> nn.Module:
         raise FileNotFoundError(f"no config.json in {directory} (looked for {config_path})")
     meta = json.loads(config_path.read_text())
     if meta.get("format") == _LAB_FORMAT:
-        from .analysis.transformer import Transformer, TransformerConfig
+        from .lab.transformer import Transformer, TransformerConfig
 
         cfg = dict(meta["transformer_config"])
         converted = "rmsnorm_conversion" in meta

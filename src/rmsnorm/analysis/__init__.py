@@ -1,43 +1,38 @@
-"""The lab: statistics of rows (μ, σ, RMS), the simulated transformer, capture hooks and plots. Pure
-functions over tensors; the CLI and the report call them. Importing it never imports matplotlib,
-rich or transformers."""
+"""The former name of :mod:`rmsnorm.lab`, kept so that existing imports keep working: it re-exports
+the lab's public names and its old submodules, and warns once that it is deprecated."""
 
-from .capture import NormCapture, find_norm_layers, norm_kind
-from .inspection import inspect_model, inspect_source, load_model
-from .report import ReportConfig, build_report
-from .simulate import SimulationConfig, SimulationResult, simulate, write_simulation
-from .stats import (
-    Divergence,
-    RowStats,
-    divergence,
-    identity_check,
-    measured_divergence,
-    predicted_cosine,
-    predicted_divergence,
-    row_stats,
-    summarize,
+import importlib
+import sys
+import warnings
+
+from ..lab import *  # noqa: F403
+from ..lab import __all__ as _lab_all
+
+warnings.warn(
+    "rmsnorm.analysis is deprecated: the lab lives in rmsnorm.lab now (same names); "
+    "import from rmsnorm.lab",
+    DeprecationWarning,
+    stacklevel=2,
 )
 
-__all__ = [
-    "RowStats",
-    "Divergence",
-    "row_stats",
-    "identity_check",
-    "predicted_cosine",
-    "predicted_divergence",
-    "measured_divergence",
-    "divergence",
-    "summarize",
-    "SimulationConfig",
-    "SimulationResult",
-    "simulate",
-    "write_simulation",
-    "norm_kind",
-    "find_norm_layers",
-    "NormCapture",
-    "inspect_model",
-    "inspect_source",
-    "load_model",
-    "ReportConfig",
-    "build_report",
-]
+# The old submodules, by their new homes: `import rmsnorm.analysis.transformer` finds these.
+_MOVED = {
+    "capture": "rmsnorm.lab.capture",
+    "corpus": "rmsnorm.lab.corpus",
+    "inspection": "rmsnorm.lab.inspection",
+    "io": "rmsnorm.lab.io",
+    "page": "rmsnorm.lab.page",
+    "plots": "rmsnorm.lab.plots",
+    "progress": "rmsnorm.lab.progress",
+    "report": "rmsnorm.lab.report",
+    "simulate": "rmsnorm.lab.simulate",
+    "stats": "rmsnorm.lab.stats",
+    "timing": "rmsnorm.lab.timing",
+    "train": "rmsnorm.lab.train",
+    "transformer": "rmsnorm.lab.transformer",
+}
+for _old, _new in _MOVED.items():
+    sys.modules[f"{__name__}.{_old}"] = _module = importlib.import_module(_new)
+    globals().setdefault(_old, _module)  # as before, `simulate` stays the function
+
+__all__ = list(_lab_all)

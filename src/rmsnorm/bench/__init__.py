@@ -324,7 +324,7 @@ def run(
     forced kernel layouts of this library (tuning data, providers named ``rmsnorm[...]``);
     `budget_s` bounds the run's wall time (items that do not fit are skipped and logged).
     `latency` times the per-call grid of :mod:`rmsnorm.bench.latency` instead and writes
-    ``<device>_latency.{csv,md,png}``; `progress` (an :mod:`rmsnorm.analysis.progress` object)
+    ``<device>_latency.{csv,md,png}``; `progress` (an :mod:`rmsnorm.lab.progress` object)
     shows its advance."""
     if latency:
         return _run_latency(device, quick, out, budget_s, log, progress)

@@ -209,7 +209,7 @@ def inspect_model(
     if not capture.layers:
         raise ValueError(
             f"{name or type(model).__name__} has no LayerNorm / RMSNorm layers that the detection "
-            "rule recognises (see rmsnorm.analysis.capture)"
+            "rule recognises (see rmsnorm.lab.capture)"
         )
     was_training = model.training
     model.eval()

@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import __version__, info
-from .analysis.corpus import Corpus, stdlib_corpus, text_corpus
-from .analysis.io import write_json
-from .analysis.progress import ensure as ensure_progress
-from .analysis.train import TrainConfig, Trainer
-from .analysis.transformer import NORMS, Transformer, TransformerConfig, make_norm
-from .bench.measure import interleaved
-from .modules import LayerNorm, RMSNorm
+from .. import __version__, info
+from ..bench.measure import interleaved
+from ..modules import LayerNorm, RMSNorm
+from .corpus import Corpus, stdlib_corpus, text_corpus
+from .io import write_json
+from .progress import ensure as ensure_progress
+from .train import TrainConfig, Trainer
+from .transformer import NORMS, Transformer, TransformerConfig, make_norm
 
 VARIANTS = NORMS  # ("layernorm", "rmsnorm", "prmsnorm", "none")
 DEFAULT_VARIANTS = ("layernorm", "rmsnorm", "prmsnorm")
@@ -430,7 +430,7 @@ def run_comparison(
     saves). Variants of one seed advance in lockstep, one step each in a rotating order, so that
     their step times are measured under the same machine load; the norm-only timing blocks are
     interleaved with the training in the same way. ``progress``: an
-    :mod:`rmsnorm.analysis.progress` object (one bar per seed), or None. ``on_seed``: called with
+    :mod:`rmsnorm.lab.progress` object (one bar per seed), or None. ``on_seed``: called with
     the results of the seeds finished so far (``seeds_completed`` says how many) after each seed
     but the last, so that an interrupted run can leave what it finished."""
     corpus = load_corpus(cfg)

@@ -3,7 +3,7 @@ initialization and a switchable normalization, reused by the simulation, the tra
 the conversion.
 
 ``Transformer(cfg)(tokens, return_residuals=True)`` also returns the residual stream after the
-embedding and after every block, which is what the centering analysis measures.
+embedding and after every block, which is what the lab measures.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ optionally train it briefly and record the same numbers again.
 
 The residual stream is measured after the embedding and after each block (n_layers + 1 points).
 A ``planted_mean`` c adds c to every element of the input embeddings, so every row's μ moves by c:
-the detection test of the analysis.
+the lab's detection test.
 """
 
 from __future__ import annotations

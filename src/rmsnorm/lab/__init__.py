@@ -1,0 +1,43 @@
+"""The lab: when can RMSNorm replace LayerNorm? Statistics of rows (μ, σ, RMS), the simulated
+transformer, hooks on any model's norm layers, the training comparison and the report. Importing it
+never imports matplotlib, rich or transformers."""
+
+from .capture import NormCapture, find_norm_layers, norm_kind
+from .inspection import inspect_model, inspect_source, load_model
+from .report import ReportConfig, build_report
+from .simulate import SimulationConfig, SimulationResult, simulate, write_simulation
+from .stats import (
+    Divergence,
+    RowStats,
+    divergence,
+    identity_check,
+    measured_divergence,
+    predicted_cosine,
+    predicted_divergence,
+    row_stats,
+    summarize,
+)
+
+__all__ = [
+    "RowStats",
+    "Divergence",
+    "row_stats",
+    "identity_check",
+    "predicted_cosine",
+    "predicted_divergence",
+    "measured_divergence",
+    "divergence",
+    "summarize",
+    "SimulationConfig",
+    "SimulationResult",
+    "simulate",
+    "write_simulation",
+    "norm_kind",
+    "find_norm_layers",
+    "NormCapture",
+    "inspect_model",
+    "inspect_source",
+    "load_model",
+    "ReportConfig",
+    "build_report",
+]
