@@ -434,7 +434,7 @@ def compare(
 ) -> None:
     """Train the same small GPT-style LM with LayerNorm, RMSNorm and partial RMSNorm (only the norm
     changes) and write losses, step-time ratios and a summary into --out."""
-    from .lab.compare import (
+    from .lab.comparison import (
         CPU_REFUSE_S,
         SUMMARY_COLUMNS,
         ArgumentError,
