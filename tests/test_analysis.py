@@ -24,6 +24,7 @@ def test_old_imports_work_and_warn_once():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         import rmsnorm.analysis.transformer as transformer
+        from rmsnorm.analysis.plots import ratio_by_layer
         from rmsnorm.analysis.simulate import SimulationConfig
 
         import rmsnorm.analysis
@@ -35,6 +36,7 @@ def test_old_imports_work_and_warn_once():
     assert transformer is sys.modules["rmsnorm.lab.transformer"]
     assert simulate is rmsnorm.lab.simulate and inspect_model is rmsnorm.lab.inspect_model
     assert SimulationConfig is rmsnorm.lab.SimulationConfig
+    assert ratio_by_layer is rmsnorm.lab.simulation.ratio_by_layer
     assert set(rmsnorm.analysis.__all__) == set(rmsnorm.lab.__all__)
     for name in rmsnorm.lab.__all__:
         assert getattr(rmsnorm.analysis, name) is getattr(rmsnorm.lab, name), name

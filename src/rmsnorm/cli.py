@@ -279,8 +279,8 @@ def simulate(
     heads: Annotated[int | None, typer.Option(min=1, hidden=True)] = None,
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer."""
-    from .lab.simulate import SimulationConfig, write_simulation
-    from .lab.simulate import simulate as run
+    from .lab.simulation import SimulationConfig, write_simulation
+    from .lab.simulation import simulate as run
 
     _require("simulate", "matplotlib")
     _threads(threads)

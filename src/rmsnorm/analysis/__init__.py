@@ -3,6 +3,7 @@ the lab's public names and its old submodules, and warns once that it is depreca
 
 import importlib
 import sys
+import types
 import warnings
 
 from ..lab import *  # noqa: F403
@@ -22,15 +23,29 @@ _MOVED = {
     "inspection": "rmsnorm.lab.inspection",
     "io": "rmsnorm.lab.io",
     "page": "rmsnorm.lab.page",
-    "plots": "rmsnorm.lab.plots",
     "progress": "rmsnorm.lab.progress",
     "report": "rmsnorm.lab.report",
-    "simulate": "rmsnorm.lab.simulate",
+    "simulate": "rmsnorm.lab.simulation",
     "stats": "rmsnorm.lab.stats",
     "timing": "rmsnorm.lab.timing",
     "train": "rmsnorm.lab.train",
     "transformer": "rmsnorm.lab.transformer",
 }
+# The old figure module's functions now live beside their experiments.
+_FIGURES = {
+    "mean_histograms": "rmsnorm.lab.simulation",
+    "ratio_by_layer": "rmsnorm.lab.simulation",
+    "cosine_by_layer": "rmsnorm.lab.simulation",
+    "inspect_layers": "rmsnorm.lab.inspection",
+    "divergence_curve": "rmsnorm.lab.plots",
+    "sigma_mu_plane": "rmsnorm.lab.plots",
+    "timing_bars": "rmsnorm.lab.plots",
+}
+
+plots = types.ModuleType(f"{__name__}.plots", "The lab's figures, from their new homes.")
+for _name, _home in _FIGURES.items():
+    setattr(plots, _name, getattr(importlib.import_module(_home), _name))
+sys.modules[plots.__name__] = plots
 for _old, _new in _MOVED.items():
     sys.modules[f"{__name__}.{_old}"] = _module = importlib.import_module(_new)
     globals().setdefault(_old, _module)  # as before, `simulate` stays the function

@@ -5,7 +5,7 @@ never imports matplotlib, rich or transformers."""
 from .capture import NormCapture, find_norm_layers, norm_kind
 from .inspection import inspect_model, inspect_source, load_model
 from .report import ReportConfig, build_report
-from .simulate import SimulationConfig, SimulationResult, simulate, write_simulation
+from .simulation import SimulationConfig, SimulationResult, simulate, write_simulation
 from .stats import (
     Divergence,
     RowStats,

@@ -17,7 +17,7 @@ import torch
 from .. import __version__, info
 from .page import Page
 from .progress import ensure
-from .simulate import SimulationConfig, SimulationResult, simulate
+from .simulation import SimulationConfig, SimulationResult, simulate
 from .stats import identity_check, measured_divergence, predicted_divergence
 from .timing import SHAPES
 
@@ -178,6 +178,8 @@ def build_report(cfg: ReportConfig, out: str | Path = "report", progress=None) -
     """Run everything in ``cfg`` and write the report into ``out``; returns the summary dict
     (also written as ``report.json``) with the list of files under ``"files"``."""
     from . import plots
+    from .inspection import inspect_layers
+    from .simulation import cosine_by_layer, mean_histograms, ratio_by_layer
     from .io import write_json
     from .timing import time_norms
 
@@ -294,20 +296,20 @@ def build_report(cfg: ReportConfig, out: str | Path = "report", progress=None) -
         plane_panels.append((f"same model, planted mean {cfg.planted_mean:g}", planted.init))
     extra = {"planted": planted.init} if planted is not None else None
     jobs = [
-        ("mean_histograms", lambda p: plots.mean_histograms(base, p)),
-        ("ratio_by_layer", lambda p: plots.ratio_by_layer(base, p, extra)),
-        ("cosine_by_layer", lambda p: plots.cosine_by_layer(base, p, extra)),
+        ("mean_histograms", lambda p: mean_histograms(base, p)),
+        ("ratio_by_layer", lambda p: ratio_by_layer(base, p, extra)),
+        ("cosine_by_layer", lambda p: cosine_by_layer(base, p, extra)),
         ("divergence_curve", lambda p: plots.divergence_curve(points, p)),
         ("sigma_mu_plane", lambda p: plots.sigma_mu_plane(plane_panels, p)),
         ("timing", lambda p: plots.timing_bars(timing, p)),
     ]
     if trained is not None:
         jobs += [
-            ("trained_mean_histograms", lambda p: plots.mean_histograms(trained, p, "trained")),
-            ("trained_ratio_by_layer", lambda p: plots.ratio_by_layer(trained, p)),
+            ("trained_mean_histograms", lambda p: mean_histograms(trained, p, "trained")),
+            ("trained_ratio_by_layer", lambda p: ratio_by_layer(trained, p)),
         ]
     if inspected is not None:
-        jobs.append(("model_layers", lambda p: plots.inspect_layers(inspected, p)))
+        jobs.append(("model_layers", lambda p: inspect_layers(inspected, p)))
     with progress.task("report: figures", total=len(jobs)) as advance:
         for name, job in jobs:
             files[name] = job(fig_dir / f"{name}.png")

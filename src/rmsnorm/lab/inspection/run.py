@@ -8,7 +8,6 @@ imported only when such a model is asked for.
 
 from __future__ import annotations
 
-import math
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .capture import NormCapture
+from ..capture import NormCapture
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -26,7 +25,6 @@ __all__ = [
     "inspect_model",
     "inspect_source",
     "InspectResult",
-    "render_table",
 ]
 
 BUILTIN_MODELS = {
@@ -102,7 +100,7 @@ def load_model(source: str, seed: int = 0) -> LoadedModel:
     if not isinstance(source, str) or not source:
         raise ValueError(f"model must be a built-in name or a directory path, got {source!r}")
     if source in ("builtin", "builtin-rms"):
-        from .transformer import Transformer, TransformerConfig
+        from ..transformer import Transformer, TransformerConfig
 
         torch.manual_seed(seed)
         cfg = TransformerConfig(norm="rmsnorm" if source == "builtin-rms" else "layernorm")
@@ -237,42 +235,3 @@ def inspect_source(
     return inspect_model(
         loaded.model, ids, name=loaded.name, description=how, forward=loaded.forward
     )
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return format(value, spec)
-
-
-def render_table(result: InspectResult):
-    """A rich Table of the per-layer numbers (rich is imported here, not at module import). Narrow
-    enough for 80 columns: long layer names fold, the numbers never do; the classes are listed
-    under the table."""
-    from rich.table import Table
-
-    classes = sorted({layer["class"] for layer in result.layers})
-    table = Table(
-        title=f"{result.model} — {result.inputs}",
-        title_justify="left",
-        caption=f"norm classes: {', '.join(classes)}; swap: LN→RMS or RMS→LN, same γ, β, ε",
-        caption_justify="left",
-    )
-    table.add_column("layer", overflow="fold")
-    table.add_column("kind", no_wrap=True)
-    for header in ("|μ|/σ\nmedian", "|μ|/σ\nq95", "μ²/RMS²\nmean", "cos\nLN, RMS", "swap\nmax|Δy|",
-                   "swap\nrel‖Δy‖"):  # fmt: skip
-        table.add_column(header, justify="right", no_wrap=True)
-    for layer in result.layers:
-        r, cos = layer["mu_over_sigma"], layer["predicted_cosine"]
-        table.add_row(
-            layer["name"],
-            "LN" if layer["kind"] == "layernorm" else "RMS",
-            _fmt(r["q50"], ".3g"),
-            _fmt(r["q95"], ".3g"),
-            _fmt(layer["mean_energy_share"]["mean"], ".1e"),
-            _fmt(cos["mean"], ".5f"),
-            _fmt(layer["swap_max_abs_diff"], ".3g"),
-            _fmt(layer["swap_rel_diff"], ".3g"),
-        )
-    return table
