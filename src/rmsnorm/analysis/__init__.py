@@ -22,12 +22,12 @@ _MOVED = {
     "corpus": "rmsnorm.lab.corpus",
     "inspection": "rmsnorm.lab.inspection",
     "io": "rmsnorm.lab.io",
-    "page": "rmsnorm.lab.page",
+    "page": "rmsnorm.lab.report.page",
     "progress": "rmsnorm.lab.progress",
     "report": "rmsnorm.lab.report",
     "simulate": "rmsnorm.lab.simulation",
     "stats": "rmsnorm.lab.stats",
-    "timing": "rmsnorm.lab.timing",
+    "timing": "rmsnorm.lab.report.timing",
     "train": "rmsnorm.lab.train",
     "transformer": "rmsnorm.lab.transformer",
 }
@@ -37,9 +37,9 @@ _FIGURES = {
     "ratio_by_layer": "rmsnorm.lab.simulation",
     "cosine_by_layer": "rmsnorm.lab.simulation",
     "inspect_layers": "rmsnorm.lab.inspection",
-    "divergence_curve": "rmsnorm.lab.plots",
-    "sigma_mu_plane": "rmsnorm.lab.plots",
-    "timing_bars": "rmsnorm.lab.plots",
+    "divergence_curve": "rmsnorm.lab.report.render",
+    "sigma_mu_plane": "rmsnorm.lab.report.render",
+    "timing_bars": "rmsnorm.lab.report.render",
 }
 
 plots = types.ModuleType(f"{__name__}.plots", "The lab's figures, from their new homes.")

@@ -1,15 +1,24 @@
-"""The report's own figures: the divergence curve, the (σ, μ) plane and the timing bars."""
+"""What the report writes, all from one :class:`~.run.ReportResults`: its figures (its own three,
+the divergence curve, the (σ, μ) plane and the timing bars, beside those of the simulation and the
+inspection), ``report.md``, the self-contained ``report.html`` and ``report.json``."""
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import torch
 
-from .figures import pyplot, save_figure
+from ..figures import pyplot, save_figure
+from ..inspection import inspect_layers
+from ..io import write_json
+from ..progress import ensure
+from ..simulation import cosine_by_layer, mean_histograms, ratio_by_layer
+from .prose import report_page
+from .run import ReportResults
 
-__all__ = ["divergence_curve", "sigma_mu_plane", "timing_bars"]
+__all__ = ["divergence_curve", "sigma_mu_plane", "timing_bars", "write_figures", "write_report"]
 
 
 def divergence_curve(points: list[dict], path: Path) -> Path:
@@ -198,3 +207,96 @@ def timing_bars(timing: dict, path: Path) -> Path:
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)
+
+
+def _divergence_points(r: ReportResults) -> list[dict]:
+    """Each layer of each run as a point of the divergence curve (the first run also with its
+    tokens' measured cosine)."""
+    base, cfg = r.simulation, r.config
+    points = [
+        {
+            "label": n,
+            "group": "simulated, init",
+            "r": base.init.ratio[i],
+            "cos": base.init.measured_cosine[i],
+        }
+        for i, n in enumerate(base.layer_names)
+    ]
+    if r.planted is not None:
+        points += [
+            {
+                "label": n,
+                "group": f"planted mean {cfg.planted_mean:g}",
+                "r": r.planted.init.ratio[i],
+            }
+            for i, n in enumerate(r.planted.layer_names)
+        ]
+    if r.trained is not None:
+        points += [
+            {"label": n, "group": "small model, trained", "r": r.trained.trained.ratio[i]}
+            for i, n in enumerate(r.trained.layer_names)
+        ]
+    if r.inspected is not None:
+        for layer in r.inspected["layers"]:
+            q = layer["mu_over_sigma"]["q50"]
+            if q is not None:
+                points.append(
+                    {
+                        "label": layer["name"],
+                        "group": f"model {r.inspected['model']}",
+                        "r": torch.tensor([q], dtype=torch.float64),
+                    }
+                )
+    return points
+
+
+def write_figures(r: ReportResults, fig_dir: Path, progress=None) -> dict[str, Path]:
+    """Every figure the report shows, into ``fig_dir``; returns {name: path}."""
+    progress = ensure(progress)
+    base, planted, trained = r.simulation, r.planted, r.trained
+    plane_panels = [("simulated transformer at init (centered)", base.init)]
+    if planted is not None:
+        plane_panels.append((f"same model, planted mean {r.config.planted_mean:g}", planted.init))
+    extra = {"planted": planted.init} if planted is not None else None
+    jobs = [
+        ("mean_histograms", lambda p: mean_histograms(base, p)),
+        ("ratio_by_layer", lambda p: ratio_by_layer(base, p, extra)),
+        ("cosine_by_layer", lambda p: cosine_by_layer(base, p, extra)),
+        ("divergence_curve", lambda p: divergence_curve(_divergence_points(r), p)),
+        ("sigma_mu_plane", lambda p: sigma_mu_plane(plane_panels, p)),
+        ("timing", lambda p: timing_bars(r.timing, p)),
+    ]
+    if trained is not None:
+        jobs += [
+            ("trained_mean_histograms", lambda p: mean_histograms(trained, p, "trained")),
+            ("trained_ratio_by_layer", lambda p: ratio_by_layer(trained, p)),
+        ]
+    if r.inspected is not None:
+        jobs.append(("model_layers", lambda p: inspect_layers(r.inspected, p)))
+    files = {}
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    with progress.task("report: figures", total=len(jobs)) as advance:
+        for name, job in jobs:
+            files[name] = job(fig_dir / f"{name}.png")
+            advance()
+    return files
+
+
+def write_report(r: ReportResults, out: str | Path = "report", progress=None) -> dict:
+    """The figures, ``report.md``, ``report.html`` and ``report.json`` into ``out``; returns the
+    summary dict (``report.json``'s content) with the list of files under ``"files"``."""
+    t_start = time.perf_counter()
+    out = Path(out)
+    files = write_figures(r, out / "figures", progress)
+    r.seconds["total_before_pages"] = r.seconds.get("runs", 0.0) + time.perf_counter() - t_start
+    page = report_page(r, files)
+    files["report.md"] = out / "report.md"
+    files["report.md"].write_text(page.markdown(out))
+    files["report.html"] = out / "report.html"
+    files["report.html"].write_text(page.html())
+    r.seconds["total"] = r.seconds.get("runs", 0.0) + time.perf_counter() - t_start
+    summary = r.to_dict()
+    summary["files"] = {k: str(v.relative_to(out)) for k, v in files.items()}
+    summary["files"]["report.json"] = "report.json"
+    write_json(summary, out / "report.json")
+    return summary

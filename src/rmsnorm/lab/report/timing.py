@@ -9,8 +9,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from .. import functional, info
-from .progress import ensure
+from ... import functional, info
+from ..progress import ensure
 
 __all__ = ["SHAPES", "METHOD", "time_norms"]
 
@@ -52,7 +52,7 @@ def time_norms(
     shape: the median and the fastest of ``rounds`` interleaved samples (each a
     ``blocked_autorange`` median over at least ``min_run_time`` seconds of calls). LayerNorm gets
     a bias, RMSNorm does not (as in the models that use them)."""
-    from ..bench.measure import interleaved
+    from ...bench.measure import interleaved
 
     progress = ensure(progress)
     gen = torch.Generator().manual_seed(0)

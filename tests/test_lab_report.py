@@ -1,5 +1,5 @@
-"""The report (lab/report.py, plots.py, page.py): every promised file from the tiny
-configuration, a self-contained HTML page and consistent numbers."""
+"""The report (lab/report/): every promised file from the tiny configuration, a self-contained
+HTML page and consistent numbers."""
 
 import json
 import re
@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm.lab.page import Page
 from rmsnorm.lab.report import ReportConfig, build_report
 
 FIGURES = (
@@ -57,14 +56,3 @@ def test_bad_model_fails_before_running(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such directory"):
         build_report(ReportConfig.quick(model=str(tmp_path / "missing")), tmp_path / "out")
     assert not (tmp_path / "out" / "report.html").exists()
-
-
-def test_page_renders_escaped_tables():
-    page = Page("t")
-    page.h2("Numbers")
-    page.h2("Notes", numbered=False)
-    page.table(["|μ|/σ", "x"], [["0.1", "<b>"]])
-    md = page.markdown(Path("."))
-    assert "## 1. Numbers" in md and "## Notes" in md and "\\|μ\\|/σ" in md
-    html = page.html()
-    assert "&lt;b&gt;" in html and "<th>|μ|/σ</th>" in html
