@@ -6,6 +6,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
+
 import rmsnorm
 import rmsnorm.lab
 
@@ -24,20 +26,29 @@ def test_old_imports_work_and_warn_once():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         import rmsnorm.analysis.transformer as transformer
-        from rmsnorm.analysis.plots import ratio_by_layer
+        from rmsnorm.analysis.inspection import LoadedModel, load_model
+        from rmsnorm.analysis.plots import ratio_by_layer, timing_bars
         from rmsnorm.analysis.simulate import SimulationConfig
 
         import rmsnorm.analysis
         from rmsnorm.analysis import inspect_model, simulate
+        from rmsnorm.lab.report.render import timing_bars as new_timing_bars
     ours = [w for w in caught if "rmsnorm.analysis" in str(w.message)]
     assert len(ours) == 1 and ours[0].category is DeprecationWarning
     assert "rmsnorm.lab" in str(ours[0].message)
     assert ours[0].filename == __file__  # it points at the import to change, not at the alias
-    assert transformer is sys.modules["rmsnorm.lab.transformer"]
+    assert transformer.Transformer is rmsnorm.lab.transformer.Transformer
+    assert sys.modules["rmsnorm.analysis.transformer"] is transformer
     assert simulate is rmsnorm.lab.simulate and inspect_model is rmsnorm.lab.inspect_model
     assert SimulationConfig is rmsnorm.lab.SimulationConfig
     assert ratio_by_layer is rmsnorm.lab.simulation.ratio_by_layer
-    assert set(rmsnorm.analysis.__all__) == set(rmsnorm.lab.__all__)
+    assert timing_bars is new_timing_bars
+    # renamed: the old names are the new functions
+    assert load_model is rmsnorm.analysis.load_model is rmsnorm.lab.load_runnable_model
+    assert LoadedModel is rmsnorm.lab.RunnableModel
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        rmsnorm.analysis.stats.nothing  # noqa: B018
+    assert set(rmsnorm.analysis.__all__) == set(rmsnorm.lab.__all__) | {"load_model"}
     for name in rmsnorm.lab.__all__:
         assert getattr(rmsnorm.analysis, name) is getattr(rmsnorm.lab, name), name
 

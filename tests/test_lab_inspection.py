@@ -18,12 +18,12 @@ def test_inspect_builtin_and_errors():
     with pytest.raises(ValueError, match="no LayerNorm / RMSNorm"):
         inspection.inspect_model(nn.Linear(3, 3), torch.randn(2, 3))
     with pytest.raises(FileNotFoundError, match="no such directory.*config.json"):
-        inspection.load_model("/nonexistent/model-dir")
+        inspection.load_runnable_model("/nonexistent/model-dir")
 
 
 def test_directory_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        inspection.load_model(str(tmp_path))
+        inspection.load_runnable_model(str(tmp_path))
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def transformers():
 
 @pytest.mark.parametrize("name, n_layers", [("tiny-gpt2", 2), ("tiny-llama", 2)])
 def test_tiny_hf_models(transformers, name, n_layers):
-    loaded = inspection.load_model(name)
+    loaded = inspection.load_runnable_model(name)
     found = capture.find_norm_layers(loaded.model)
     assert len(found) == 2 * n_layers + 1
     expected = "layernorm" if name == "tiny-gpt2" else "rmsnorm"
@@ -47,8 +47,8 @@ def test_tiny_hf_models(transformers, name, n_layers):
 
 def test_hf_directory_round_trip(transformers, tmp_path):
     """A saved tiny model loads from its directory offline (local_files_only)."""
-    loaded = inspection.load_model("tiny-llama")
+    loaded = inspection.load_runnable_model("tiny-llama")
     loaded.model.save_pretrained(tmp_path)
-    again = inspection.load_model(str(tmp_path))
+    again = inspection.load_runnable_model(str(tmp_path))
     assert again.kind == "hf" and again.tokenizer is None
     assert len(capture.find_norm_layers(again.model)) == 5

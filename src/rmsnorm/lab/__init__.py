@@ -3,7 +3,7 @@ transformer, hooks on any model's norm layers, the training comparison and the r
 never imports matplotlib, rich or transformers."""
 
 from .capture import NormCapture, find_norm_layers, norm_kind
-from .inspection import inspect_model, inspect_source, load_model
+from .inspection import RunnableModel, inspect_model, inspect_source, load_runnable_model
 from .report import ReportConfig, build_report
 from .simulation import SimulationConfig, SimulationResult, simulate, write_simulation
 from .stats import (
@@ -37,7 +37,8 @@ __all__ = [
     "NormCapture",
     "inspect_model",
     "inspect_source",
-    "load_model",
+    "RunnableModel",
+    "load_runnable_model",
     "ReportConfig",
     "build_report",
 ]

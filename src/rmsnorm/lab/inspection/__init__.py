@@ -6,17 +6,17 @@ from .render import inspect_layers, render_table
 from .run import (
     BUILTIN_MODELS,
     InspectResult,
-    LoadedModel,
+    RunnableModel,
     inspect_model,
     inspect_source,
-    load_model,
+    load_runnable_model,
     make_inputs,
 )
 
 __all__ = [
     "BUILTIN_MODELS",
-    "LoadedModel",
-    "load_model",
+    "RunnableModel",
+    "load_runnable_model",
     "make_inputs",
     "inspect_model",
     "inspect_source",

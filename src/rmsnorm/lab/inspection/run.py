@@ -19,8 +19,8 @@ from ..capture import NormCapture
 
 __all__ = [
     "BUILTIN_MODELS",
-    "LoadedModel",
-    "load_model",
+    "RunnableModel",
+    "load_runnable_model",
     "make_inputs",
     "inspect_model",
     "inspect_source",
@@ -36,8 +36,10 @@ BUILTIN_MODELS = {
 
 
 @dataclass
-class LoadedModel:
-    """A model ready to run: ``forward(tokens)`` runs it on (batch, seq) token ids."""
+class RunnableModel:
+    """A model with what it takes to run it: ``forward(tokens)`` runs it on (batch, seq) token
+    ids of its vocabulary (``vocab_size``), at most ``max_len`` long; ``tokenizer`` (when it has
+    one) turns text into those ids."""
 
     name: str
     model: nn.Module
@@ -63,7 +65,7 @@ def _transformers():
     return transformers
 
 
-def _tiny_hf(name: str, seed: int) -> LoadedModel:
+def _tiny_hf(name: str, seed: int) -> RunnableModel:
     tf = _transformers()
     torch.manual_seed(seed)
     if name == "tiny-gpt2":
@@ -90,13 +92,13 @@ def _tiny_hf(name: str, seed: int) -> LoadedModel:
             pad_token_id=0,
         )
     model = tf.AutoModelForCausalLM.from_config(cfg)
-    return LoadedModel(name, model.eval(), 256, 128, None, "hf")
+    return RunnableModel(name, model.eval(), 256, 128, None, "hf")
 
 
-def load_model(source: str, seed: int = 0) -> LoadedModel:
-    """A built-in name (:data:`BUILTIN_MODELS`) or the path of a local Hugging Face model directory
-    (``config.json`` plus weights; the tokenizer is used when its files are there). Raises
-    FileNotFoundError naming what was looked for when ``source`` is neither."""
+def load_runnable_model(source: str, seed: int = 0) -> RunnableModel:
+    """A :class:`RunnableModel` from a built-in name (:data:`BUILTIN_MODELS`) or the path of a local
+    Hugging Face model directory (``config.json`` plus weights; the tokenizer is used when its files
+    are there). Raises FileNotFoundError naming what was looked for when ``source`` is neither."""
     if not isinstance(source, str) or not source:
         raise ValueError(f"model must be a built-in name or a directory path, got {source!r}")
     if source in ("builtin", "builtin-rms"):
@@ -104,7 +106,7 @@ def load_model(source: str, seed: int = 0) -> LoadedModel:
 
         torch.manual_seed(seed)
         cfg = TransformerConfig(norm="rmsnorm" if source == "builtin-rms" else "layernorm")
-        return LoadedModel(
+        return RunnableModel(
             source, Transformer(cfg).eval(), cfg.vocab_size, cfg.seq_len, None, "builtin"
         )
     if source in ("tiny-gpt2", "tiny-llama"):
@@ -138,11 +140,11 @@ def load_model(source: str, seed: int = 0) -> LoadedModel:
     cfg = model.config
     max_len = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 1024)
     vocab = getattr(cfg, "vocab_size", 256)
-    return LoadedModel(str(path), model.eval(), int(vocab), int(max_len), tokenizer, "hf")
+    return RunnableModel(str(path), model.eval(), int(vocab), int(max_len), tokenizer, "hf")
 
 
 def make_inputs(
-    loaded: LoadedModel,
+    loaded: RunnableModel,
     text: str | None = None,
     *,
     batch: int = 4,
@@ -229,8 +231,9 @@ def inspect_model(
 def inspect_source(
     source: str, text: str | None = None, *, batch: int = 4, seq_len: int = 64, seed: int = 0
 ) -> InspectResult:
-    """:func:`load_model` + :func:`make_inputs` + :func:`inspect_model` (what the CLI runs)."""
-    loaded = load_model(source, seed)
+    """:func:`load_runnable_model` + :func:`make_inputs` + :func:`inspect_model` (what the CLI
+    runs)."""
+    loaded = load_runnable_model(source, seed)
     ids, how = make_inputs(loaded, text, batch=batch, seq_len=seq_len, seed=seed)
     return inspect_model(
         loaded.model, ids, name=loaded.name, description=how, forward=loaded.forward

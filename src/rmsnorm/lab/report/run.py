@@ -273,14 +273,15 @@ def _identity(runs: list[SimulationResult], inspected: dict | None) -> dict:
 def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
     """Run everything in ``cfg``: the simulation, the planted-mean contrast, the short training,
     the optional model and the timing."""
-    from ..inspection import inspect_model, load_model, make_inputs
+    from ..inspection import inspect_model, load_runnable_model, make_inputs
 
     t_start = time.perf_counter()
     progress = ensure(progress)
     provenance = Provenance.now()
     loaded = None
     if cfg.model is not None:
-        loaded = load_model(cfg.model)  # first: a bad --model fails in a second, not minutes
+        # first: a bad --model fails in a second, not after minutes of simulation
+        loaded = load_runnable_model(cfg.model)
     base = simulate(cfg.simulation, progress, "simulation")
     planted = None
     if cfg.planted_mean:
