@@ -3,6 +3,7 @@ transformer, hooks on any model's norm layers, the training comparison and the r
 never imports matplotlib, rich or transformers."""
 
 from .capture import NormCapture, find_norm_layers, norm_kind
+from .iid import IIDReference, iid_reference
 from .inspection import RunnableModel, inspect_model, inspect_source, load_runnable_model
 from .report import ReportConfig, build_report
 from .simulation import SimulationConfig, SimulationResult, simulate, write_simulation
@@ -28,6 +29,8 @@ __all__ = [
     "measured_divergence",
     "divergence",
     "summarize",
+    "IIDReference",
+    "iid_reference",
     "SimulationConfig",
     "SimulationResult",
     "simulate",

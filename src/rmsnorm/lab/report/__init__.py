@@ -8,6 +8,7 @@ model, and a timing) and write the figures, ``report.json``, ``report.md`` and a
 from .page import Page
 from .render import write_report
 from .run import (
+    IIDComparison,
     Provenance,
     ReportConfig,
     ReportResults,
@@ -20,6 +21,7 @@ __all__ = [
     "ReportConfig",
     "ReportResults",
     "StageHeadline",
+    "IIDComparison",
     "Provenance",
     "run_report",
     "build_report",

@@ -10,7 +10,7 @@ from ..simulation import SimulationResult
 from .page import Page
 from .run import ReportResults
 
-__all__ = ["report_page"]
+__all__ = ["report_page", "centering_vs_iid"]
 
 TITLE = "When does RMSNorm equal LayerNorm? — the centering report"
 
@@ -63,15 +63,55 @@ def _answer(page: Page, r: ReportResults, figures: dict[str, Path]) -> None:
             f"{pl.median_mu_over_sigma:.2f}, mean cosine {pl.mean_cosine:.3f}."
         )
     page.p(text)
-    page.p(
-        "Centered is the rule, not a coincidence, at initialization: each coordinate of the "
-        "residual stream is a sum of many independent zero-mean terms, so the mean of a row of d "
-        "coordinates is about σ/√d — for i.i.d. Gaussian rows E|μ|/σ ≈ √(2/(πd)) = "
-        f"{math.sqrt(2 / (math.pi * sc.d_model)):.3f} at d = {sc.d_model}. Still, a mean cosine "
-        f"of {sim.mean_cosine:.4f} leaves the two unit-RMS outputs "
-        f"{100 * math.sqrt(max(0.0, 2 - 2 * sim.mean_cosine)):.1f}% apart per element (RMS "
-        "of the difference), and a trained network can plant a mean (a bias, a dominant token, "
-        "a massive activation); that is what this report and `rmsnorm inspect` measure."
+    page.p(centering_vs_iid(r) + " " + _still(sim.mean_cosine))
+
+
+# What the comparison with i.i.d. Gaussian rows concludes, per IIDComparison.verdict.
+_CONCLUSIONS = {
+    "as centered": (
+        "within the ±{tol:.0%} by which the median of {n:,} tokens (one layer's) varies (three "
+        "standard errors): at initialization the residual stream is as centered as rows of "
+        "i.i.d. Gaussian entries of its width, no more and no less. Its centering is chance, "
+        "the noise of a mean over d coordinates."
+    ),
+    "more centered": (
+        "below the ±{tol:.0%} by which the median of {n:,} tokens (one layer's) varies (three "
+        "standard errors): the residual stream is more centered than i.i.d. Gaussian rows of "
+        "its width, so something in the network removes part of each row's mean."
+    ),
+    "less centered": (
+        "above the ±{tol:.0%} by which the median of {n:,} tokens (one layer's) varies (three "
+        "standard errors): the residual stream is less centered than i.i.d. Gaussian rows of "
+        "its width, so something in the network puts a mean into its rows."
+    ),
+}
+
+
+def centering_vs_iid(r: ReportResults) -> str:
+    """The paragraph that sets the simulation's |μ|/σ against rows of i.i.d. Gaussian entries of
+    the same width: median with median, 5–95% band with band, mean with mean."""
+    sim, cmp = r.headline, r.vs_iid
+    ref, d = cmp.reference, sim.d
+    return (
+        "How centered is centered? Each coordinate of the residual stream at initialization is a "
+        "sum of many independent zero-mean terms, so compare it with rows of d i.i.d. Gaussian "
+        "entries, whose |μ|/σ·√(d − 1) is the absolute value of a Student t with d − 1 degrees "
+        f"of freedom. At d = {d} that gives a median of {ref.median:.4f}, a 5–95% band of "
+        f"{ref.q05:.4f}–{ref.q95:.3f} and a mean of {ref.mean:.4f} (≈ √(2/(πd)) = "
+        f"{math.sqrt(2 / (math.pi * d)):.4f}); the simulation's tokens have a median of "
+        f"{sim.median_mu_over_sigma:.4f}, a band of {sim.q05_mu_over_sigma:.4f}–"
+        f"{sim.q95_mu_over_sigma:.3f} and a mean of {sim.mean_mu_over_sigma:.4f}. Its median is "
+        f"{cmp.median_ratio:.2f}× the i.i.d. median, "
+        + _CONCLUSIONS[cmp.verdict].format(tol=cmp.tolerance, n=sim.tokens_per_layer)
+    )
+
+
+def _still(mean_cosine: float) -> str:
+    return (
+        f"Still, a mean cosine of {mean_cosine:.4f} leaves the two unit-RMS outputs "
+        f"{100 * math.sqrt(max(0.0, 2 - 2 * mean_cosine)):.1f}% apart per element (RMS of the "
+        "difference), and a trained network can plant a mean (a bias, a dominant token, a "
+        "massive activation); that is what this report and `rmsnorm inspect` measure."
     )
 
 
@@ -158,8 +198,9 @@ def _experiment(page: Page, r: ReportResults, figures: dict[str, Path]) -> None:
     )
     page.figure(
         figures["ratio_by_layer"],
-        "|μ|/σ per token at each layer: median and bands over tokens, against the i.i.d. "
-        "Gaussian level √(2/(πd)). Orange: the planted-mean contrast run.",
+        "|μ|/σ per token at each layer: median and bands over tokens. Grey: the same statistics "
+        "for rows of d i.i.d. Gaussian entries (dotted: median; dash-dotted: 5% and 95%). Orange: "
+        "the planted-mean contrast run.",
     )
     page.figure(
         figures["cosine_by_layer"],
@@ -235,7 +276,11 @@ def _training(page: Page, r: ReportResults, figures: dict[str, Path]) -> None:
         "run `rmsnorm inspect --model DIR` on a real checkpoint to see where its norm inputs sit "
         "on the curve."
     )
-    page.figure(figures["trained_ratio_by_layer"], "|μ|/σ per layer, init vs trained.")
+    page.figure(
+        figures["trained_ratio_by_layer"],
+        "|μ|/σ per layer, init vs trained; grey: i.i.d. Gaussian rows of the same width (median, "
+        "5% and 95%).",
+    )
     page.figure(figures["trained_mean_histograms"], "Per-token means per layer after training.")
 
 

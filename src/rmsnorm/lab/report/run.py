@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ... import __version__, info
+from ..iid import IIDReference, iid_reference
 from ..progress import ensure
 from ..simulation import SimulationConfig, SimulationResult, simulate
 from ..stats import identity_check, measured_divergence, predicted_divergence
@@ -22,6 +23,8 @@ from .timing import SHAPES, time_norms
 __all__ = [
     "ReportConfig",
     "StageHeadline",
+    "IIDComparison",
+    "IID_STANDARD_ERRORS",
     "Provenance",
     "ReportResults",
     "run_report",
@@ -92,15 +95,20 @@ class ReportConfig:
 @dataclass
 class StageHeadline:
     """The numbers the report quotes for one model state: |μ|/σ over every token of every layer
-    (median, 95th percentile), the predicted LayerNorm-vs-RMSNorm cosine (mean, worst token), the
-    median |μ|/σ per layer, and how far the predicted cosine is from the measured one."""
+    (median, 5% and 95% points, mean), the predicted LayerNorm-vs-RMSNorm cosine (mean, worst
+    token), the median |μ|/σ per layer, how far the predicted cosine is from the measured one,
+    and the row width and tokens per layer they come from."""
 
     median_mu_over_sigma: float
+    q05_mu_over_sigma: float
     q95_mu_over_sigma: float
+    mean_mu_over_sigma: float
     mean_cosine: float
     min_cosine: float
     median_per_layer: list[float]
     max_cosine_pred_vs_measured: float
+    d: int
+    tokens_per_layer: int
 
     @classmethod
     def of(cls, result: SimulationResult, stage: str = "init") -> StageHeadline:
@@ -108,15 +116,57 @@ class StageHeadline:
         ratio = st.ratio[torch.isfinite(st.ratio)]
         return cls(
             median_mu_over_sigma=float(ratio.median()),
+            q05_mu_over_sigma=float(torch.quantile(ratio, 0.05)),
             q95_mu_over_sigma=float(torch.quantile(ratio, 0.95)),
+            mean_mu_over_sigma=float(ratio.mean()),
             mean_cosine=float(st.cosine.mean()),
             min_cosine=float(st.cosine.min()),
             median_per_layer=[float(r[torch.isfinite(r)].median()) for r in st.ratio],
             max_cosine_pred_vs_measured=float((st.cosine - st.measured_cosine).abs().max()),
+            d=result.config.d_model,
+            tokens_per_layer=int(st.mean.shape[1]),
         )
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# How many standard errors of a median the measured median may differ from the i.i.d. one and
+# still be called "at the i.i.d. level": 3 (a 0.3% chance of a false "more/less centered" for
+# one median of independent tokens).
+IID_STANDARD_ERRORS = 3.0
+
+
+@dataclass
+class IIDComparison:
+    """A model state's |μ|/σ against rows of i.i.d. Gaussian entries of the same width, like with
+    like. ``median_ratio`` is the measured median over the i.i.d. median; ``tolerance`` is
+    :data:`IID_STANDARD_ERRORS` standard errors of a median over one layer's tokens, relative
+    (conservative: the layers re-measure the same tokens, so all of them are not independent);
+    ``verdict`` is ``"as centered"`` within it, else ``"more centered"`` or ``"less centered"``."""
+
+    reference: IIDReference
+    median_ratio: float
+    tolerance: float
+    verdict: str
+
+    @classmethod
+    def of(cls, headline: StageHeadline) -> IIDComparison:
+        ref = iid_reference(headline.d)
+        ratio = headline.median_mu_over_sigma / ref.median
+        tolerance = IID_STANDARD_ERRORS * ref.median_relative_error(headline.tokens_per_layer)
+        if abs(ratio - 1) <= tolerance:
+            verdict = "as centered"
+        else:
+            verdict = "more centered" if ratio < 1 else "less centered"
+        return cls(ref, ratio, tolerance, verdict)
+
+    def to_dict(self) -> dict:
+        return {
+            "median_ratio": self.median_ratio,
+            "tolerance": self.tolerance,
+            "verdict": self.verdict,
+        }
 
 
 @dataclass
@@ -168,6 +218,11 @@ class ReportResults:
         return StageHeadline.of(self.simulation, "init")
 
     @property
+    def vs_iid(self) -> IIDComparison:
+        """The simulation at initialization against i.i.d. Gaussian rows of its width."""
+        return IIDComparison.of(self.headline)
+
+    @property
     def planted_headline(self) -> StageHeadline | None:
         return None if self.planted is None else StageHeadline.of(self.planted, "init")
 
@@ -186,7 +241,12 @@ class ReportResults:
         cfg = self.config
         out: dict = asdict(self.provenance)
         out["identity"] = self.identity
-        out["simulation"] = {"config": cfg.simulation.to_dict(), **self.headline.to_dict()}
+        out["simulation"] = {
+            "config": cfg.simulation.to_dict(),
+            **self.headline.to_dict(),
+            "iid_gaussian": self.vs_iid.reference.to_dict(),
+            "vs_iid": self.vs_iid.to_dict(),
+        }
         if self.planted is not None:
             out["planted"] = {"planted_mean": cfg.planted_mean, **self.planted_headline.to_dict()}
         if self.trained is not None:

@@ -10,11 +10,18 @@ from pathlib import Path
 import torch
 
 from ..figures import pyplot, save_figure
+from ..iid import iid_reference
 from ..io import write_json
 from ..progress import ensure
 from .run import SimulationResult
 
-__all__ = ["mean_histograms", "ratio_by_layer", "cosine_by_layer", "write_simulation"]
+__all__ = [
+    "mean_histograms",
+    "ratio_by_layer",
+    "ratio_by_layer_figure",
+    "cosine_by_layer",
+    "write_simulation",
+]
 
 STAGE_COLORS = {"init": "#1f77b4", "trained": "#d62728", "planted": "#ff7f0e"}
 
@@ -99,10 +106,11 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
     return save_figure(fig, path)
 
 
-def ratio_by_layer(result, path: Path, extra: dict | None = None) -> Path:
-    """|μ|/σ per layer: the median and the 5–95% and 25–75% bands over tokens for each stage
-    (plus ``extra`` stages, e.g. a planted-mean run), against the level i.i.d. Gaussian rows give,
-    E|μ|/σ ≈ sqrt(2/(π d))."""
+IID_LABEL = "i.i.d. Gaussian rows"
+
+
+def ratio_by_layer_figure(result, extra: dict | None = None):
+    """The figure of :func:`ratio_by_layer`, not yet saved (a matplotlib Figure)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.2), layout="constrained")
     stages = dict(result.stages)
@@ -116,13 +124,15 @@ def ratio_by_layer(result, path: Path, extra: dict | None = None) -> Path:
         ax.fill_between(x, q[0], q[4], color=c, alpha=0.15, label=f"{name}: 5–95% of tokens")
         ax.fill_between(x, q[1], q[3], color=c, alpha=0.3, label=f"{name}: 25–75%")
         ax.plot(x, q[2], color=c, marker="o", ms=3, label=f"{name}: median")
+    # The same statistics of rows of d i.i.d. Gaussian entries: median against median, band
+    # against band (not the i.i.d. mean, which is about 1.2× the median).
     d = result.config.d_model
-    ax.axhline(
-        math.sqrt(2 / (math.pi * d)),
-        color="gray",
-        ls=":",
-        label=f"i.i.d. Gaussian row, d={d}: √(2/(πd)) = {math.sqrt(2 / (math.pi * d)):.3f}",
-    )
+    ref = iid_reference(d)
+    median_label = f"{IID_LABEL}, d = {d}: median {ref.median:.3f}"
+    band_label = f"{IID_LABEL}, d = {d}: 5% and 95% ({ref.q05:.2g}, {ref.q95:.3f})"
+    ax.axhline(ref.median, color="gray", ls=":", lw=1.5, label=median_label)
+    ax.axhline(ref.q05, color="gray", ls="-.", lw=1.0, label=band_label)
+    ax.axhline(ref.q95, color="gray", ls="-.", lw=1.0)
     ax.axhline(1.0, color="black", lw=0.8, ls="--", label="|μ| = σ (cos = 0.707)")
     ax.set_yscale("log")
     ax.set_xticks(range(len(result.layer_names)))
@@ -132,7 +142,15 @@ def ratio_by_layer(result, path: Path, extra: dict | None = None) -> Path:
     ax.set_title(f"How far each token is from centered\n{_describe(result.config)}", fontsize=10)
     ax.legend(fontsize=7, loc="best", ncol=2)
     ax.grid(alpha=0.3, which="both")
-    return save_figure(fig, path)
+    return fig
+
+
+def ratio_by_layer(result, path: Path, extra: dict | None = None) -> Path:
+    """|μ|/σ per layer: the median and the 5–95% and 25–75% bands over tokens for each stage
+    (plus ``extra`` stages, e.g. a planted-mean run), against the median and the 5% and 95%
+    points of the same statistic for rows of d i.i.d. Gaussian entries
+    (:func:`~rmsnorm.lab.iid.iid_reference`)."""
+    return save_figure(ratio_by_layer_figure(result, extra), path)
 
 
 def cosine_by_layer(result, path: Path, extra: dict | None = None) -> Path:
