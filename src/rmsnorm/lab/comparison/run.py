@@ -108,8 +108,8 @@ def run_comparison(
     norm_samples: dict[str, list[float]] = {name: [] for name, _, _ in cases}
     # fork_rng: the run seeds torch's global generator; the caller's stream is left as it was.
     # No torch.use_deterministic_algorithms: every op here is deterministic on CPU for a fixed
-    # thread count (tests/test_compare.py checks a rerun bit for bit), and the switch imports
-    # torch._inductor, which costs seconds.
+    # thread count (tests/test_lab_comparison_run.py checks a rerun bit for bit), and the switch
+    # imports torch._inductor, which costs seconds.
     with torch.random.fork_rng(devices=[]), torch_threads(cfg.threads):
         machine = machine_info(device, torch.get_num_threads())  # before training: the code run
         for i in range(cfg.seeds):
