@@ -42,3 +42,28 @@ def pytest_collection_modifyitems(config, items):
         # in a directory called "gpu" would skip everything).
         if item.get_closest_marker("gpu") is not None and not HAS_CUDA:
             item.add_marker(skip_gpu)
+
+
+# The tiny preset shortened further: enough steps for the loss to fall well below ln 256 ≈ 5.55.
+COMPARISON_STEPS, COMPARISON_EVAL_INTERVAL = 30, 10
+COMPARISON_VARIANTS = "layernorm,rmsnorm,prmsnorm,none"
+
+
+@pytest.fixture(scope="session")
+def comparison_run(tmp_path_factory):
+    """One ``rmsnorm compare`` through the CLI with every variant and two seeds, shared by the
+    tests of the comparison's run, its files and its command: (out dir, results.json, output)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rmsnorm.cli import app
+    from rmsnorm.lab.comparison import OUTPUT_FILES
+
+    out = tmp_path_factory.mktemp("compare")
+    args = ["compare", "--preset", "tiny", "--variants", COMPARISON_VARIANTS, "--seeds", "2"]
+    args += ["--threads", "1", "--out", str(out), "--steps", str(COMPARISON_STEPS)]
+    args += ["--eval-interval", str(COMPARISON_EVAL_INTERVAL)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out, json.loads((out / OUTPUT_FILES["json"]).read_text()), result.output

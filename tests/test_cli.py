@@ -15,9 +15,8 @@ import torch
 from typer.testing import CliRunner
 
 import rmsnorm
-from rmsnorm.analysis.progress import LogProgress
 from rmsnorm.cli import app
-from rmsnorm.compare import ArgumentError, compare_config, training_flops
+from rmsnorm.lab.comparison import ArgumentError, compare_config
 
 SRC = str(Path(rmsnorm.__file__).resolve().parents[1])
 OPTIONAL = ("matplotlib", "transformers", "triton", "numba")
@@ -147,7 +146,7 @@ def test_bench_refuses_a_device_it_cannot_run_in_one_line(monkeypatch, tmp_path)
 def test_compare_old_spellings_are_hidden_aliases(monkeypatch, tmp_path):
     """--batch (as in every other command) and --text-file replace --batch-size and --text, which
     still work but are not in the help."""
-    import rmsnorm.compare as compare
+    import rmsnorm.lab.comparison as compare
 
     seen = {}
 
@@ -189,22 +188,13 @@ def test_gpu_preset_is_refused_on_a_cpu_with_the_estimate(monkeypatch, tmp_path)
         compare_config("gpu")
 
 
-def test_training_flops_counts_the_matrix_products():
-    cfg = compare_config("tiny", device="cpu", seeds=1, variants="layernorm", steps=10)
-    m, t = cfg.model, cfg.train
-    d, tokens = m.d_model, t.batch_size * m.seq_len
-    weights = m.n_layers * 12 * d * d + m.vocab_size * d  # qkv 3d², proj d², MLP 8d²; head
-    forward = tokens * (2 * weights + m.n_layers * 2 * m.seq_len * d)
-    evals = (t.steps // t.eval_interval + 1) * t.eval_batches
-    assert training_flops(cfg) == (3 * t.steps + evals) * forward
-
-
 def test_compare_logs_progress_and_keeps_finished_seeds_when_interrupted(monkeypatch, tmp_path):
     """Not on a terminal: progress as lines. Stopped in the second seed: the first one's results
     are in --out, marked partial."""
-    import rmsnorm.compare as compare
+    import rmsnorm.lab.comparison as comparison
+    import rmsnorm.lab.comparison.run as comparison_run
 
-    real = compare.build_models
+    real = comparison_run.build_models
     seeds_built = []
 
     def build_then_stop(model_cfg, variants, seed, device="cpu"):
@@ -213,10 +203,10 @@ def test_compare_logs_progress_and_keeps_finished_seeds_when_interrupted(monkeyp
             raise KeyboardInterrupt
         return real(model_cfg, variants, seed, device)
 
-    monkeypatch.setattr(compare, "build_models", build_then_stop)
-    real_config = compare.compare_config  # timing numbers are not under test: 2 calls, not 25
+    monkeypatch.setattr(comparison_run, "build_models", build_then_stop)
+    real_config = comparison.compare_config  # timing numbers are not under test: 2 calls, not 25
     monkeypatch.setattr(
-        compare,
+        comparison,
         "compare_config",
         lambda *a, **k: replace(real_config(*a, **k), norm_timing_s=0.001),
     )
@@ -232,24 +222,6 @@ def test_compare_logs_progress_and_keeps_finished_seeds_when_interrupted(monkeyp
     assert len(results["runs"]["layernorm"]) == 1
     assert "Partial results: 1 of 3 seeds" in (tmp_path / "summary.md").read_text()
     assert (tmp_path / "loss_curves.png").stat().st_size > 0
-
-
-def test_log_progress_lines():
-    lines = []
-    progress = LogProgress(lines.append, interval=0.0)
-    with progress.task("work", 4) as advance:
-        advance(2)
-        advance(2)
-    assert [re.sub(r"^\[[\d:]+\] ", "", line) for line in lines[:3]] == [
-        "work: started",
-        "work: 2/4 (50%), 0 s",
-        "work: 4/4 (100%), 0 s",
-    ]
-    assert lines[3].endswith("s") and "work: done in" in lines[3]
-    lines.clear()
-    with pytest.raises(RuntimeError), progress.task("fails", 1):
-        raise RuntimeError("stop")
-    assert len(lines) == 1  # started, never "done"
 
 
 def test_argument_error_renders_names_for_the_command_line():

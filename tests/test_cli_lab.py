@@ -1,5 +1,5 @@
-"""The lab's commands (``rmsnorm simulate / inspect / report``) at tiny sizes through typer's
-CliRunner: every promised file, and clear errors that name the bad option."""
+"""The lab's commands (``rmsnorm simulate / inspect / report / compare``) at tiny sizes through
+typer's CliRunner: every promised file, and clear errors that name the bad option."""
 
 import json
 import re
@@ -114,3 +114,31 @@ def test_old_option_spellings_still_work_out_of_the_help(runner, tmp_path):
     assert result.exit_code == 0, result.output
     cfg = json.loads((tmp_path / "sim" / "simulation.json").read_text())["config"]
     assert cfg["text"] == str(corpus)
+
+
+def test_compare_writes_its_files_and_a_table(comparison_run):
+    out, _, output = comparison_run
+    assert "LayerNorm" in output and "wrote" in output
+    for name in ("results.json", "loss_curves.png", "summary.md"):
+        assert (out / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, option, message",
+    [
+        (["--variants", "layernorm,batchnorm"], "--variants", "unknown variant 'batchnorm'"),
+        (["--variants", "rmsnorm,prmsnorm"], "--variants", "must include 'layernorm'"),
+        (["--steps", "0"], "--steps", "positive integer"),
+        (["--seeds", "0"], "--seeds", "positive integer"),
+        (["--threads", "0"], "--threads", "positive integer"),
+        (["--text", "/nonexistent/corpus.txt"], "--text", "not found"),
+        (["--preset", "huge"], "--preset", "cpu, gpu, tiny"),
+        (["--d-model", "30", "--n-heads", "4"], "--n-heads", "divisible"),
+    ],
+)
+def test_compare_bad_arguments_name_the_option(runner, tmp_path, args, option, message):
+    result = runner.invoke(app, ["compare", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.replace("│", " ").split())  # rich wraps the error box
+    assert option in flat and message in flat, flat
+    assert not (tmp_path / "results.json").exists()

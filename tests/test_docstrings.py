@@ -22,6 +22,7 @@ OTHER_API = [
     rmsnorm.use_backend,
     integrations.replace_norms,
     integrations.restore_norms,
+    integrations.norm_kind,
     hf.register,
     hf.convention_of,
     hf.patch,

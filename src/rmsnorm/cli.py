@@ -201,8 +201,8 @@ def bench(
     ] = False,
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
-    from .analysis.progress import RichProgress
     from .bench import resolve_device, run, summary
+    from .lab.progress import RichProgress
 
     with _reported("bench", RuntimeError, ValueError, OSError):
         device = resolve_device(device)
@@ -296,7 +296,7 @@ def _progress():
     """Progress bars on a terminal; on anything else (a log file, a pipe, CI) plain timestamped
     lines, which a bar cannot give: rich draws nothing where it cannot redraw. Both on stderr, so
     stdout keeps only the results."""
-    from .analysis.progress import LogProgress, RichProgress
+    from .lab.progress import LogProgress, RichProgress
 
     if err_console.is_terminal:
         return RichProgress(err_console)
@@ -348,8 +348,8 @@ def simulate(
     text: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, hidden=True)] = None,
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer."""
-    from .analysis.simulate import SimulationConfig, write_simulation
-    from .analysis.simulate import simulate as run
+    from .lab.simulation import SimulationConfig, write_simulation
+    from .lab.simulation import simulate as run
 
     _require("simulate", "matplotlib")
     _threads(threads)
@@ -408,8 +408,8 @@ def inspect(
     threads: _Threads = None,
 ) -> None:
     """Hook every norm layer of a model: how centered are its inputs, what would a swap change?"""
-    from .analysis.inspection import inspect_source, render_table
-    from .analysis.io import write_json
+    from .lab.inspection import inspect_source, render_table
+    from .lab.io import write_json
 
     _threads(threads)
     if text_file is not None:
@@ -444,7 +444,7 @@ def report(
     threads: _LabThreads = 1,
 ) -> None:
     """The main job: the centering report (report.md, self-contained report.html, figures)."""
-    from .analysis.report import ReportConfig, build_report
+    from .lab.report import ReportConfig, build_report
 
     _require("report", "matplotlib")
     _threads(threads)
@@ -518,7 +518,7 @@ def compare(
 ) -> None:
     """Train the same small GPT-style LM with LayerNorm, RMSNorm and partial RMSNorm (only the norm
     changes) and write losses, step-time ratios and a summary into --out."""
-    from .compare import (
+    from .lab.comparison import (
         CPU_REFUSE_S,
         SUMMARY_COLUMNS,
         compare_config,

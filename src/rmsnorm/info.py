@@ -1,27 +1,130 @@
-"""Facts about this installation: versions, devices and the backend on each (``rmsnorm info``)."""
+"""Facts about this installation and machine, each found in one place: versions, the CPU, the GPU,
+the source commit, the load, the backend on each device (``rmsnorm info`` prints them)."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
+import subprocess
+from pathlib import Path
 
 import torch
 
 from . import __version__, _backend
 
+__all__ = [
+    "package_version",
+    "cpu_model",
+    "cpu_cores",
+    "gpu_name",
+    "source_commit",
+    "load_average",
+    "describe_backend",
+    "machine_description",
+    "environment",
+]
 
-def _version(dist: str) -> str | None:
+
+def package_version(dist: str) -> str | None:
+    """The installed version of the distribution ``dist`` from its metadata (nothing is
+    imported), or None when it is not installed."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def _describe(device_type: str) -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``model name`` of /proc/cpuinfo on Linux), else what ``platform``
+    knows (the processor, or at least the architecture)."""
+    try:
+        with open("/proc/cpuinfo", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_cores() -> int | None:
+    """Logical cores of the machine (None where the OS does not say)."""
+    return os.cpu_count()
+
+
+def gpu_name(index: int = 0) -> str | None:
+    """The name of CUDA device ``index``, or None when torch sees no CUDA device."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(index)
+
+
+def source_commit(short: bool = False) -> str | None:
+    """The commit of the source tree this package runs from: ``$RMSNORM_COMMIT`` when set (for
+    copies of the tree without ``.git``), else ``git rev-parse HEAD`` marked ``+dirty`` when
+    tracked files differ from it, else None (an installed copy, or no git). ``short``: the first
+    12 hex digits of a git hash."""
+    env = os.environ.get("RMSNORM_COMMIT", "").strip()
+    if env:
+        return env
+    commit = _git_commit(Path(__file__).resolve().parent)
+    if commit is not None and short:
+        head, _, dirty = commit.partition("+")
+        commit = head[:12] + ("+" + dirty if dirty else "")
+    return commit
+
+
+def _git_commit(package_dir: Path) -> str | None:
+    """HEAD of the checkout whose ``src/rmsnorm`` is ``package_dir``. A package installed inside
+    some other repository (a virtual environment in a user's project) is not that repository's
+    code, so its commit is not reported."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["git", *args], cwd=package_dir, capture_output=True, text=True, timeout=10
+        )
+
+    try:
+        top = git("rev-parse", "--show-toplevel", "HEAD")
+        if top.returncode != 0:
+            return None
+        root, head = top.stdout.split()
+        if (Path(root) / "src" / "rmsnorm").resolve() != package_dir.resolve():
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1-, 5- and 15-minute load averages, rounded to 0.01 (None where the OS has none):
+    other processes on the machine slow every timing, and this says how busy it was."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+    return round(one, 2), round(five, 2), round(fifteen, 2)
+
+
+def describe_backend(device_type: str) -> str:
+    """The backend ``auto`` uses on ``device_type`` (``"cpu"``, ``"cuda"``), with its reason; a
+    forced backend that cannot run there is described, not raised."""
     try:
         return _backend.describe(device_type)
     except RuntimeError as exc:  # a forced backend that cannot run here: say why, not a traceback
         return f"none ({exc})"
+
+
+def machine_description() -> str:
+    """One line for a timing's caption: the CPU model, logical cores and torch threads, and the
+    GPU when torch sees one."""
+    threads = torch.get_num_threads()
+    text = f"{cpu_model()}, {cpu_cores()} logical cores, {threads} torch thread"
+    text += "s" * (threads > 1)
+    gpu = gpu_name()
+    return text + (f"; GPU {gpu}" if gpu else "")
 
 
 def environment() -> dict:
@@ -32,16 +135,16 @@ def environment() -> dict:
         devices += [
             f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())
         ]
-    backends = {"cpu": _describe("cpu")}
+    backends = {"cpu": describe_backend("cpu")}
     if torch.cuda.is_available():
-        backends["cuda"] = _describe("cuda")
+        backends["cuda"] = describe_backend("cuda")
     return {
         "rmsnorm": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": _version("triton"),
-        "numba": _version("numba"),
-        "transformers": _version("transformers"),
+        "triton": package_version("triton"),
+        "numba": package_version("numba"),
+        "transformers": package_version("transformers"),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "devices": devices,
         "backend in force": _backend.current(),

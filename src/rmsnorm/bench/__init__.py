@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import csv
 import datetime
-import importlib.metadata
 import os
-import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 
-from .. import _validate
+from .. import _validate, info
 
 __all__ = [
     "COLUMNS",
@@ -105,45 +103,21 @@ COLUMNS = tuple(f.name for f in fields(Row))
 
 
 def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "none"
+    return info.package_version(dist) or "none"
 
 
 def _commit() -> str:
-    """The git commit measured: $RMSNORM_COMMIT (for copies of the tree without .git), else
-    `git rev-parse`, marked "+dirty" when tracked files differ from it, else "unknown"."""
-    env = os.environ.get("RMSNORM_COMMIT")
-    if env:
-        return env
-    root = Path(__file__).resolve().parents[3]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-            timeout=10, check=True,
-        ).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-            capture_output=True, text=True, timeout=10,
-        ).stdout.strip()  # fmt: skip
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """The git commit measured (:func:`rmsnorm.info.source_commit`, 12 hex digits), else
+    "unknown"."""
+    return info.source_commit(short=True) or "unknown"
 
 
 def machine(device: str) -> dict:
     """The metadata columns of every row: device, its name, torch / triton versions, commit and
     time."""
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-    else:
-        import platform
-
-        name = platform.processor() or platform.machine()
     return {
         "device": device,
-        "device_name": name,
+        "device_name": (info.gpu_name() if device == "cuda" else None) or info.cpu_model(),
         "torch": torch.__version__,
         "triton": _version("triton"),
         "commit": _commit(),
@@ -353,7 +327,7 @@ def run(
     `variants` also times forced kernel layouts of this library (tuning data, providers named
     ``rmsnorm[...]``); `budget_s` bounds the run's wall time (items that do not fit are skipped and
     logged). `latency` times the per-call grid of :mod:`rmsnorm.bench.latency` instead and writes
-    ``<stem>_latency.{csv,md,png}``; `progress` (an :mod:`rmsnorm.analysis.progress` object)
+    ``<stem>_latency.{csv,md,png}``; `progress` (an :mod:`rmsnorm.lab.progress` object)
     shows its advance."""
     from .loop import measure
 
@@ -391,10 +365,8 @@ def resolve_device(device: str) -> str:
 
 
 def _load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
+    load = info.load_average()
+    return None if load is None else load[0]
 
 
 def _run_latency(device, quick, out, budget_s, log, progress) -> list[Row]:
@@ -406,7 +378,7 @@ def _run_latency(device, quick, out, budget_s, log, progress) -> list[Row]:
     # Other processes stall torch's threads: a reader must see how busy the machine was.
     note = (
         f"Load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end, on "
-        f"{os.cpu_count()} logical cores."
+        f"{info.cpu_cores()} logical cores."
         if None not in load
         else ""
     )

@@ -17,12 +17,11 @@ jemalloc / tcmalloc do), for every provider alike; ``benchmarks/results/CPU_NOTE
 from __future__ import annotations
 
 import ctypes
-import os
-import platform
 from collections.abc import Callable
 
 import torch
 
+from .. import info
 from . import machine
 from .loop import DryTimer, Item, Setup, Timer
 from .measure import per_call_s
@@ -45,26 +44,12 @@ def keep_freed_memory() -> bool:
 
 
 def cpu_name() -> str:
-    """'<model name>, <n> cores' from /proc/cpuinfo where there is one."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores"
+    """'<model name>, <n> cores' (:mod:`rmsnorm.info`)."""
+    return f"{info.cpu_model()}, {info.cpu_cores()} cores"
 
 
 def _numba_version() -> str:
-    try:
-        import numba
-
-        return numba.__version__
-    except ImportError:
-        return "none"
+    return info.package_version("numba") or "none"
 
 
 def device_name(kept_freed_memory: bool = False) -> str:

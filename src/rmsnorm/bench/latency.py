@@ -245,8 +245,8 @@ def run(
     """Time the grid (or, `quick`, a tiny one) on `device` ("cpu" or "cuda") and return the rows:
     one per (op, pass, provider, dtype, M, N, variant), the copy of each cell's elements, and
     greedy ``generate()`` per token (`generate`). `budget_s` bounds the wall time: cells that do
-    not fit are skipped and logged. `progress`: an :mod:`rmsnorm.analysis.progress` object."""
-    from ..analysis.progress import ensure
+    not fit are skipped and logged. `progress`: an :mod:`rmsnorm.lab.progress` object."""
+    from ..lab.progress import ensure
 
     check_device(device)
     budget_s = (120.0 if quick else 900.0) if budget_s is None else budget_s

@@ -31,13 +31,16 @@ def norm_kind(module: nn.Module) -> str | None:
     still counts.
 
     Args:
-        module: any ``torch.nn.Module``.
+        module (torch.nn.Module): any module.
 
     Returns:
-        ``"rms"`` (RMSNorm), ``"layer"`` (LayerNorm) or ``None`` (not a recognised norm layer).
+        str or None: ``"rms"`` (RMSNorm), ``"layer"`` (LayerNorm) or ``None`` (not a recognised
+        norm layer).
 
     Example::
 
+        >>> from rmsnorm.integrations import norm_kind
+        >>> nn = torch.nn
         >>> [norm_kind(m) for m in (nn.LayerNorm(8), rmsnorm.RMSNorm(8), nn.Linear(2, 2))]
         ['layer', 'rms', None]
     """

@@ -1,12 +1,10 @@
-"""The simulation (analysis/simulate.py): shapes, the centered default, planted-mean detection,
+"""The simulation (lab/simulation/run.py): shapes, the centered default, planted-mean detection,
 the short training run and argument checks."""
-
-import json
 
 import pytest
 import torch
 
-from rmsnorm.analysis.simulate import SimulationConfig, simulate, write_simulation
+from rmsnorm.lab.simulation import SimulationConfig, simulate
 
 TINY = dict(n_layers=2, d_model=32, n_heads=2, seq_len=16, batch=4)
 
@@ -52,16 +50,6 @@ def test_inputs_and_training(tmp_path):
         SimulationConfig(**TINY, inputs="gaussian", norm="rmsnorm", norm_position="post")
     )
     assert gauss.init.mean.shape == (3, 64)
-
-
-def test_write_simulation(tmp_path):
-    res = simulate(SimulationConfig(**TINY, raw_tokens=5))
-    files = write_simulation(res, tmp_path)
-    for name in ("mean_histograms", "ratio_by_layer", "cosine_by_layer", "json"):
-        assert files[name].is_file() and files[name].stat().st_size > 0
-    data = json.loads(files["json"].read_text())
-    assert len(data["stages"]["init"]["raw"]["mu"][0]) == 5
-    assert data["tokens_per_layer"] == 64
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ optionally train it briefly and record the same numbers again.
 
 The residual stream is measured after the embedding and after each block (n_layers + 1 points).
 A ``planted_mean`` c adds c to every element of the input embeddings, so every row's μ moves by c:
-the detection test of the analysis.
+the lab's detection test.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .._validate import finite_number, non_negative_int, one_of, positive_int
-from .progress import ensure
-from .stats import (
+from ..._validate import finite_number, non_negative_int, one_of, positive_int
+from ..progress import ensure
+from ..stats import (
     RowStats,
     identity_check,
     measured_divergence,
@@ -25,14 +25,13 @@ from .stats import (
     row_stats,
     summarize,
 )
-from .transformer import Transformer, TransformerConfig
+from ..transformer import Transformer, TransformerConfig
 
 __all__ = [
     "SimulationConfig",
     "StageStats",
     "SimulationResult",
     "simulate",
-    "write_simulation",
     "INPUTS",
 ]
 
@@ -205,7 +204,7 @@ def _measure(
 
 
 def _corpus(cfg: SimulationConfig):
-    from .corpus import stdlib_corpus, text_corpus
+    from ..corpus import stdlib_corpus, text_corpus
 
     return text_corpus(cfg.text) if cfg.text is not None else stdlib_corpus()
 
@@ -238,7 +237,7 @@ def simulate(
     seconds["init"] = time.perf_counter() - t0
     result = SimulationResult(cfg, _layer_names(cfg.n_layers), init, seconds=seconds)
     if cfg.train_steps > 0:
-        from .train import TrainConfig, evaluate, train
+        from ..train import TrainConfig, evaluate, train
 
         tcfg = TrainConfig(
             steps=cfg.train_steps,
@@ -263,25 +262,3 @@ def simulate(
         seconds["train"] = time.perf_counter() - t1
     seconds["total"] = time.perf_counter() - t0
     return result
-
-
-def write_simulation(result: SimulationResult, out: str | Path, progress=None) -> dict[str, Path]:
-    """The figures and ``simulation.json`` into ``out``; returns {name: path}."""
-    from . import plots
-    from .io import write_json
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    progress = ensure(progress)
-    files = {}
-    jobs = [
-        ("mean_histograms", plots.mean_histograms),
-        ("ratio_by_layer", plots.ratio_by_layer),
-        ("cosine_by_layer", plots.cosine_by_layer),
-    ]
-    with progress.task("simulate: figures", total=len(jobs)) as advance:
-        for name, fn in jobs:
-            files[name] = fn(result, out / f"{name}.png")
-            advance()
-    files["json"] = write_json(result.to_dict(), out / "simulation.json")
-    return files

@@ -8,7 +8,6 @@ imported only when such a model is asked for.
 
 from __future__ import annotations
 
-import math
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,18 +15,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .._validate import positive_int
-from .capture import NormCapture
+from ..._validate import positive_int
+from ..capture import NormCapture
 
 __all__ = [
     "BUILTIN_MODELS",
-    "LoadedModel",
-    "load_model",
+    "RunnableModel",
+    "load_runnable_model",
     "make_inputs",
     "inspect_model",
     "inspect_source",
     "InspectResult",
-    "render_table",
 ]
 
 BUILTIN_MODELS = {
@@ -39,8 +37,10 @@ BUILTIN_MODELS = {
 
 
 @dataclass
-class LoadedModel:
-    """A model ready to run: ``forward(tokens)`` runs it on (batch, seq) token ids."""
+class RunnableModel:
+    """A model with what it takes to run it: ``forward(tokens)`` runs it on (batch, seq) token
+    ids of its vocabulary (``vocab_size``), at most ``max_len`` long; ``tokenizer`` (when it has
+    one) turns text into those ids."""
 
     name: str
     model: nn.Module
@@ -66,7 +66,7 @@ def _transformers():
     return transformers
 
 
-def _tiny_hf(name: str, seed: int) -> LoadedModel:
+def _tiny_hf(name: str, seed: int) -> RunnableModel:
     tf = _transformers()
     torch.manual_seed(seed)
     if name == "tiny-gpt2":
@@ -93,21 +93,21 @@ def _tiny_hf(name: str, seed: int) -> LoadedModel:
             pad_token_id=0,
         )
     model = tf.AutoModelForCausalLM.from_config(cfg)
-    return LoadedModel(name, model.eval(), 256, 128, None, "hf")
+    return RunnableModel(name, model.eval(), 256, 128, None, "hf")
 
 
-def load_model(source: str, seed: int = 0) -> LoadedModel:
-    """A built-in name (:data:`BUILTIN_MODELS`) or the path of a local Hugging Face model directory
-    (``config.json`` plus weights; the tokenizer is used when its files are there). Raises
-    FileNotFoundError naming what was looked for when ``source`` is neither."""
+def load_runnable_model(source: str, seed: int = 0) -> RunnableModel:
+    """A :class:`RunnableModel` from a built-in name (:data:`BUILTIN_MODELS`) or the path of a local
+    Hugging Face model directory (``config.json`` plus weights; the tokenizer is used when its files
+    are there). Raises FileNotFoundError naming what was looked for when ``source`` is neither."""
     if not isinstance(source, str) or not source:
         raise ValueError(f"model must be a built-in name or a directory path, got {source!r}")
     if source in ("builtin", "builtin-rms"):
-        from .transformer import Transformer, TransformerConfig
+        from ..transformer import Transformer, TransformerConfig
 
         torch.manual_seed(seed)
         cfg = TransformerConfig(norm="rmsnorm" if source == "builtin-rms" else "layernorm")
-        return LoadedModel(
+        return RunnableModel(
             source, Transformer(cfg).eval(), cfg.vocab_size, cfg.seq_len, None, "builtin"
         )
     if source in ("tiny-gpt2", "tiny-llama"):
@@ -141,11 +141,11 @@ def load_model(source: str, seed: int = 0) -> LoadedModel:
     cfg = model.config
     max_len = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 1024)
     vocab = getattr(cfg, "vocab_size", 256)
-    return LoadedModel(str(path), model.eval(), int(vocab), int(max_len), tokenizer, "hf")
+    return RunnableModel(str(path), model.eval(), int(vocab), int(max_len), tokenizer, "hf")
 
 
 def make_inputs(
-    loaded: LoadedModel,
+    loaded: RunnableModel,
     text: str | None = None,
     *,
     batch: int = 4,
@@ -209,7 +209,7 @@ def inspect_model(
     if not capture.layers:
         raise ValueError(
             f"{name or type(model).__name__} has no LayerNorm / RMSNorm layers that the detection "
-            "rule recognises (see rmsnorm.analysis.capture)"
+            "rule recognises (see rmsnorm.lab.capture)"
         )
     was_training = model.training
     model.eval()
@@ -231,48 +231,10 @@ def inspect_model(
 def inspect_source(
     source: str, text: str | None = None, *, batch: int = 4, seq_len: int = 64, seed: int = 0
 ) -> InspectResult:
-    """:func:`load_model` + :func:`make_inputs` + :func:`inspect_model` (what the CLI runs)."""
-    loaded = load_model(source, seed)
+    """:func:`load_runnable_model` + :func:`make_inputs` + :func:`inspect_model` (what the CLI
+    runs)."""
+    loaded = load_runnable_model(source, seed)
     ids, how = make_inputs(loaded, text, batch=batch, seq_len=seq_len, seed=seed)
     return inspect_model(
         loaded.model, ids, name=loaded.name, description=how, forward=loaded.forward
     )
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return format(value, spec)
-
-
-def render_table(result: InspectResult):
-    """A rich Table of the per-layer numbers (rich is imported here, not at module import). Narrow
-    enough for 80 columns: long layer names fold, the numbers never do; the classes are listed
-    under the table."""
-    from rich.table import Table
-
-    classes = sorted({layer["class"] for layer in result.layers})
-    table = Table(
-        title=f"{result.model} — {result.inputs}",
-        title_justify="left",
-        caption=f"norm classes: {', '.join(classes)}; swap: LN→RMS or RMS→LN, same γ, β, ε",
-        caption_justify="left",
-    )
-    table.add_column("layer", overflow="fold")
-    table.add_column("kind", no_wrap=True)
-    for header in ("|μ|/σ\nmedian", "|μ|/σ\nq95", "μ²/RMS²\nmean", "cos\nLN, RMS", "swap\nmax|Δy|",
-                   "swap\nrel‖Δy‖"):  # fmt: skip
-        table.add_column(header, justify="right", no_wrap=True)
-    for layer in result.layers:
-        r, cos = layer["mu_over_sigma"], layer["predicted_cosine"]
-        table.add_row(
-            layer["name"],
-            "LN" if layer["kind"] == "layernorm" else "RMS",
-            _fmt(r["q50"], ".3g"),
-            _fmt(r["q95"], ".3g"),
-            _fmt(layer["mean_energy_share"]["mean"], ".1e"),
-            _fmt(cos["mean"], ".5f"),
-            _fmt(layer["swap_max_abs_diff"], ".3g"),
-            _fmt(layer["swap_rel_diff"], ".3g"),
-        )
-    return table

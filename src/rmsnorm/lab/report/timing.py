@@ -4,37 +4,18 @@ library (``rmsnorm.rms_norm`` / ``layer_norm``, whatever backend is in force) an
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .. import _backend, functional
-from .progress import ensure
+from ... import functional, info
+from ..progress import ensure
 
-__all__ = ["SHAPES", "METHOD", "machine_name", "time_norms"]
+__all__ = ["SHAPES", "METHOD", "time_norms"]
 
 # (name, rows, hidden): hidden sizes of GPT-2 small and of Llama-2 7B
 SHAPES = (("2048 × 768 (GPT-2 small)", 2048, 768), ("512 × 4096 (Llama-2 7B)", 512, 4096))
-
-
-def machine_name() -> str:
-    """CPU model, logical cores and torch threads (or the GPU name)."""
-    cpu = platform.processor() or platform.machine()
-    info = Path("/proc/cpuinfo")
-    if info.is_file():
-        for line in info.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    threads = torch.get_num_threads()
-    text = f"{cpu}, {os.cpu_count()} logical cores, {threads} torch thread{'s' * (threads > 1)}"
-    if torch.cuda.is_available():
-        text += f"; GPU {torch.cuda.get_device_name(0)}"
-    return text
 
 
 def _impls(n: int, eps: float):
@@ -71,7 +52,7 @@ def time_norms(
     shape: the median and the fastest of ``rounds`` interleaved samples (each a
     ``blocked_autorange`` median over at least ``min_run_time`` seconds of calls). LayerNorm gets
     a bias, RMSNorm does not (as in the models that use them)."""
-    from ..bench.measure import interleaved
+    from ...bench.measure import interleaved
 
     progress = ensure(progress)
     gen = torch.Generator().manual_seed(0)
@@ -101,10 +82,10 @@ def time_norms(
                     }
                 )
     return {
-        "machine": machine_name(),
+        "machine": info.machine_description(),
         "device": device,
         "dtype": str(dtype).replace("torch.", ""),
-        "backend": _backend.describe(device),
+        "backend": info.describe_backend(device),
         "torch": torch.__version__,
         "method": METHOD,
         "results": results,

@@ -3,7 +3,7 @@ initialization and a switchable normalization, reused by the simulation, the tra
 the conversion.
 
 ``Transformer(cfg)(tokens, return_residuals=True)`` also returns the residual stream after the
-embedding and after every block, which is what the centering analysis measures.
+embedding and after every block, which is what the lab measures.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 
 from .._validate import divisible, one_of, positive_int
 from ..modules import LayerNorm, RMSNorm
+from .capture import norm_kind
 
 NORMS = ("layernorm", "rmsnorm", "prmsnorm", "none")
 NORM_POSITIONS = ("pre", "post")
@@ -130,17 +131,18 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         std = self.cfg.init_std
+        norms = [m for m in self.modules() if norm_kind(m) is not None]
+        own = {id(p) for m in norms for p in m.parameters(recurse=False)}
         for name, p in self.named_parameters():
-            if p.dim() == 1:
-                # norms keep their own init (γ = 1, β = 0); linear biases start at 0
-                if "norm" not in name:
-                    p.zero_()
+            if id(p) in own:  # norms keep their own init (γ = 1, β = 0)
+                continue
+            if p.dim() == 1:  # linear biases start at 0
+                p.zero_()
                 continue
             scaled = name.endswith("proj.weight")  # the two layers writing into the residual stream
             p.normal_(0.0, std / math.sqrt(2 * self.cfg.n_layers) if scaled else std)
-        for m in self.modules():
-            if isinstance(m, (LayerNorm, RMSNorm)):
-                m.reset_parameters()
+        for m in norms:
+            m.reset_parameters()
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, D)
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
@@ -176,10 +178,11 @@ class Transformer(nn.Module):
         return (logits, residuals) if return_residuals else logits
 
     def norm_parameter_count(self) -> int:
-        """Parameters held by the normalization layers alone."""
+        """Parameters held by the normalization layers alone (as
+        :func:`~rmsnorm.lab.capture.norm_kind` recognises them)."""
         return sum(
             p.numel()
             for m in self.modules()
-            if isinstance(m, (LayerNorm, RMSNorm))
+            if norm_kind(m) is not None
             for p in m.parameters(recurse=False)
         )

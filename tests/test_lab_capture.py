@@ -1,14 +1,14 @@
-"""Norm-layer detection, the capture hooks and ``inspect_model`` / ``load_model``
-(analysis/capture.py, analysis/inspection.py), on torch modules and tiny Hugging Face models built
-from a config (offline)."""
+"""Norm-layer detection and the capture hooks (lab/capture.py) on torch modules: which modules are
+norm layers and of which kind, what the hooks record, and the swap they measure."""
 
 import pytest
 import torch
 from torch import nn
 
 import rmsnorm
-from rmsnorm.analysis import capture, inspection
-from rmsnorm.analysis.transformer import Transformer, TransformerConfig
+from rmsnorm.lab import capture
+from rmsnorm.lab.inspection import inspect_model
+from rmsnorm.lab.transformer import Transformer, TransformerConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -106,55 +106,11 @@ def test_swap_difference_matches_the_relation():
     """LN swapped for RMSNorm (γ = 1, β = 0): ‖Δy‖²/d per row = 2 − 2σ/RMS (tiny ε)."""
     ln = nn.LayerNorm(64, eps=1e-12, dtype=torch.float64)
     x = torch.randn(200, 64, dtype=torch.float64) + 0.3
-    res = inspection.inspect_model(ln, x)
+    res = inspect_model(ln, x)
     layer = res.layers[0]
-    s = rmsnorm.analysis.row_stats(x)
+    s = rmsnorm.lab.row_stats(x)
     expected = (2 - 2 * s.std / s.rms).mean()  # Σ‖Δ‖² / Σ‖y‖², with ‖y‖²/d = 1 per row
     assert layer["swap_rel_diff"] == pytest.approx(float(expected.sqrt()), rel=1e-6)
     assert layer["mu_over_sigma"]["q50"] == pytest.approx(
         float(s.ratio.median()), rel=1e-3, abs=1e-3
     )
-
-
-def test_inspect_builtin_and_errors():
-    res = inspection.inspect_source("builtin", batch=2, seq_len=8)
-    assert res.to_dict()["norm_layers"] == 25
-    text = inspection.inspect_source("builtin-rms", "hello world", seq_len=8)
-    assert "UTF-8 bytes" in text.inputs and text.layers[0]["kind"] == "rmsnorm"
-    with pytest.raises(ValueError, match="no LayerNorm / RMSNorm"):
-        inspection.inspect_model(nn.Linear(3, 3), torch.randn(2, 3))
-    with pytest.raises(FileNotFoundError, match="no such directory.*config.json"):
-        inspection.load_model("/nonexistent/model-dir")
-
-
-def test_directory_without_config(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
-        inspection.load_model(str(tmp_path))
-
-
-@pytest.fixture(scope="module")
-def transformers():
-    return pytest.importorskip("transformers")
-
-
-@pytest.mark.parametrize("name, n_layers", [("tiny-gpt2", 2), ("tiny-llama", 2)])
-def test_tiny_hf_models(transformers, name, n_layers):
-    loaded = inspection.load_model(name)
-    found = capture.find_norm_layers(loaded.model)
-    assert len(found) == 2 * n_layers + 1
-    expected = "layernorm" if name == "tiny-gpt2" else "rmsnorm"
-    assert {k for _, _, k in found} == {expected}
-    ids, _ = inspection.make_inputs(loaded, batch=2, seq_len=16)
-    res = inspection.inspect_model(loaded.model, ids, forward=loaded.forward)
-    for layer in res.layers:
-        assert layer["tokens"] == 32 and layer["swap_error"] is None
-        assert 0 < layer["predicted_cosine"]["mean"] <= 1
-
-
-def test_hf_directory_round_trip(transformers, tmp_path):
-    """A saved tiny model loads from its directory offline (local_files_only)."""
-    loaded = inspection.load_model("tiny-llama")
-    loaded.model.save_pretrained(tmp_path)
-    again = inspection.load_model(str(tmp_path))
-    assert again.kind == "hf" and again.tokenizer is None
-    assert len(capture.find_norm_layers(again.model)) == 5

@@ -1,14 +1,16 @@
-"""The report (analysis/report.py, plots.py, page.py): every promised file from the tiny
-configuration, a self-contained HTML page and consistent numbers."""
+"""The report's run (lab/report/run.py, with build_report writing through render.py): every
+promised file from the tiny configuration, a self-contained HTML page, consistent numbers, and
+the simulation set against i.i.d. Gaussian rows like with like."""
 
 import json
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
-from rmsnorm.analysis.page import Page
-from rmsnorm.analysis.report import ReportConfig, build_report
+from rmsnorm.lab.report import IIDComparison, ReportConfig, StageHeadline, build_report
+from rmsnorm.lab.stats import row_stats
 
 FIGURES = (
     "mean_histograms", "ratio_by_layer", "cosine_by_layer", "divergence_curve", "sigma_mu_plane",
@@ -51,6 +53,25 @@ def test_quick_report_writes_everything(tmp_path, monkeypatch):
     assert re.search(r"`rms_norm` took [0-9.]+× the time of torch's `F.rms_norm` and [0-9.]+×", md)
     assert "| torch F.rms_norm | torch F.layer_norm |" in md
     assert set(summary["files"]) >= set(FIGURES) | {"report.md", "report.html", "report.json"}
+    # The i.i.d. reference the report quotes is that of the statistic it is set against: |μ|/σ
+    # (population σ, as row_stats computes it) of rows of the simulation's width, by Monte Carlo.
+    d = data["simulation"]["config"]["d_model"]
+    iid = data["simulation"]["iid_gaussian"]
+    gen = torch.Generator().manual_seed(0)
+    r = row_stats(torch.randn(200_000, d, generator=gen, dtype=torch.float64)).ratio
+    assert iid["d"] == d == data["simulation"]["d"]
+    assert iid["median"] == pytest.approx(float(r.median()), rel=0.01)
+    assert iid["q05"] == pytest.approx(float(torch.quantile(r, 0.05)), rel=0.02)
+    assert iid["q95"] == pytest.approx(float(torch.quantile(r, 0.95)), rel=0.01)
+    assert iid["mean"] == pytest.approx(float(r.mean()), rel=0.01)
+    sim = data["simulation"]
+    assert sim["vs_iid"]["median_ratio"] == pytest.approx(
+        sim["median_mu_over_sigma"] / iid["median"]
+    )
+    # like with like in the text: median with median, band with band, mean with mean
+    assert f"a median of {iid['median']:.4f}" in md and f"a mean of {iid['mean']:.4f}" in md
+    assert f"a median of {sim['median_mu_over_sigma']:.4f}" in md
+    assert f"{sim['vs_iid']['median_ratio']:.2f}× the i.i.d. median" in md
 
 
 def test_bad_model_fails_before_running(tmp_path):
@@ -59,12 +80,18 @@ def test_bad_model_fails_before_running(tmp_path):
     assert not (tmp_path / "out" / "report.html").exists()
 
 
-def test_page_renders_escaped_tables():
-    page = Page("t")
-    page.h2("Numbers")
-    page.h2("Notes", numbered=False)
-    page.table(["|μ|/σ", "x"], [["0.1", "<b>"]])
-    md = page.markdown(Path("."))
-    assert "## 1. Numbers" in md and "## Notes" in md and "\\|μ\\|/σ" in md
-    html = page.html()
-    assert "&lt;b&gt;" in html and "<th>|μ|/σ</th>" in html
+def headline(median: float, d: int = 256, tokens: int = 1024) -> StageHeadline:
+    return StageHeadline(median, 0.0, 0.0, 0.0, 1.0, 1.0, [median], 0.0, d, tokens)
+
+
+def test_iid_verdict_follows_the_median_and_its_sampling_spread():
+    iid = IIDComparison.of(headline(0.0405))  # the default simulation's median
+    assert iid.reference.median == pytest.approx(0.0423, abs=1e-4)
+    assert iid.verdict == "as centered" and iid.median_ratio == pytest.approx(
+        0.0405 / 0.04230, rel=1e-3
+    )
+    assert iid.tolerance == pytest.approx(0.11, abs=0.005)  # 3 standard errors of 1,024 tokens
+    assert IIDComparison.of(headline(0.030)).verdict == "more centered"
+    assert IIDComparison.of(headline(0.055)).verdict == "less centered"
+    # fewer tokens, wider spread: the same median is then within it
+    assert IIDComparison.of(headline(0.030, tokens=64)).verdict == "as centered"

@@ -1,12 +1,12 @@
 """Known answers for the row statistics and the LayerNorm-vs-RMSNorm relation
-(analysis/stats.py)."""
+(lab/stats.py)."""
 
 import math
 
 import pytest
 import torch
 
-from rmsnorm.analysis import stats
+from rmsnorm.lab import stats
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

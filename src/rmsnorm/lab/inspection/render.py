@@ -1,0 +1,104 @@
+"""What an inspection shows: the per-layer table on the terminal (rich) and the figure of the
+centering of every norm layer's input."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..figures import pyplot, save_figure
+from .run import InspectResult
+
+__all__ = ["render_table", "inspect_layers"]
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return format(value, spec)
+
+
+def render_table(result: InspectResult):
+    """A rich Table of the per-layer numbers (rich is imported here, not at module import). Narrow
+    enough for 80 columns: long layer names fold, the numbers never do; the classes are listed
+    under the table."""
+    from rich.table import Table
+
+    classes = sorted({layer["class"] for layer in result.layers})
+    table = Table(
+        title=f"{result.model} — {result.inputs}",
+        title_justify="left",
+        caption=f"norm classes: {', '.join(classes)}; swap: LN→RMS or RMS→LN, same γ, β, ε",
+        caption_justify="left",
+    )
+    table.add_column("layer", overflow="fold")
+    table.add_column("kind", no_wrap=True)
+    for header in ("|μ|/σ\nmedian", "|μ|/σ\nq95", "μ²/RMS²\nmean", "cos\nLN, RMS", "swap\nmax|Δy|",
+                   "swap\nrel‖Δy‖"):  # fmt: skip
+        table.add_column(header, justify="right", no_wrap=True)
+    for layer in result.layers:
+        r, cos = layer["mu_over_sigma"], layer["predicted_cosine"]
+        table.add_row(
+            layer["name"],
+            "LN" if layer["kind"] == "layernorm" else "RMS",
+            _fmt(r["q50"], ".3g"),
+            _fmt(r["q95"], ".3g"),
+            _fmt(layer["mean_energy_share"]["mean"], ".1e"),
+            _fmt(cos["mean"], ".5f"),
+            _fmt(layer["swap_max_abs_diff"], ".3g"),
+            _fmt(layer["swap_rel_diff"], ".3g"),
+        )
+    return table
+
+
+def inspect_layers(result: dict, path: Path) -> Path:
+    """Per norm layer of an inspected model: |μ|/σ of its input (median with 5–95% bars) and the
+    predicted 1 − cos between LayerNorm and RMSNorm outputs."""
+    plt = pyplot()
+    layers = result["layers"]
+    x = list(range(len(layers)))
+
+    def col(key, q):
+        return [float("nan") if v[key][q] is None else v[key][q] for v in layers]
+
+    med, lo, hi = (
+        col("mu_over_sigma", "q50"),
+        col("mu_over_sigma", "q05"),
+        col("mu_over_sigma", "q95"),
+    )
+    gap = [max(1e-12, 1 - c) for c in col("predicted_cosine", "mean")]
+    fig, (ax0, ax1) = plt.subplots(
+        2, 1, figsize=(max(8, 0.3 * len(x)), 7), sharex=True, layout="constrained"
+    )
+    ax0.errorbar(
+        x,
+        med,
+        yerr=[
+            [m - a for m, a in zip(med, lo, strict=True)],
+            [b - m for m, b in zip(med, hi, strict=True)],
+        ],
+        fmt="o",
+        ms=4,
+        capsize=2,
+        label="median over tokens, bars 5–95%",
+    )
+    ax0.axhline(1.0, color="black", lw=0.8, ls="--", label="|μ| = σ")
+    ax0.set_yscale("log")
+    ax0.set_ylabel("|μ| / σ of the input (log)")
+    ax0.legend(fontsize=8)
+    ax0.grid(alpha=0.3, which="both")
+    ax1.plot(x, gap, "s-", ms=4, color="#d62728", label="mean over tokens of 1 − σ/RMS")
+    ax1.set_yscale("log")
+    ax1.set_ylabel("1 − cos(LN, RMSNorm) (log)")
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3, which="both")
+    names = [v["name"] for v in layers]
+    if len(x) <= 40:
+        ax1.set_xticks(x)
+        ax1.set_xticklabels(names, rotation=70, ha="right", fontsize=7)
+    ax1.set_xlabel("norm layer (in model order)")
+    fig.suptitle(
+        f"Norm layers of {result['model']}: centering of their inputs\n{result['inputs']}",
+        fontsize=10,
+    )
+    return save_figure(fig, path)

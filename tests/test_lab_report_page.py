@@ -1,0 +1,16 @@
+"""The report's document model (lab/report/page.py): Markdown and HTML from the same blocks."""
+
+from pathlib import Path
+
+from rmsnorm.lab.report import Page
+
+
+def test_page_renders_escaped_tables():
+    page = Page("t")
+    page.h2("Numbers")
+    page.h2("Notes", numbered=False)
+    page.table(["|μ|/σ", "x"], [["0.1", "<b>"]])
+    md = page.markdown(Path("."))
+    assert "## 1. Numbers" in md and "## Notes" in md and "\\|μ\\|/σ" in md
+    html = page.html()
+    assert "&lt;b&gt;" in html and "<th>|μ|/σ</th>" in html
