@@ -3,7 +3,8 @@
 Every kernel, benchmark and fallback in this package is compared against this module, and it is also
 a backend of its own (``RMSNORM_BACKEND=reference``): its launcher functions take the same 2-D
 arguments and return the same tuples as the Triton and CPU launchers. The formulas are those of
-``shared/design/CONVENTIONS.md``; each function's docstring states the one it implements.
+``docs/conventions.md`` and ``docs/spec.md``; each function's docstring states the one it
+implements.
 
 Notation (one row of N elements; M rows): x the row, γ the weight, β the bias, k the number of
 leading elements the RMS is estimated from (k = N unless ``partial`` is set), r the per-row
@@ -155,7 +156,7 @@ def _rms_norm_apply(
     offset: float,
     in_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """y from x and r in the chosen casting mode (the table in CONVENTIONS.md)."""
+    """y from x and r in the chosen casting mode (the table in docs/conventions.md)."""
     cd = compute_dtype(in_dtype)
     out_dtype = output_dtype(in_dtype, weight, casting_mode)
     if casting_mode == "gemma":

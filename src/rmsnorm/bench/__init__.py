@@ -46,7 +46,7 @@ OPS = ("rms_norm", "add_rms_norm", "layer_norm", "copy", "generate")
 MODES = ("forward", "backward", "forward_backward")
 VARIANTS = ("eager", "cuda_graph")
 
-# Minimal traffic in units of M·N elements (PERF.md). Weights and per-row statistics are
+# Minimal traffic in units of M·N elements (docs/performance.md). Weights and per-row statistics are
 # negligible at benchmark sizes and not counted.
 _UNITS = {
     # read x + write y

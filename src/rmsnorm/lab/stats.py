@@ -1,9 +1,9 @@
 """Per-row statistics (μ, σ, RMS), the identity RMS² = σ² + μ², and how far LayerNorm and RMSNorm
 outputs of the same rows diverge: predicted from (μ, σ) alone and measured from the two outputs.
 
-The relation (CONVENTIONS.md, "Exact relation between the two outputs"): with γ = 1, β = 0, write
-u = LN₀(x) = (x − μ)/σ and v = RMS₀(x) = x/RMS, the ε-free outputs. Both have mean square 1 and
-u·v/d = σ/RMS, so cos(u, v) = σ/RMS = 1/sqrt(1 + (μ/σ)²) and ‖u − v‖²/d = 2 − 2σ/RMS.
+The relation (docs/conventions.md, "The two norms and how far apart they are"): with γ = 1,
+β = 0, write u = LN₀(x) = (x − μ)/σ and v = RMS₀(x) = x/RMS, the ε-free outputs. Both have mean
+square 1 and u·v/d = σ/RMS, so cos(u, v) = σ/RMS = 1/sqrt(1 + (μ/σ)²) and ‖u − v‖²/d = 2 − 2σ/RMS.
 
 With ε > 0 each output is its ε-free value times one positive scalar per row,
     LN_ε(x) = a·u,  a = σ/sqrt(σ² + ε);
