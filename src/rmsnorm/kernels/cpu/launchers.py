@@ -1,18 +1,21 @@
 """Launchers for the CPU kernels: the five functions of :mod:`rmsnorm.reference` with the same
 arguments and return tuples. Each takes 2-D (M, N) tensors with a unit last stride (rows may be
-strided; nothing is copied), allocates the outputs, calls one numba kernel and returns fresh
-tensors.
+strided; nothing is copied) and (N,) parameters of any stride, allocates the outputs, hands the
+kernel addresses and sizes, and returns fresh tensors.
 
-float64 anywhere (input, residual, the output of a "llama" product with a float64 weight) and empty
-tensors go to the reference: the kernels compute in float32.
+float64 anywhere but in a parameter (input, residual, the output of a "llama" product with a float64
+weight) and empty tensors go to the reference: the kernels compute in float32. Importing this module
+loads the kernels from numba's on-disk cache, or compiles them (saying so once).
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
-import warnings
+import threading
+import time
 
-import numba
 import numpy as np
 import torch
 
@@ -27,178 +30,165 @@ __all__ = [
     "layer_norm_bwd",
 ]
 
+log = logging.getLogger("rmsnorm")
+
 _CODES = {torch.float32: K.F32, torch.bfloat16: K.BF16, torch.float16: K.F16}
-_EPS_MODES = {"mean_square": K.MEAN_SQUARE, "rms": K.RMS}
-_NO_F32 = np.empty(0, np.float32)
-_NO_U16 = np.empty(0, np.uint16)
-_MAX_THREADS = numba.config.NUMBA_NUM_THREADS
-_SERIAL_BELOW = 65536  # elements (M·N)
+_PARAM_CODES = {**_CODES, torch.float64: K.F64}  # weights and biases may also be float64
+_F32 = torch.float32
+# Outputs come from Tensor.new_empty / torch.empty_like (~0.55 µs) rather than torch.empty (~0.8
+# µs): they also ignore torch.set_default_device, which would put an output on another device.
+_F32_CPU = torch.empty(0, dtype=_F32, device="cpu")
+
+# Below this many elements a call runs on its own thread: one block of work is ~10 µs, less than
+# waking a helper thread costs (measured in docs/cpu.md).
+PARALLEL_MIN = 1 << 16
 
 
-def _supported(*dtypes: torch.dtype | None) -> bool:
-    return _fork_safe() and all(d is None or d in _CODES for d in dtypes)
+# ----------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------
+def _load() -> dict:
+    """Load the kernels (compiling them where numba's cache does not hold them); say so once."""
+    cached, where = K.cache_state()
+    if cached is False and where is None:
+        log.warning(
+            "rmsnorm: no writable cache directory for the CPU kernels (the package directory, "
+            "NUMBA_CACHE_DIR and the user cache are read-only), so this process compiles them "
+            "(~15 s) and no later process can reuse them; set NUMBA_CACHE_DIR to a writable "
+            "directory to keep them"
+        )
+    elif cached is False:
+        log.warning("rmsnorm: compiling the CPU kernels (once, ~15 s; cached in %s)", where)
+    t0 = time.perf_counter()
+    K.compile_all()
+    seconds = time.perf_counter() - t0
+    misses = sum(sum(disp.stats.cache_misses.values()) for disp, _ in K.ENTRIES)
+    if misses and cached is None:  # compiled where the cache could not be inspected beforehand
+        log.warning("rmsnorm: compiled the CPU kernels in %.0f s (cached in %s)", seconds, where)
+    return {"compiled": misses > 0, "cached_in": where}
 
 
-_pool_pid: int | None = None  # the process whose kernel call started numba's thread pool
+STATUS = _load()
+# The compiled entry points, called without the dispatcher's type resolution (~0.2 µs a call)
+_forward, _backward, _work = (K.entry_point(d) for d in (K.forward, K.backward, K.work))
 
 
-def _fork_safe() -> bool:
-    """False in a process forked after its parent ran the kernels with numba's OpenMP thread pool:
-    GNU OpenMP is not fork-safe and numba aborts such a child at its first parallel region (a
-    DataLoader worker, for one). The reference runs there instead, after a warning."""
-    global _pool_pid
-    pid = os.getpid()
-    if _pool_pid is None:
-        _pool_pid = pid
-    if _pool_pid == pid:
-        return True
+# ----------------------------------------------------------------------------------------------
+# Work sharing: a few helper threads, woken per call, that claim blocks of rows alongside the
+# calling thread (see kernels.py). Nothing here sets a thread count anywhere: a call uses as many
+# threads as torch.get_num_threads() says at that moment.
+# ----------------------------------------------------------------------------------------------
+def _sched_yield_address() -> int:
     try:
-        if numba.threading_layer() != "omp":
-            return True
-    except ValueError:  # the parent never started the pool
-        return True
-    if not _warned_fork:
-        _warn_fork()
-    return False
+        if os.name == "nt":
+            fn = ctypes.WinDLL("kernel32").SwitchToThread
+        else:
+            fn = ctypes.CDLL(None).sched_yield
+        return ctypes.cast(fn, ctypes.c_void_p).value or 0
+    except (OSError, AttributeError):
+        return 0
 
 
-_warned_fork = False
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
-def _warn_fork() -> None:
-    global _warned_fork
-    _warned_fork = True
-    warnings.warn(
-        "rmsnorm: this process was forked after its parent used the CPU kernels, and numba's "
-        "OpenMP threading layer cannot run in such a child; using the reference implementation "
-        "(start workers with 'spawn', or set NUMBA_THREADING_LAYER=workqueue or tbb)",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+class _Pool:
+    """The task block the kernels share, its helper threads, and the lock that gives it to one call
+    at a time (a concurrent call from another thread runs alone on its own thread)."""
+
+    def __init__(self) -> None:
+        self.block = np.zeros(K.WORDS, np.int64)
+        self.block[K.YIELD] = _sched_yield_address()
+        self.addr = self.block.ctypes.data
+        self.busy = threading.Lock()
+        self.wakes: list[threading.Lock] = []  # one per helper: released = "there is work"
+        self.max_helpers = max(0, _cores() - 1)
+        # After a call whose caller waited for a helper held up mid-block (its core taken by
+        # another process: an oversubscribed machine), the next `skip` calls run alone; `backoff`
+        # doubles with each such call, up to 1024, and halves with each clean one.
+        self.skip = 0
+        self.backoff = 0
+
+    def _serve(self, wake: threading.Lock) -> None:
+        last, addr, work = 0, self.addr, _work
+        while True:
+            wake.acquire()
+            last = work(addr, last)  # nogil: helpers and the caller run at once
+
+    def acquire(self, threads: int) -> int:
+        """The task block's address with threads − 1 helpers woken, or 0 if another call has it
+        (or the pool is backing off)."""
+        if self.skip:
+            self.skip -= 1
+            return 0
+        helpers = min(threads - 1, self.max_helpers)
+        if helpers < 1 or not self.busy.acquire(blocking=False):
+            return 0
+        while len(self.wakes) < helpers:
+            wake = threading.Lock()
+            wake.acquire()
+            name = f"rmsnorm-cpu-{len(self.wakes)}"
+            threading.Thread(target=self._serve, args=(wake,), name=name, daemon=True).start()
+            self.wakes.append(wake)
+        for wake in self.wakes[:helpers]:
+            if wake.locked():
+                wake.release()
+        return self.addr
 
 
-class _Memory:
-    """A tensor's memory as numpy sees it, by address. ``Tensor.numpy()`` would mark the tensor's
-    storage as never resizable again (FSDP2 resizes parameter storages to free them; that failed),
-    so the kernels get their arrays this way; the array keeps the tensor alive through this."""
-
-    __slots__ = ("__array_interface__", "tensor")
-
-    def __init__(self, t: torch.Tensor, numel: int, typestr: str):
-        self.tensor = t
-        self.__array_interface__ = {
-            "data": (t.data_ptr(), False), "shape": (numel,), "typestr": typestr, "version": 3,
-        }  # fmt: skip
+_pool: _Pool | None = None
+_pool_lock = threading.Lock()
 
 
-def _array(t: torch.Tensor, numel: int | None = None) -> np.ndarray:
-    """numel elements from t's first one, as float32, float64 or raw 16-bit patterns (uint16)."""
-    typestr = {torch.float32: "<f4", torch.float64: "<f8"}.get(t.dtype, "<u2")
-    return np.asarray(_Memory(t, t.numel() if numel is None else numel, typestr))
+def _forget_pool() -> None:
+    # A forked child has none of its parent's threads: it starts its own pool when it needs one.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
-def _rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(float32 view, uint16 view, row stride, dtype code) of a 2-D tensor's storage, no copy.
-
-    The flat view spans from the first element to the last one the rows use, so strided rows (and a
-    row stride of 0) are read in place. N = 1 columns may have any last stride: only the row stride
-    is used.
-    """
-    m, n = t.shape
-    if n > 1 and t.stride(1) != 1:
-        t = t.contiguous()
-    stride = t.stride(0) if m > 1 else n
-    flat = _array(t, (m - 1) * stride + n)
-    code = _CODES[t.dtype]
-    if code == K.F32:
-        return flat, _NO_U16, stride, code
-    return _NO_F32, flat, stride, code
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _out(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(float32 view, uint16 view) of a fresh contiguous output."""
-    if t.dtype == torch.float32:
-        return _array(t), _NO_U16
-    return _NO_F32, _array(t)
-
-
-def _vec(t: torch.Tensor | None, n: int) -> np.ndarray:
-    """A (N,) float32 parameter as a contiguous array (ones when absent: × 1 is exact)."""
-    if t is None:
-        return np.ones(n, np.float32)
-    return _array(t.detach().to(torch.float32).contiguous())
-
-
-def _threads(elements: int) -> None:
-    """Use as many threads as torch does (``torch.set_num_threads`` governs this library too), but
-    one below 64 K elements: waking the pool costs several µs on an idle machine and a whole
-    scheduler slice (ms) on a busy one, more than such a call's work."""
-    want = 1 if elements < _SERIAL_BELOW else max(1, min(torch.get_num_threads(), _MAX_THREADS))
-    if numba.get_num_threads() != want:
-        numba.set_num_threads(want)
-
-
-def _fwd_rows_per_block(m: int, n: int) -> int:
-    # ~16 K elements a block: big enough that a block's scratch allocation is noise, small enough
-    # that M·N = 2^25 has thousands of blocks to spread over the threads.
-    return max(1, min(m, 16384 // n))
-
-
-def _bwd_rows_per_block(m: int) -> int:
-    # Fixed by M alone, so d weight is summed in the same order on any number of threads. At least
-    # 32 rows a block keeps the fp32 partials (blocks × N) at ≤ 1/32 of the input; ≤ 1024 blocks.
-    return max(32, -(-m // 1024))
-
-
-def _empty_grad(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((0,), dtype=ref.compute_dtype(x.dtype))
-
-
-# ----------------------------------------------------------------------------------------------
-# RMSNorm
-# ----------------------------------------------------------------------------------------------
-def _rounding(casting_mode: str, in_dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[int, ...]:
-    """Rounding points (c_pre, c_r, c_mul, c_out) of the casting mode, as in
-    ``reference._rms_norm_apply``: "gemma" rounds once at the store; "llama" rounds x·r to the input
-    dtype and the products to the output dtype; "none" rounds the input, r and every product to the
-    input dtype."""
-    cin = _CODES[in_dtype]
-    if casting_mode == "gemma":
-        return K.F32, K.F32, K.F32, K.F32
-    if casting_mode == "llama":
-        return K.F32, K.F32, cin, _CODES[out_dtype]
-    return cin, cin, cin, cin
-
-
-def _rms_params(weight, bias, offset, casting_mode, in_dtype, out_dtype, n):
-    """The (N,) float32 scale and bias, rounded as the reference rounds them in the casting mode."""
-    dtype = {"gemma": torch.float32, "llama": out_dtype, "none": in_dtype}[casting_mode]
-    scale = ref._scale(weight, offset, dtype)
-    return _vec(scale, n), _NO_F32 if bias is None else _vec(bias.to(dtype), n)
-
-
-def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    m, n = x.shape
-    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
-    y = torch.empty((m, n), dtype=out_dtype)
-    rstd = torch.empty((m,), dtype=torch.float32)
-    xf, xu, xs, xc = _rows(x)
-    if residual is not None:
-        rf, ru, rs, rc = _rows(residual)
-        h = torch.empty((m, n), dtype=residual.dtype)
-        hf, hu = _out(h)
+def _shared(kernel, *args) -> None:
+    """kernel(task block, *args) with helper threads where torch allows more than one thread and the
+    pool is free; else kernel(0, *args), on this thread alone."""
+    global _pool
+    threads = torch.get_num_threads()
+    if threads < 2:
+        kernel(0, *args)
+        return
+    pool = _pool
+    if pool is None:
+        with _pool_lock:
+            pool = _pool = _pool or _Pool()
+    ctrl = pool.acquire(threads)
+    if not ctrl:
+        kernel(0, *args)
+        return
+    try:
+        waited = kernel(ctrl, *args)
+    finally:
+        pool.busy.release()
+    if waited >= K.SPINS:
+        pool.backoff = min(max(1, 2 * pool.backoff), 1024)
+        pool.skip = pool.backoff
     else:
-        rf, ru, rs, rc, h, hf, hu = _NO_F32, _NO_U16, 0, K.F32, None, _NO_F32, _NO_U16
-    yf, yu = _out(y)
-    s, b = _rms_params(weight, bias, offset, casting_mode, x.dtype, out_dtype, n)
-    _threads(m * n)
-    K.forward(
-        xf, xu, xs, xc, rf, ru, rs, rc, residual is not None, hf, hu, yf, yu, _CODES[out_dtype],
-        s, b, bias is not None, _NO_F32, _array(rstd), m, n, k, float(eps), K.RMS_NORM,
-        _EPS_MODES[eps_mode], *_rounding(casting_mode, x.dtype, out_dtype),
-        _fwd_rows_per_block(m, n),
-    )  # fmt: skip
-    return y, h, rstd
+        pool.backoff //= 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Plans: the output dtype and kernel flags of each combination of dtypes and options, built once
+# ----------------------------------------------------------------------------------------------
+_REFERENCE = (None, 0)
+_rms_fwd_plans: dict[tuple, tuple] = {}
+_rms_bwd_plans: dict[tuple, tuple] = {}
+_ln_fwd_plans: dict[tuple, tuple] = {}
+_ln_bwd_plans: dict[tuple, tuple] = {}
 
 
 def _check_modes(eps_mode: str, casting_mode: str) -> None:
@@ -208,51 +198,196 @@ def _check_modes(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"casting_mode must be one of {ref.CASTING_MODES}, got {casting_mode!r}")
 
 
+def _pc(dtype: torch.dtype | None) -> int:
+    """A parameter's dtype code (0 where there is none)."""
+    return 0 if dtype is None else _PARAM_CODES[dtype]
+
+
+def _kernel_dtypes(*dtypes: torch.dtype | None, params: tuple = ()) -> bool:
+    return all(d is None or d in _CODES for d in dtypes) and all(
+        p is None or p in _PARAM_CODES for p in params
+    )
+
+
+def _rms_fwd_plan(key: tuple) -> tuple:
+    xdt, wdt, bdt, rdt, casting_mode, eps_mode = key
+    _check_modes(eps_mode, casting_mode)
+    out = torch.promote_types(xdt, wdt) if casting_mode == "llama" and wdt is not None else xdt
+    plan = _REFERENCE
+    if _kernel_dtypes(xdt, rdt, out, params=(wdt, bdt)):
+        cin, cout = _CODES[xdt], _CODES[out]
+        # rounding points as in reference._rms_norm_apply: "gemma" rounds once at the store;
+        # "llama" rounds x·r to the input dtype and the products to the output dtype; "none"
+        # rounds the input, r and every product to the input dtype. The parameters are rounded to
+        # the dtype their product is taken in.
+        pre, r, mul, last = {
+            "gemma": (K.F32,) * 4, "llama": (K.F32, K.F32, cin, cout), "none": (cin,) * 4
+        }[casting_mode]  # fmt: skip
+        param = {"gemma": K.F32, "llama": cout, "none": cin}[casting_mode]
+        flags = K.pack(
+            x=(K.FX, cin), r=(K.FR, _CODES[rdt] if rdt else 0), y=(K.FY, cout),
+            res=(K.FHAS_RES, rdt is not None), norm=(K.FNORM, K.RMS_NORM),
+            eps=(K.FEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
+            pre=(K.FC_PRE, pre), cr=(K.FC_R, r), mul=(K.FC_MUL, mul), out=(K.FC_OUT, last),
+            w=(K.FW, _pc(wdt)), has_w=(K.FHAS_W, wdt is not None),
+            b=(K.FB, _pc(bdt)), has_b=(K.FHAS_B, bdt is not None),
+            param=(K.FC_PARAM, param),
+        )  # fmt: skip
+        plan = (out, flags)
+    _rms_fwd_plans[key] = plan
+    return plan
+
+
+def _rms_bwd_plan(key: tuple) -> tuple:
+    dydt, xdt, wdt, bdt, drdt, input_dtype, casting_mode, eps_mode, sdt = key
+    _check_modes(eps_mode, casting_mode)
+    plan = _REFERENCE
+    stats_ok = sdt == _F32
+    if stats_ok and _kernel_dtypes(dydt, xdt, drdt, input_dtype, params=(wdt, bdt)):
+        flags = K.pack(
+            dy=(K.BDY, _CODES[dydt]), x=(K.BX, _CODES[xdt]),
+            dr=(K.BDR, _CODES[drdt] if drdt else 0), has_dr=(K.BHAS_DR, drdt is not None),
+            norm=(K.BNORM, K.RMS_NORM), eps=(K.BEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
+            xhat=(K.BC_XHAT, _CODES[input_dtype] if casting_mode == "llama" else K.F32),
+            w=(K.BW, _pc(wdt)), has_w=(K.BHAS_W, wdt is not None), dw=(K.BDW, _pc(wdt)),
+            db=(K.BDB, _pc(bdt)),
+        )  # fmt: skip
+        plan = (xdt, flags)
+    _rms_bwd_plans[key] = plan
+    return plan
+
+
+_NEED_DW = K.pack(f=(K.BNEED_DW, 1))
+_NEED_DB = K.pack(f=(K.BNEED_DB, 1))
+
+
+def _ln_fwd_plan(key: tuple) -> tuple:
+    xdt, wdt, bdt = key
+    plan = _REFERENCE
+    if _kernel_dtypes(xdt, params=(wdt, bdt)):
+        cx = _CODES[xdt]
+        flags = K.pack(
+            x=(K.FX, cx), y=(K.FY, cx), norm=(K.FNORM, K.LAYER_NORM),
+            w=(K.FW, _pc(wdt)), has_w=(K.FHAS_W, wdt is not None),
+            b=(K.FB, _pc(bdt)), has_b=(K.FHAS_B, bdt is not None),
+        )  # fmt: skip
+        plan = (xdt, flags)
+    _ln_fwd_plans[key] = plan
+    return plan
+
+
+# The launchers below are written flat, without helper calls: at decoding sizes each Python-level
+# step (~0.05-0.2 µs) is a visible part of the call.
+# ----------------------------------------------------------------------------------------------
+# RMSNorm
+# ----------------------------------------------------------------------------------------------
 def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
     """RMSNorm forward; see :func:`rmsnorm.reference.rms_norm_fwd`."""
-    _check_modes(eps_mode, casting_mode)
-    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
-    if x.numel() == 0 or not _supported(x.dtype, out_dtype):
+    key = (
+        x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+        None, casting_mode, eps_mode,
+    )  # fmt: skip
+    out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
+    m, n = x.shape
+    if out is None or not m or not n:
         return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
-    y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    xs, x1 = x.stride()
+    if x1 != 1 and n > 1:
+        x = x.contiguous()
+        xs = x.stride(0)
+    wp = ws = bp = bs = 0
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    y = torch.empty_like(x) if out is x.dtype else x.new_empty((m, n), dtype=out)
+    rstd = _F32_CPU.new_empty(m)
+    args = (
+        x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rstd.data_ptr(), m, n, k,
+        float(eps), float(offset), flags,
+    )  # fmt: skip
+    if m * n < PARALLEL_MIN:
+        _forward(0, *args)
+    else:
+        _shared(_forward, *args)
     return y, rstd
 
 
 def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
     """Residual add + RMSNorm forward; see :func:`rmsnorm.reference.add_rms_norm_fwd`."""
-    _check_modes(eps_mode, casting_mode)
-    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
-    if x.numel() == 0 or not _supported(x.dtype, residual.dtype, out_dtype):
+    key = (
+        x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+        residual.dtype, casting_mode, eps_mode,
+    )  # fmt: skip
+    out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
+    m, n = x.shape
+    if out is None or not m or not n:
         return ref.add_rms_norm_fwd(
             x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
-    return _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k)
-
-
-def _bwd(dy, x, scale, mean, rstd, dresidual, norm, eps_mode, k, c_xhat, dw_p, db_p, need):
-    """Shared launcher of the backward kernel; returns (dx, dw, db)."""
-    m, n = x.shape
-    dx = torch.empty((m, n), dtype=x.dtype)
-    need_dw = need and dw_p is not None
-    need_db = need and db_p is not None
-    dw64 = torch.empty(n if need_dw else 0, dtype=torch.float64)
-    db64 = torch.empty(n if need_db else 0, dtype=torch.float64)
-    dyf, dyu, dys, dyc = _rows(dy)
-    xf, xu, xs, xc = _rows(x)
-    if dresidual is not None:
-        drf, dru, drs, drc = _rows(dresidual)
-    else:
-        drf, dru, drs, drc = _NO_F32, _NO_U16, 0, K.F32
-    dxf, dxu = _out(dx)
-    mean_np = _NO_F32 if mean is None else _vec(mean, m)
-    _threads(m * n)
-    K.backward(
-        dyf, dyu, dys, dyc, xf, xu, xs, xc, drf, dru, drs, drc, dresidual is not None, dxf, dxu,
-        scale, mean_np, _vec(rstd, m), m, n, k, norm, eps_mode, c_xhat, need_dw, need_db,
-        _bwd_rows_per_block(m), _array(dw64), _array(db64),
+    if x.stride(1) != 1 and n > 1:
+        x = x.contiguous()
+    if residual.stride(1) != 1 and n > 1:
+        residual = residual.contiguous()
+    wp = ws = bp = bs = 0
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    y = x.new_empty((m, n), dtype=out)
+    h = residual.new_empty((m, n))
+    rstd = _F32_CPU.new_empty(m)
+    args = (
+        x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0), h.data_ptr(),
+        y.data_ptr(), wp, ws, bp, bs, 0, rstd.data_ptr(), m, n, k, float(eps), float(offset),
+        flags,
     )  # fmt: skip
-    dw = dw64.to(dw_p.dtype) if need_dw else _empty_grad(x)
-    db = db64.to(db_p.dtype) if need_db else _empty_grad(x)
+    if m * n < PARALLEL_MIN:
+        _forward(0, *args)
+    else:
+        _shared(_forward, *args)
+    return y, h, rstd
+
+
+def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weight_grad):
+    """The backward kernel's call: (dx, dw, db) with empty float32 tensors for absent gradients."""
+    m, n = x.shape
+    if n > 1:
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if dy.stride(1) != 1:
+            dy = dy.contiguous()
+        if dresidual is not None and dresidual.stride(1) != 1:
+            dresidual = dresidual.contiguous()
+    drp = drs = meanp = wp = ws = 0
+    if dresidual is not None:
+        drp, drs = dresidual.data_ptr(), dresidual.stride(0)
+    if not rstd.is_contiguous():
+        rstd = rstd.contiguous()
+    if mean is not None:
+        mean = mean if mean.is_contiguous() else mean.contiguous()
+        meanp = mean.data_ptr()
+    dx = x.new_empty((m, n))
+    if need_weight_grad and weight is not None:
+        dw = weight.new_empty(n)
+        flags |= _NEED_DW
+    else:
+        dw = _F32_CPU.new_empty(0)
+    if need_weight_grad and bias is not None:
+        db = bias.new_empty(n)
+        flags |= _NEED_DB
+    else:
+        db = _F32_CPU.new_empty(0)
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    args = (
+        dy.data_ptr(), dy.stride(0), x.data_ptr(), x.stride(0), drp, drs, dx.data_ptr(), wp, ws,
+        meanp, rstd.data_ptr(), dw.data_ptr(), db.data_ptr(), m, n, k, float(offset), flags,
+    )  # fmt: skip
+    if m * n < PARALLEL_MIN:
+        _backward(0, *args)
+    else:
+        _shared(_backward, *args)
     return dx, dw, db
 
 
@@ -261,20 +396,18 @@ def rms_norm_bwd(
     need_weight_grad=True,
 ):  # fmt: skip
     """RMSNorm backward; see :func:`rmsnorm.reference.rms_norm_bwd`."""
-    _check_modes(eps_mode, casting_mode)
-    dr_dtype = None if dresidual is None else dresidual.dtype
-    if x.numel() == 0 or not _supported(dy.dtype, x.dtype, dr_dtype, input_dtype, rstd.dtype):
+    key = (
+        dy.dtype, x.dtype, None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype, None if dresidual is None else dresidual.dtype,
+        input_dtype, casting_mode, eps_mode, rstd.dtype,
+    )  # fmt: skip
+    dxdt, flags = _rms_bwd_plans.get(key) or _rms_bwd_plan(key)
+    if dxdt is None or not x.numel():
         return ref.rms_norm_bwd(
             dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
             input_dtype, need_weight_grad,
         )  # fmt: skip
-    n = x.shape[1]
-    scale = _vec(ref._scale(weight, offset, torch.float32), n)
-    c_xhat = _CODES[input_dtype] if casting_mode == "llama" else K.F32
-    return _bwd(
-        dy, x, scale, None, rstd, dresidual, K.RMS_NORM, _EPS_MODES[eps_mode], k, c_xhat,
-        weight, bias, need_weight_grad,
-    )  # fmt: skip
+    return _bwd(dy, x, weight, bias, None, rstd, dresidual, k, offset, flags, need_weight_grad)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,31 +415,55 @@ def rms_norm_bwd(
 # ----------------------------------------------------------------------------------------------
 def layer_norm_fwd(x, weight, bias, eps):
     """LayerNorm forward; see :func:`rmsnorm.reference.layer_norm_fwd`."""
-    if x.numel() == 0 or not _supported(x.dtype):
-        return ref.layer_norm_fwd(x, weight, bias, eps)
+    key = (x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+    out, flags = _ln_fwd_plans.get(key) or _ln_fwd_plan(key)
     m, n = x.shape
-    y = torch.empty((m, n), dtype=x.dtype)
-    mean = torch.empty((m,), dtype=torch.float32)
-    rstd = torch.empty((m,), dtype=torch.float32)
-    xf, xu, xs, xc = _rows(x)
-    yf, yu = _out(y)
-    _threads(m * n)
-    K.forward(
-        xf, xu, xs, xc, _NO_F32, _NO_U16, 0, K.F32, False, _NO_F32, _NO_U16, yf, yu, xc,
-        _vec(weight, n), _NO_F32 if bias is None else _vec(bias, n), bias is not None,
-        _array(mean), _array(rstd),
-        m, n, n, float(eps), K.LAYER_NORM, K.MEAN_SQUARE, K.F32, K.F32, K.F32, K.F32,
-        _fwd_rows_per_block(m, n),
+    if out is None or not m or not n:
+        return ref.layer_norm_fwd(x, weight, bias, eps)
+    xs, x1 = x.stride()
+    if x1 != 1 and n > 1:
+        x = x.contiguous()
+        xs = x.stride(0)
+    wp = ws = bp = bs = 0
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    y = torch.empty_like(x)
+    mean = _F32_CPU.new_empty(m)
+    rstd = _F32_CPU.new_empty(m)
+    args = (
+        x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mean.data_ptr(),
+        rstd.data_ptr(), m, n, n, float(eps), 0.0, flags,
     )  # fmt: skip
+    if m * n < PARALLEL_MIN:
+        _forward(0, *args)
+    else:
+        _shared(_forward, *args)
     return y, mean, rstd
 
 
 def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     """LayerNorm backward; see :func:`rmsnorm.reference.layer_norm_bwd`."""
-    if x.numel() == 0 or not _supported(dy.dtype, x.dtype, rstd.dtype, mean.dtype):
-        return ref.layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
-    n = x.shape[1]
-    return _bwd(
-        dy, x, _vec(weight, n), mean, rstd, None, K.LAYER_NORM, K.MEAN_SQUARE, n, K.F32,
-        weight, bias, need_weight_grad,
+    key = (
+        dy.dtype, x.dtype, None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype, mean.dtype, rstd.dtype,
     )  # fmt: skip
+    dxdt, flags = _ln_bwd_plans.get(key) or _ln_bwd_plan(key)
+    if dxdt is None or not x.numel():
+        return ref.layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
+    return _bwd(dy, x, weight, bias, mean, rstd, None, x.shape[1], 0.0, flags, need_weight_grad)
+
+
+def _ln_bwd_plan(key: tuple) -> tuple:
+    dydt, xdt, wdt, bdt, meandt, sdt = key
+    plan = _REFERENCE
+    if meandt == _F32 and sdt == _F32 and _kernel_dtypes(dydt, xdt, params=(wdt, bdt)):
+        flags = K.pack(
+            dy=(K.BDY, _CODES[dydt]), x=(K.BX, _CODES[xdt]), norm=(K.BNORM, K.LAYER_NORM),
+            w=(K.BW, _pc(wdt)), has_w=(K.BHAS_W, wdt is not None), dw=(K.BDW, _pc(wdt)),
+            db=(K.BDB, _pc(bdt)),
+        )  # fmt: skip
+        plan = (xdt, flags)
+    _ln_bwd_plans[key] = plan
+    return plan
