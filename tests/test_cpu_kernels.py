@@ -807,3 +807,12 @@ def test_without_a_writable_cache_the_kernels_compile_in_process(tmp_path):
     assert "'compiled': True" in res.stdout and "'cached_in': None" in res.stdout, res.stdout
     lines = [line for line in res.stderr.splitlines() if "rmsnorm:" in line]
     assert len(lines) == 1 and "no writable cache directory" in lines[0], res.stderr
+
+
+def test_warmup_command():
+    pytest.importorskip("typer")
+    res = subprocess.run(
+        [sys.executable, "-m", "rmsnorm", "warmup"], capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr
+    assert "rmsnorm warmup: CPU kernels" in res.stdout and "cached in" in res.stdout

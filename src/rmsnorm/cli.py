@@ -44,6 +44,20 @@ def info() -> None:
     console.print(table)
 
 
+@app.command()
+def warmup() -> None:
+    """Compile (or load from the cache) the CPU kernels now, so that the first CPU op is fast."""
+    from .kernels import cpu
+
+    status = cpu.warmup()
+    if not status["available"]:
+        typer.echo("rmsnorm warmup: the CPU kernels are unavailable here (numba is missing)")
+        return
+    how = "compiled" if status["compiled"] else "loaded"
+    where = status["cached_in"] or "nowhere: no writable cache directory"
+    typer.echo(f"rmsnorm warmup: CPU kernels {how} in {status['seconds']:.1f} s (cached in {where})")
+
+
 def _log(message: str) -> None:
     console.print(message, markup=False, highlight=False)
 
