@@ -1,25 +1,31 @@
 """Per-call cost of the CPU launchers against torch's own norms, in one process, interleaved.
 
     PYTHONPATH=src python benchmarks/cpu_launchers.py [--quick] [--threads T] [--shapes 1x768,...]
+        [--timer wall|cpu]
 
 For each shape and dtype: the launcher alone (``rmsnorm.kernels.cpu.rms_norm_fwd`` / ``_bwd``,
 ``layer_norm_fwd`` / ``_bwd``) and ``F.layer_norm`` / ``F.rms_norm`` (forward under ``no_grad``;
 backward = ``torch.autograd.grad`` of a retained graph). Providers take turns for several rounds and
-the median of the per-round medians is printed, in µs per call. glibc is asked to keep freed memory
-(as in ``rmsnorm bench``) so that large outputs are not faulted in on every call.
+the median of the per-round medians is printed, in µs per call. ``--keep-freed-memory`` asks glibc
+to keep freed memory (as ``rmsnorm bench`` does) so that large outputs are not faulted in on every
+call; by default the allocator is left as a user's process has it. ``--timer cpu``
+times the process's CPU time instead of the wall clock: on a machine shared with other work it is
+the steadier measure of single-threaded calls (``--threads 1``).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 SHAPES = ((1, 768), (1, 4096), (8, 128), (128, 768), (1024, 128), (2048, 768), (8192, 4096))
+
+
+_clock = time.perf_counter
 
 
 def _per_call(fn, budget: float) -> float:
@@ -30,10 +36,10 @@ def _per_call(fn, budget: float) -> float:
     reps = max(1, min(20000, int(budget / 5 / one)))
     times = []
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0 = _clock()
         for _ in range(reps):
             fn()
-        times.append((time.perf_counter() - t0) / reps)
+        times.append((_clock() - t0) / reps)
     return statistics.median(times) * 1e6
 
 
@@ -88,19 +94,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", default=None, help="MxN,MxN,... (default: the standard grid)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--modes", default="fwd,bwd")
+    ap.add_argument("--timer", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--keep-freed-memory", action="store_true", help="glibc: never trim or mmap")
     args = ap.parse_args(argv)
+    global _clock
+    _clock = time.process_time if args.timer == "cpu" else time.perf_counter
 
-    sys.path.insert(0, "src")
     from rmsnorm.bench.cpu import keep_freed_memory
 
-    keep_freed_memory()
+    if args.keep_freed_memory:
+        keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = SHAPES
     if args.shapes:
         shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
     rounds, budget = (3, 0.05) if args.quick else (5, 0.15)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; µs per call, median")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; µs per call "
+        f"({args.timer} time), median"
+    )
     print(
         "| mode | dtype | M×N | ours rms | ours ln | F.layer_norm | F.rms_norm | rms ÷ best torch |"
     )
