@@ -55,7 +55,8 @@ def warmup() -> None:
         return
     how = "compiled" if status["compiled"] else "loaded"
     where = status["cached_in"] or "nowhere: no writable cache directory"
-    typer.echo(f"rmsnorm warmup: CPU kernels {how} in {status['seconds']:.1f} s (cached in {where})")
+    seconds = status["seconds"]
+    typer.echo(f"rmsnorm warmup: CPU kernels {how} in {seconds:.1f} s (cached in {where})")
 
 
 def _log(message: str) -> None:

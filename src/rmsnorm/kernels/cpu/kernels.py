@@ -204,6 +204,20 @@ def _atomic_store(typingctx, addr, val):
     return types.void(types.int64, types.int64), codegen
 
 
+@intrinsic
+def _syscall4(typingctx, addr, nr, a1, a2, a3, a4):
+    """Call libc's ``long syscall(long nr, ...)`` at addr with four integer arguments (pointers as
+    integers), declared variadic as it is."""
+    if not all(t == types.int64 for t in (addr, nr, a1, a2, a3, a4)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_I64, [_I64], var_arg=True)
+        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+
+    return types.int64(*(types.int64,) * 6), codegen
+
+
 _ARCH = platform.machine().lower()
 
 
@@ -547,16 +561,23 @@ def _dx_ln(dy, x, s64, n, mu, a, b, c, out):
 # the threads update are a cache line (8 words) apart.
 # ----------------------------------------------------------------------------------------------
 _GEN, _NEXT, _DONE, _ACTIVE = 0, 8, 16, 24  # generation (odd while written), claim / done counters
-_KIND, _NB, _RPB, YIELD = 32, 33, 34, 35  # task kind, blocks, rows a block; sched_yield's address
-_M, _N, _K, _FLAGS = 40, 41, 42, 43  # the call's sizes and flags (both kinds)
+_SLEEPERS = 32  # helpers asleep in futex_wait on the generation word
+HELPED = 36  # blocks the helpers have run, in all (for tests and measurements)
+HELPER_SPINS = 37  # a helper's pause-loop iterations between a task and sleep (set by the pool)
+# set once by the pool: sched_yield's and syscall's addresses, the futex number, a stop flag, and
+# the helpers' futex timeout as a struct timespec (seconds, nanoseconds)
+YIELD, SYSCALL, SYS_FUTEX, STOP, TIMESPEC = 40, 41, 42, 43, 44  # (44, 45: the timespec)
+WANT = 46  # helpers allowed to join the next task (written by the launcher before the call)
+_KIND, _NB, _RPB = 48, 49, 50  # task kind, blocks, rows a block
+_M, _N, _K, _FLAGS = 51, 52, 53, 54  # the call's sizes and flags (both kinds)
 # forward: input, residual, h and y rows (address, row stride), the float32 scale / bias rows
-_X, _XS, _R, _RS, _H, _Y, _S, _B, _MEAN, _RSTD, _EPS = 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54
+_X, _XS, _R, _RS, _H, _Y, _S, _B, _MEAN, _RSTD, _EPS = 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65
 # backward: dy, dresidual, dx; the scale; the statistics; the float32 partial rows of dw and db
-_DY, _DYS, _DR, _DRS, _DX, _PW, _PB = 55, 56, 57, 58, 59, 60, 61
-WORDS = 64
+_DY, _DYS, _DR, _DRS, _DX, _PW, _PB = 66, 67, 68, 69, 70, 71, 72
+WORDS = 80
 _FORWARD, _BACKWARD = 0, 1
 SPINS = 2000  # pause-loop iterations before a waiting thread starts yielding its core (~20-60 µs)
-_WORKER_SPINS = 2000  # how long a woken helper waits for its task to be published
+_FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE
 
 
 @njit
@@ -769,7 +790,7 @@ def _reduce_partials(p, nb, n, addr, code, acc):
 # ----------------------------------------------------------------------------------------------
 @njit
 def _claim(c):
-    """Claim and run blocks of the published task until none is left."""
+    """Claim and run blocks of the published task until none is left; returns how many it ran."""
     nb, n = c[_NB], c[_N]
     if _atomic_load(_addr(c, _NEXT)) >= nb:
         return 0
@@ -781,17 +802,19 @@ def _claim(c):
     ty = carray(_ptr_f32(base + 4 * n), n)
     tz = carray(_ptr_f32(base + 8 * n), n)
     kind, rpb, m = c[_KIND], c[_RPB], c[_M]
+    ran = 0
     while True:
         blk = _atomic_add(_addr(c, _NEXT), 1)
         if blk >= nb:
             break
+        ran += 1
         if kind == _FORWARD:
             _fwd_rows(c, blk * rpb, min(m, (blk + 1) * rpb), tx, ty)
         else:
             _bwd_block(c, blk, tx, ty, tz)
         _atomic_add(_addr(c, _DONE), 1)
     scratch[:0] = 0.0  # the scratch rows live until here
-    return 0
+    return ran
 
 
 @njit
@@ -809,15 +832,18 @@ def _publish_begin(c):
 @njit
 def _run_published(c, gen, nb):
     """Publish generation gen (the task words are written), run blocks, wait for the blocks others
-    claimed; returns how long that wait was, in spins (≥ SPINS: a helper was held up mid-block)."""
+    claimed."""
     _atomic_store(_addr(c, _NEXT), 0)
     _atomic_store(_addr(c, _DONE), 0)
     _atomic_store(_addr(c, _GEN), gen)
+    # A helper counts itself in SLEEPERS before its last look at GEN: one of the two sides sees
+    # the other, so no wake-up is lost and none is made while every helper is awake.
+    if _atomic_load(_addr(c, _SLEEPERS)) > 0:
+        _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAKE, 1 << 30, 0)
     _claim(c)
     spins = 0
     while _atomic_load(_addr(c, _DONE)) < nb:
         spins = _backoff(c, spins)
-    return spins
 
 
 @njit
@@ -872,11 +898,12 @@ def forward(
     c[_M], c[_N], c[_K], c[_FLAGS] = m, n, k, flags
     c[_X], c[_XS], c[_R], c[_RS], c[_H], c[_Y] = xp, xs, rp, rs, hp, yp
     c[_S], c[_B], c[_MEAN], c[_RSTD], c[_EPS] = sp, bp_, meanp, rstdp, _f64_bits(eps)
-    waited = _run_published(c, gen, nb) if ctrl != 0 else _claim(c)
-    owner[:0] = (
-        0.0  # numba frees an array after its last use: keep the rows until every block is done
-    )
-    return waited
+    if ctrl != 0:
+        _run_published(c, gen, nb)
+    else:
+        _claim(c)
+    # numba frees an array after its last use: this keeps the rows until every block is done
+    owner[:0] = 0.0
 
 
 @njit
@@ -916,7 +943,10 @@ def backward(ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, d
         pw.ctypes.data,
         pb.ctypes.data,
     )
-    waited = _run_published(c, gen, nb) if ctrl != 0 else _claim(c)
+    if ctrl != 0:
+        _run_published(c, gen, nb)
+    else:
+        _claim(c)
     owner[:0] = 0.0
     s64[:0] = 0.0  # keep the scale rows until every block is done
     if need_dw or need_db:
@@ -925,27 +955,50 @@ def backward(ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, d
             _reduce_partials(pw, nb, n, dwp, _field(flags, BDW), acc)
         if need_db:
             _reduce_partials(pb, nb, n, dbp, _field(flags, BDB), acc)
-    return waited
 
 
-@_entry(_i, _i)
-def work(ctrl, last):
-    """A pool thread's turn: wait briefly for a task newer than generation `last` to be published,
-    help with its blocks, return its generation."""
-    c = carray(_ptr_i64(ctrl), WORDS)
-    gen = _atomic_load(_addr(c, _GEN))
+@njit
+def _next_task(c, last, forever):
+    """Wait for a task newer than generation `last`; its generation, or `last` if none came (after
+    a short spin when not `forever`; when the pool stops, always)."""
     spins = 0
-    while gen == last or gen & 1:
-        if spins >= _WORKER_SPINS:
-            return last
-        _pause()
-        spins += 1
+    while True:
         gen = _atomic_load(_addr(c, _GEN))
-    _atomic_add(_addr(c, _ACTIVE), 1)
-    if _atomic_load(_addr(c, _GEN)) == gen:
-        _claim(c)
-    _atomic_add(_addr(c, _ACTIVE), -1)
-    return gen
+        if gen != last and not gen & 1:
+            return gen
+        if _atomic_load(_addr(c, STOP)) != 0:
+            return last
+        if spins < c[HELPER_SPINS]:
+            _pause()
+            spins += 1
+        elif not forever:
+            return last
+        else:  # sleep until the generation word changes (or the timeout: STOP is re-read)
+            _atomic_add(_addr(c, _SLEEPERS), 1)
+            if _atomic_load(_addr(c, _GEN)) == gen:
+                _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAIT,
+                          gen & 0xFFFFFFFF, _addr(c, TIMESPEC))  # fmt: skip
+            _atomic_add(_addr(c, _SLEEPERS), -1)
+            spins = 0
+
+
+@_entry(_i, _i, _i, _i)
+def serve(ctrl, index, last, forever):
+    """A pool helper's work: help with each published task (claim its blocks) while `index` is
+    below the task's WANT. With `forever`, loop until STOP, sleeping in futex_wait between tasks
+    (Linux); else return after one task (or a short wait for one). Returns the last generation."""
+    c = carray(_ptr_i64(ctrl), WORDS)
+    while True:
+        gen = _next_task(c, last, forever)
+        if gen == last:
+            return last
+        last = gen
+        _atomic_add(_addr(c, _ACTIVE), 1)
+        if _atomic_load(_addr(c, _GEN)) == gen and index < c[WANT]:
+            _atomic_add(_addr(c, HELPED), _claim(c))
+        _atomic_add(_addr(c, _ACTIVE), -1)
+        if not forever:
+            return last
 
 
 def cache_state() -> tuple[bool | None, str | None]:

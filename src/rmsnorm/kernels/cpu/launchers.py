@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import platform
+import sys
 import threading
 import time
 
@@ -42,6 +44,10 @@ _F32_CPU = torch.empty(0, dtype=_F32, device="cpu")
 # Below this many elements a call runs on its own thread: one block of work is ~10 µs, less than
 # waking a helper thread costs (measured in docs/cpu.md).
 PARALLEL_MIN = 1 << 16
+ADAPTIVE = True  # False: share every call that can be shared (tests of the shared path)
+# After a task, a helper spins this long for the next one before it sleeps: back-to-back calls then
+# find it awake (a wake-up costs 10-100 µs on a VM), and an idle pool costs nothing.
+HELPER_SPIN_S = 100e-6
 
 
 # ----------------------------------------------------------------------------------------------
@@ -70,7 +76,7 @@ def _load() -> dict:
 
 STATUS = _load()
 # The compiled entry points, called without the dispatcher's type resolution (~0.2 µs a call)
-_forward, _backward, _work = (K.entry_point(d) for d in (K.forward, K.backward, K.work))
+_forward, _backward, _serve = (K.entry_point(d) for d in (K.forward, K.backward, K.serve))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,15 +84,29 @@ _forward, _backward, _work = (K.entry_point(d) for d in (K.forward, K.backward, 
 # calling thread (see kernels.py). Nothing here sets a thread count anywhere: a call uses as many
 # threads as torch.get_num_threads() says at that moment.
 # ----------------------------------------------------------------------------------------------
-def _sched_yield_address() -> int:
+def _address(lib: ctypes.CDLL, name: str) -> int:
+    try:
+        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+    except AttributeError:
+        return 0
+
+
+def _libc_addresses() -> tuple[int, int, int]:
+    """(sched_yield, syscall, the futex syscall's number); 0 for what this platform lacks. Helpers
+    sleep in futex_wait only on little-endian Linux x86-64 / ARM64 (the kernels wait on the low 32
+    bits of a 64-bit word); elsewhere they sleep on a Python lock."""
     try:
         if os.name == "nt":
-            fn = ctypes.WinDLL("kernel32").SwitchToThread
-        else:
-            fn = ctypes.CDLL(None).sched_yield
-        return ctypes.cast(fn, ctypes.c_void_p).value or 0
-    except (OSError, AttributeError):
-        return 0
+            return _address(ctypes.WinDLL("kernel32"), "SwitchToThread"), 0, 0
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return 0, 0, 0
+    futex = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(
+        platform.machine().lower(), 0
+    )
+    if not sys.platform.startswith("linux") or sys.byteorder != "little":
+        futex = 0
+    return _address(libc, "sched_yield"), _address(libc, "syscall") if futex else 0, futex
 
 
 def _cores() -> int:
@@ -98,42 +118,64 @@ def _cores() -> int:
 
 class _Pool:
     """The task block the kernels share, its helper threads, and the lock that gives it to one call
-    at a time (a concurrent call from another thread runs alone on its own thread)."""
+    at a time (a concurrent call from another thread runs alone on its own thread).
+
+    A helper spends its life inside the compiled ``serve`` (no GIL): it spins briefly after a task,
+    then sleeps in futex_wait until the kernel that publishes the next task wakes it. Where there
+    is no futex, it sleeps on a Python lock that the launcher releases, then serves one task."""
 
     def __init__(self) -> None:
         self.block = np.zeros(K.WORDS, np.int64)
-        self.block[K.YIELD] = _sched_yield_address()
         self.addr = self.block.ctypes.data
+        sched_yield, syscall, futex = _libc_addresses()
+        self.block[K.YIELD] = sched_yield
+        self.block[K.SYSCALL], self.block[K.SYS_FUTEX] = syscall, futex
+        self.block[K.TIMESPEC : K.TIMESPEC + 2] = (0, 100_000_000)  # futex timeout: 0.1 s
+        # How many pause instructions make HELPER_SPIN_S: a pause takes 10 to 140 cycles depending
+        # on the CPU. Timed here with a helper's own wait for a task that does not come.
+        self.block[K.HELPER_SPINS] = 2000
+        t0 = time.perf_counter()
+        _serve(self.addr, 0, 0, 0)
+        pause_s = max((time.perf_counter() - t0) / 2000, 1e-9)
+        self.block[K.HELPER_SPINS] = max(100, int(HELPER_SPIN_S / pause_s))
+        self.futex = bool(syscall and futex)
         self.busy = threading.Lock()
-        self.wakes: list[threading.Lock] = []  # one per helper: released = "there is work"
+        self.wakes: list[threading.Lock] = []  # one per lock-waiting helper: released = "work"
+        self.helpers = 0
         self.max_helpers = max(0, _cores() - 1)
-        # After a call whose caller waited for a helper held up mid-block (its core taken by
-        # another process: an oversubscribed machine), the next `skip` calls run alone; `backoff`
-        # doubles with each such call, up to 1024, and halves with each clean one.
-        self.skip = 0
-        self.backoff = 0
+        self.cost: dict[int, list] = {}  # see _shared
 
-    def _serve(self, wake: threading.Lock) -> None:
-        last, addr, work = 0, self.addr, _work
-        while True:
+    def _sleep_on_futex(self, index: int) -> None:
+        _serve(self.addr, index, 0, 1)  # returns only when STOP is set
+
+    def _sleep_on_lock(self, index: int, wake: threading.Lock) -> None:
+        last = 0
+        while not self.block[K.STOP]:
             wake.acquire()
-            last = work(addr, last)  # nogil: helpers and the caller run at once
+            last = _serve(self.addr, index, last, 0)
+
+    def _spawn(self) -> None:
+        index = self.helpers
+        if self.futex:
+            target, args = self._sleep_on_futex, (index,)
+        else:
+            wake = threading.Lock()
+            wake.acquire()
+            self.wakes.append(wake)
+            target, args = self._sleep_on_lock, (index, wake)
+        name = f"rmsnorm-cpu-{index}"
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+        self.helpers += 1
 
     def acquire(self, threads: int) -> int:
-        """The task block's address with threads − 1 helpers woken, or 0 if another call has it
-        (or the pool is backing off)."""
-        if self.skip:
-            self.skip -= 1
-            return 0
+        """The task block's address with up to threads − 1 helpers allowed in (and woken, where
+        they sleep on locks), or 0 if another call has it."""
         helpers = min(threads - 1, self.max_helpers)
         if helpers < 1 or not self.busy.acquire(blocking=False):
             return 0
-        while len(self.wakes) < helpers:
-            wake = threading.Lock()
-            wake.acquire()
-            name = f"rmsnorm-cpu-{len(self.wakes)}"
-            threading.Thread(target=self._serve, args=(wake,), name=name, daemon=True).start()
-            self.wakes.append(wake)
+        while self.helpers < helpers:
+            self._spawn()
+        self.block[K.WANT] = helpers
         for wake in self.wakes[:helpers]:
             if wake.locked():
                 wake.release()
@@ -154,9 +196,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _shared(kernel, *args) -> None:
-    """kernel(task block, *args) with helper threads where torch allows more than one thread and the
-    pool is free; else kernel(0, *args), on this thread alone."""
+def _shared(kernel, elements: int, *args) -> None:
+    """kernel(task block, *args) with helper threads, or kernel(0, *args) on this thread alone:
+    alone where torch is set to one thread, another call holds the pool, or calls of this size have
+    recently run faster alone (an oversubscribed machine, where a woken helper takes the caller's
+    own core; measured in docs/cpu.md). The choice never changes a result: blocks depend on the
+    sizes alone."""
     global _pool
     threads = torch.get_num_threads()
     if threads < 2:
@@ -166,19 +211,45 @@ def _shared(kernel, *args) -> None:
     if pool is None:
         with _pool_lock:
             pool = _pool = _pool or _Pool()
-    ctrl = pool.acquire(threads)
-    if not ctrl:
-        kernel(0, *args)
+    if not ADAPTIVE:
+        ctrl = pool.acquire(threads)
+        try:
+            kernel(ctrl, *args)
+        finally:
+            if ctrl:
+                pool.busy.release()
         return
-    try:
-        waited = kernel(ctrl, *args)
-    finally:
-        pool.busy.release()
-    if waited >= K.SPINS:
-        pool.backoff = min(max(1, 2 * pool.backoff), 1024)
-        pool.skip = pool.backoff
+    # Per size class (a power of two of elements): running means of the seconds per element of
+    # the calls that ran shared and alone, and when to next try the way that is not preferred (a
+    # change of load must be noticed): 16 calls after a change of preference, twice as long after
+    # each try that confirms it, up to 1024 calls. A way not yet tried is tried first.
+    cost = pool.cost.get(elements.bit_length())
+    if cost is None:
+        cost = pool.cost[elements.bit_length()] = [0.0, 0.0, 0, 16, 16]
+    calls = cost[2] = cost[2] + 1
+    prefer = cost[1] <= cost[0]
+    if not cost[1]:
+        shared = True
+    elif not cost[0]:
+        shared = False
+    elif calls >= cost[4]:
+        shared = not prefer
+        cost[3] = min(2 * cost[3], 1024)
+        cost[4] = calls + cost[3]
     else:
-        pool.backoff //= 2
+        shared = prefer
+    ctrl = pool.acquire(threads) if shared else 0
+    t0 = time.perf_counter()
+    try:
+        kernel(ctrl, *args)
+    finally:
+        if ctrl:
+            pool.busy.release()
+    per_element = (time.perf_counter() - t0) / elements
+    way = 1 if ctrl else 0
+    cost[way] = per_element if not cost[way] else cost[way] + 0.25 * (per_element - cost[way])
+    if cost[0] and cost[1] and (cost[1] <= cost[0]) != prefer:
+        cost[3], cost[4] = 16, calls + 16
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,7 +380,7 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
     if m * n < PARALLEL_MIN:
         _forward(0, *args)
     else:
-        _shared(_forward, *args)
+        _shared(_forward, m * n, *args)
     return y, rstd
 
 
@@ -345,7 +416,7 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     if m * n < PARALLEL_MIN:
         _forward(0, *args)
     else:
-        _shared(_forward, *args)
+        _shared(_forward, m * n, *args)
     return y, h, rstd
 
 
@@ -387,7 +458,7 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     if m * n < PARALLEL_MIN:
         _backward(0, *args)
     else:
-        _shared(_backward, *args)
+        _shared(_backward, m * n, *args)
     return dx, dw, db
 
 
@@ -439,7 +510,7 @@ def layer_norm_fwd(x, weight, bias, eps):
     if m * n < PARALLEL_MIN:
         _forward(0, *args)
     else:
-        _shared(_forward, *args)
+        _shared(_forward, m * n, *args)
     return y, mean, rstd
 
 
