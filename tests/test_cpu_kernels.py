@@ -695,40 +695,45 @@ def test_concurrent_calls_from_python_threads():
     assert not failures, failures
 
 
-@pytest.mark.parametrize("helpers_sleep_on", ["futex", "lock"])
-def test_shared_calls_match_single_threaded_ones(helpers_sleep_on, monkeypatch):
-    # Every call that can be shared is shared (no adaptive choice), with helpers that sleep in
-    # futex_wait (Linux) or on Python locks (elsewhere): results are bitwise those of one thread,
-    # and the helpers do take blocks.
+@pytest.mark.parametrize("team", ["openmp", "futex", "lock"])
+def test_shared_calls_match_single_threaded_ones(team, monkeypatch):
+    # Every call that can be shared is shared (no adaptive choice): on torch's OpenMP threads, or
+    # on the pool's helpers sleeping in futex_wait (Linux) or on Python locks (elsewhere). Results
+    # are bitwise those of one thread, and the helpers do take blocks.
     from rmsnorm.kernels.cpu import launchers as L
 
-    if helpers_sleep_on == "futex" and not L._libc_addresses()[2]:
+    if team == "openmp" and not L._gomp:
+        pytest.skip("torch does not use an OpenMP runtime here")
+    if team == "futex" and not L._libc_addresses()[2]:
         pytest.skip("no futex on this platform")
-    if helpers_sleep_on == "lock":
+    if team == "lock":
         monkeypatch.setattr(L, "_libc_addresses", lambda: (0, 0, 0))
     monkeypatch.setattr(L, "_pool", None)
     monkeypatch.setattr(L, "ADAPTIVE", False)
+    monkeypatch.setattr(L, "USE_OPENMP", team == "openmp")
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         want = [_everything(dtype) for dtype in (torch.float32, torch.bfloat16)]
         torch.set_num_threads(2)
-        pool = L._pool
         helped = 0
         for _ in range(50):  # the helpers join calls that outlast their wake-up
             got = [_everything(dtype) for dtype in (torch.float32, torch.bfloat16)]
             assert _bitwise_equal(got[0], want[0]) and _bitwise_equal(got[1], want[1])
+            if team == "openmp":
+                break
             pool = L._pool
-            if pool is not None and pool.max_helpers < 1:
+            if pool.max_helpers < 1:
                 pytest.skip("one core: nothing to share")
-            helped = int(pool.block[L.K.HELPED]) if pool is not None else 0
+            helped = int(pool.block[L.K.HELPED])
             if helped:
                 break
     finally:
         torch.set_num_threads(before)
-    assert pool is not None and pool.futex == (helpers_sleep_on == "futex")
-    if not helped:  # possible only where another process holds every other core throughout
-        pytest.skip("the helpers never got a core in time")
+    if team != "openmp":
+        assert L._pool.futex == (team == "futex")
+        if not helped:  # possible only where another process holds every other core throughout
+            pytest.skip("the helpers never got a core in time")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")

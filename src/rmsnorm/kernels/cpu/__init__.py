@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import time
 import warnings
 from types import ModuleType
@@ -27,6 +28,18 @@ __all__ = [
 _NAMES = ("rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd")
 _available: bool | None = None
 _impl: ModuleType | None = None
+# True in a process forked after this package was imported: its OpenMP runtime may hold a parent's
+# thread team that the fork did not copy, so shared calls must not go to it (they would hang).
+forked = False
+
+
+def _note_fork() -> None:
+    global forked
+    forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_note_fork)
 
 
 def available() -> bool:

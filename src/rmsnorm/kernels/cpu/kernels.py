@@ -218,6 +218,29 @@ def _syscall4(typingctx, addr, nr, a1, a2, a3, a4):
     return types.int64(*(types.int64,) * 6), codegen
 
 
+@intrinsic
+def _gomp_parallel(typingctx, addr, body, data, threads):
+    """Call ``void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned
+    flags)`` at addr: run body(data) on a team of `threads` (this thread included) and return when
+    every member has."""
+    if not all(t == types.int64 for t in (addr, body, data, threads)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.VoidType(), [_I8P, _I8P, _I32, _I32])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(
+            fn,
+            [
+                builder.inttoptr(args[1], _I8P), builder.inttoptr(args[2], _I8P),
+                builder.trunc(args[3], _I32), _c(0),
+            ],
+        )  # fmt: skip
+        return context.get_dummy_value()
+
+    return types.void(*(types.int64,) * 4), codegen
+
+
 _ARCH = platform.machine().lower()
 
 
@@ -564,6 +587,11 @@ _GEN, _NEXT, _DONE, _ACTIVE = 0, 8, 16, 24  # generation (odd while written), cl
 _SLEEPERS = 32  # helpers asleep in futex_wait on the generation word
 HELPED = 36  # blocks the helpers have run, in all (for tests and measurements)
 HELPER_SPINS = 37  # a helper's pause-loop iterations between a task and sleep (set by the pool)
+# What `ctrl` points to: a pool's task block (MODE = POOL), or an OpenMP launch (MODE = OPENMP:
+# GOMP_parallel's address, the team body's address, the team size); the call then fills a private
+# task block and runs it on an OpenMP team (torch's own threads).
+MODE, GOMP, BODY, TEAM = 38, 39, 33, 34
+POOL, OPENMP = 0, 1
 # set once by the pool: sched_yield's and syscall's addresses, the futex number, a stop flag, and
 # the helpers' futex timeout as a struct timespec (seconds, nanoseconds)
 YIELD, SYSCALL, SYS_FUTEX, STOP, TIMESPEC = 40, 41, 42, 43, 44  # (44, 45: the timespec)
@@ -848,12 +876,34 @@ def _run_published(c, gen, nb):
 
 @njit
 def _task_block(ctrl):
-    """The pool's task block at address ctrl, or a private one (ctrl = 0: this thread alone)."""
+    """The pool's task block at address ctrl, or a private one (this thread alone, ctrl = 0, or an
+    OpenMP team)."""
+    if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
+        return carray(_ptr_i64(ctrl), WORDS)
+    return np.zeros(WORDS, np.int64)
+
+
+@njit
+def _run(ctrl, c, gen, nb):
+    """Run the task written in c: alone, with the pool's helpers (c is the pool's block, gen its
+    generation) or on an OpenMP team (ctrl points to the launch words)."""
     if ctrl == 0:
-        c = np.zeros(WORDS, np.int64)
+        _claim(c)
+        return
+    launch = carray(_ptr_i64(ctrl), WORDS)
+    if launch[MODE] == POOL:
+        _run_published(c, gen, nb)
     else:
-        c = carray(_ptr_i64(ctrl), WORDS)
-    return c
+        _gomp_parallel(launch[GOMP], launch[BODY], np.int64(c.ctypes.data), launch[TEAM])
+
+
+@njit
+def _begin(ctrl, c):
+    """The generation to publish in the pool's block (after waiting out the last task's helpers);
+    0 where the task block is private."""
+    if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
+        return _publish_begin(c)
+    return 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -893,15 +943,12 @@ def forward(
     rpb = max(1, 16384 // n)  # ~16 K elements a block
     nb = (m + rpb - 1) // rpb
     c = _task_block(ctrl)
-    gen = _publish_begin(c) if ctrl != 0 else 0
+    gen = _begin(ctrl, c)
     c[_KIND], c[_NB], c[_RPB] = _FORWARD, nb, rpb
     c[_M], c[_N], c[_K], c[_FLAGS] = m, n, k, flags
     c[_X], c[_XS], c[_R], c[_RS], c[_H], c[_Y] = xp, xs, rp, rs, hp, yp
     c[_S], c[_B], c[_MEAN], c[_RSTD], c[_EPS] = sp, bp_, meanp, rstdp, _f64_bits(eps)
-    if ctrl != 0:
-        _run_published(c, gen, nb)
-    else:
-        _claim(c)
+    _run(ctrl, c, gen, nb)
     # numba frees an array after its last use: this keeps the rows until every block is done
     owner[:0] = 0.0
 
@@ -932,7 +979,7 @@ def backward(ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, d
     pw = np.empty(nb * n if need_dw else 0, np.float32)
     pb = np.empty(nb * n if need_db else 0, np.float32)
     c = _task_block(ctrl)
-    gen = _publish_begin(c) if ctrl != 0 else 0
+    gen = _begin(ctrl, c)
     c[_KIND], c[_NB], c[_RPB] = _BACKWARD, nb, rpb
     c[_M], c[_N], c[_K], c[_FLAGS] = m, n, k, flags
     c[_DY], c[_DYS], c[_X], c[_XS], c[_DR], c[_DRS], c[_DX] = dyp, dys, xp, xs, drp, drs, dxp
@@ -943,10 +990,7 @@ def backward(ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, d
         pw.ctypes.data,
         pb.ctypes.data,
     )
-    if ctrl != 0:
-        _run_published(c, gen, nb)
-    else:
-        _claim(c)
+    _run(ctrl, c, gen, nb)
     owner[:0] = 0.0
     s64[:0] = 0.0  # keep the scale rows until every block is done
     if need_dw or need_db:
@@ -1001,6 +1045,27 @@ def serve(ctrl, index, last, forever):
             return last
 
 
+def _team_member(data):
+    """What every member of an OpenMP team runs: claim blocks of the task block at data."""
+    _claim(carray(data, (WORDS,), np.int64))
+
+
+def _make_team_body():
+    from numba.core.ccallback import CFunc
+
+    global CACHED
+    body = CFunc(_team_member, ((types.voidptr,), types.void), locals={}, options={})
+    try:
+        body.enable_caching()
+    except RuntimeError:  # no writable cache directory
+        CACHED = False
+    return body
+
+
+# The team body is a C callback (compiled by compile_all, with the entry points).
+TEAM_BODY = _make_team_body()
+
+
 def cache_state() -> tuple[bool | None, str | None]:
     """(whether every entry point is in numba's on-disk cache, the cache directory); (False, None)
     where nothing can be cached, (None, None) where this numba does not let it be told."""
@@ -1012,6 +1077,9 @@ def cache_state() -> tuple[bool | None, str | None]:
             disp.targetctx.refresh()
             key = disp._cache._index_key(argtypes, disp.targetctx.codegen())
             found.append(key in disp._cache._cache_file._load_index())
+        ctx = TEAM_BODY._targetdescr.target_context
+        key = TEAM_BODY._cache._index_key(TEAM_BODY._sig, ctx.codegen())
+        found.append(key in TEAM_BODY._cache._cache_file._load_index())
         return all(found), ENTRIES[0][0]._cache.cache_path
     except Exception:  # private numba API: only the message depends on it
         return None, None
@@ -1034,3 +1102,4 @@ def compile_all() -> None:
     for disp, argtypes in ENTRIES:
         disp.compile(argtypes)
         disp.disable_compile()
+    TEAM_BODY.compile()

@@ -45,6 +45,7 @@ _F32_CPU = torch.empty(0, dtype=_F32, device="cpu")
 # waking a helper thread costs (measured in docs/cpu.md).
 PARALLEL_MIN = 1 << 16
 ADAPTIVE = True  # False: share every call that can be shared (tests of the shared path)
+USE_OPENMP = True  # False: share calls with the pool's helpers even where torch uses OpenMP
 # After a task, a helper spins this long for the next one before it sleeps: back-to-back calls then
 # find it awake (a wake-up costs 10-100 µs on a VM), and an idle pool costs nothing.
 HELPER_SPIN_S = 100e-6
@@ -69,6 +70,7 @@ def _load() -> dict:
     K.compile_all()
     seconds = time.perf_counter() - t0
     misses = sum(sum(disp.stats.cache_misses.values()) for disp, _ in K.ENTRIES)
+    misses += not K.TEAM_BODY.cache_hits
     if misses and cached is None:  # compiled where the cache could not be inspected beforehand
         log.warning("rmsnorm: compiled the CPU kernels in %.0f s (cached in %s)", seconds, where)
     return {"compiled": misses > 0, "cached_in": where}
@@ -109,6 +111,37 @@ def _libc_addresses() -> tuple[int, int, int]:
     return _address(libc, "sched_yield"), _address(libc, "syscall") if futex else 0, futex
 
 
+def _openmp_runtime() -> int:
+    """GOMP_parallel's address in the OpenMP runtime that torch's own kernels use (libgomp,
+    libomp and libiomp5 all export it), or 0 where torch does not use OpenMP or it is not found."""
+    try:
+        if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+            return 0
+    except Exception:  # noqa: BLE001 - an unusual build: no OpenMP sharing
+        return 0
+    names = ("libgomp", "libiomp", "libomp")
+    paths = []
+    try:  # Linux: the runtime already loaded (by torch), found by its path
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if os.path.basename(path).startswith(names) and path.startswith("/"):
+                    paths.append(path)
+    except OSError:
+        pass
+    lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    if os.path.isdir(lib_dir):  # elsewhere: the runtime torch ships
+        paths += [os.path.join(lib_dir, f) for f in os.listdir(lib_dir) if f.startswith(names)]
+    for path in dict.fromkeys(paths):
+        try:
+            addr = _address(ctypes.CDLL(path), "GOMP_parallel")
+        except OSError:
+            continue
+        if addr:
+            return addr
+    return 0
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -143,7 +176,7 @@ class _Pool:
         self.wakes: list[threading.Lock] = []  # one per lock-waiting helper: released = "work"
         self.helpers = 0
         self.max_helpers = max(0, _cores() - 1)
-        self.cost: dict[int, list] = {}  # see _shared
+        self.cost: dict[tuple, list] = {}  # see _shared
 
     def _sleep_on_futex(self, index: int) -> None:
         _serve(self.addr, index, 0, 1)  # returns only when STOP is set
@@ -184,16 +217,36 @@ class _Pool:
 
 _pool: _Pool | None = None
 _pool_lock = threading.Lock()
+# Shared calls run on torch's OpenMP threads where this is not 0 (never in a forked process).
+_gomp = 0 if sys.modules[__package__].forked else _openmp_runtime()
+_launch = threading.local()  # per calling thread: the words that ask a kernel for an OpenMP team
 
 
 def _forget_pool() -> None:
     # A forked child has none of its parent's threads: it starts its own pool when it needs one.
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+    # GNU OpenMP hangs in a child whose parent ran a team (torch's own ops do): the child shares
+    # calls with the pool's helpers instead.
+    global _pool, _pool_lock, _gomp
+    _pool, _pool_lock, _gomp = None, threading.Lock(), 0
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _acquire(pool: _Pool, threads: int) -> int:
+    """What a shared call's kernel gets: the words of an OpenMP team of `threads` (torch's own
+    runtime, whose threads are awake right after torch's own ops), or the pool's task block, or 0
+    where the pool is taken by another call."""
+    if USE_OPENMP and _gomp:
+        block = getattr(_launch, "block", None)
+        if block is None:
+            block = _launch.block = np.zeros(K.WORDS, np.int64)
+            block[K.MODE], block[K.GOMP], block[K.BODY] = K.OPENMP, _gomp, K.TEAM_BODY.address
+            _launch.addr = block.ctypes.data
+        block[K.TEAM] = threads
+        return _launch.addr
+    return pool.acquire(threads)
 
 
 def _shared(kernel, elements: int, *args) -> None:
@@ -212,44 +265,59 @@ def _shared(kernel, elements: int, *args) -> None:
         with _pool_lock:
             pool = _pool = _pool or _Pool()
     if not ADAPTIVE:
-        ctrl = pool.acquire(threads)
+        ctrl = _acquire(pool, threads)
         try:
             kernel(ctrl, *args)
         finally:
-            if ctrl:
+            if ctrl and ctrl == pool.addr:
                 pool.busy.release()
         return
-    # Per size class (a power of two of elements): running means of the seconds per element of
-    # the calls that ran shared and alone, and when to next try the way that is not preferred (a
-    # change of load must be noticed): 16 calls after a change of preference, twice as long after
-    # each try that confirms it, up to 1024 calls. A way not yet tried is tried first.
-    cost = pool.cost.get(elements.bit_length())
+    # Per kernel, flags (dtypes, options) and size class (a power of two of elements): the seconds
+    # per element of the last 4 calls that ran shared and of the last 4 that ran alone (the first
+    # two of each are dropped: fresh outputs are faulted in), and when to next try the way that is
+    # not preferred, so that a change of load is noticed: 8 calls after a change of preference,
+    # twice as long after each try that confirms it, up to 256 calls. Sharing is preferred unless
+    # its median is 1.25x that of running alone: timings are noisy, and where they are close,
+    # sharing is what torch's own ops do.
+    key = (kernel is _forward, args[-1], elements.bit_length())
+    cost = pool.cost.get(key)
     if cost is None:
-        cost = pool.cost[elements.bit_length()] = [0.0, 0.0, 0, 16, 16]
+        cost = pool.cost[key] = [[], [], 0, 8, 8, 2, 2]  # ..., warm-up calls left alone / shared
+    alone, together = cost[0], cost[1]
     calls = cost[2] = cost[2] + 1
-    prefer = cost[1] <= cost[0]
-    if not cost[1]:
+    prefer = len(alone) < 2 or _median(together) <= 1.25 * _median(alone)
+    if len(together) < 2:
         shared = True
-    elif not cost[0]:
+    elif len(alone) < 2:
         shared = False
     elif calls >= cost[4]:
         shared = not prefer
-        cost[3] = min(2 * cost[3], 1024)
+        cost[3] = min(2 * cost[3], 256)
         cost[4] = calls + cost[3]
     else:
         shared = prefer
-    ctrl = pool.acquire(threads) if shared else 0
+    ctrl = _acquire(pool, threads) if shared else 0
     t0 = time.perf_counter()
     try:
         kernel(ctrl, *args)
     finally:
-        if ctrl:
+        if ctrl and ctrl == pool.addr:
             pool.busy.release()
-    per_element = (time.perf_counter() - t0) / elements
-    way = 1 if ctrl else 0
-    cost[way] = per_element if not cost[way] else cost[way] + 0.25 * (per_element - cost[way])
-    if cost[0] and cost[1] and (cost[1] <= cost[0]) != prefer:
-        cost[3], cost[4] = 16, calls + 16
+    samples = together if ctrl else alone
+    warm = 6 if ctrl else 5
+    if cost[warm]:
+        cost[warm] -= 1
+        return
+    samples.append((time.perf_counter() - t0) / elements)
+    if len(samples) > 4:
+        del samples[0]
+    if len(alone) >= 2 and len(together) >= 2:
+        if (_median(together) <= 1.25 * _median(alone)) != prefer:
+            cost[3], cost[4] = 8, calls + 8
+
+
+def _median(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2] if samples else 0.0
 
 
 # ----------------------------------------------------------------------------------------------
