@@ -1022,8 +1022,7 @@ def _next_task(c, last, forever):
             if _atomic_load(_addr(c, _GEN)) == gen:
                 _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAIT,
                           gen & 0xFFFFFFFF, _addr(c, TIMESPEC))  # fmt: skip
-            _atomic_add(_addr(c, _SLEEPERS), -1)
-            spins = 0
+            _atomic_add(_addr(c, _SLEEPERS), -1)  # (a timeout goes back to sleep at once)
 
 
 @_entry(_i, _i, _i, _i)
@@ -1051,10 +1050,13 @@ def _team_member(data):
 
 
 def _make_team_body():
-    from numba.core.ccallback import CFunc
-
     global CACHED
-    body = CFunc(_team_member, ((types.voidptr,), types.void), locals={}, options={})
+    try:  # numba's C-callback class, built here so that compile_all compiles it with the rest
+        from numba.core.ccallback import CFunc
+
+        body = CFunc(_team_member, ((types.voidptr,), types.void), locals={}, options={})
+    except (ImportError, TypeError):  # another numba: calls are shared with the helper pool
+        return None
     try:
         body.enable_caching()
     except RuntimeError:  # no writable cache directory
@@ -1062,7 +1064,7 @@ def _make_team_body():
     return body
 
 
-# The team body is a C callback (compiled by compile_all, with the entry points).
+# The team body: a C callback that GOMP_parallel runs on every member of a team.
 TEAM_BODY = _make_team_body()
 
 
@@ -1077,9 +1079,10 @@ def cache_state() -> tuple[bool | None, str | None]:
             disp.targetctx.refresh()
             key = disp._cache._index_key(argtypes, disp.targetctx.codegen())
             found.append(key in disp._cache._cache_file._load_index())
-        ctx = TEAM_BODY._targetdescr.target_context
-        key = TEAM_BODY._cache._index_key(TEAM_BODY._sig, ctx.codegen())
-        found.append(key in TEAM_BODY._cache._cache_file._load_index())
+        if TEAM_BODY is not None:
+            ctx = TEAM_BODY._targetdescr.target_context
+            key = TEAM_BODY._cache._index_key(TEAM_BODY._sig, ctx.codegen())
+            found.append(key in TEAM_BODY._cache._cache_file._load_index())
         return all(found), ENTRIES[0][0]._cache.cache_path
     except Exception:  # private numba API: only the message depends on it
         return None, None
@@ -1102,4 +1105,5 @@ def compile_all() -> None:
     for disp, argtypes in ENTRIES:
         disp.compile(argtypes)
         disp.disable_compile()
-    TEAM_BODY.compile()
+    if TEAM_BODY is not None:
+        TEAM_BODY.compile()

@@ -70,7 +70,7 @@ def _load() -> dict:
     K.compile_all()
     seconds = time.perf_counter() - t0
     misses = sum(sum(disp.stats.cache_misses.values()) for disp, _ in K.ENTRIES)
-    misses += not K.TEAM_BODY.cache_hits
+    misses += K.TEAM_BODY is not None and not K.TEAM_BODY.cache_hits
     if misses and cached is None:  # compiled where the cache could not be inspected beforehand
         log.warning("rmsnorm: compiled the CPU kernels in %.0f s (cached in %s)", seconds, where)
     return {"compiled": misses > 0, "cached_in": where}
@@ -218,7 +218,7 @@ class _Pool:
 _pool: _Pool | None = None
 _pool_lock = threading.Lock()
 # Shared calls run on torch's OpenMP threads where this is not 0 (never in a forked process).
-_gomp = 0 if sys.modules[__package__].forked else _openmp_runtime()
+_gomp = 0 if sys.modules[__package__].forked or K.TEAM_BODY is None else _openmp_runtime()
 _launch = threading.local()  # per calling thread: the words that ask a kernel for an OpenMP team
 
 
