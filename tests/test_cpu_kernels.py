@@ -736,6 +736,32 @@ def test_shared_calls_match_single_threaded_ones(team, monkeypatch):
             pytest.skip("the helpers never got a core in time")
 
 
+def test_sharing_follows_the_measured_cost():
+    # The choice between a shared and a lone call, fed made-up timings: warm-up calls are ignored,
+    # the cheaper way wins (sharing within 1.25x), the other is retried at growing intervals and
+    # a change of cost turns the choice round.
+    from rmsnorm.kernels.cpu.launchers import _Cost
+
+    cost = _Cost()
+
+    def run(calls: int, shared_s: float, alone_s: float) -> list[bool]:
+        ways = []
+        for _ in range(calls):
+            shared = cost.choose()
+            cost.record(shared, shared_s if shared else alone_s)
+            ways.append(shared)
+        return ways
+
+    ways = run(400, shared_s=5.0, alone_s=1.0)  # an oversubscribed machine: sharing is slow
+    assert ways[:2] == [True, True]  # warm-up: each way is tried first
+    tail = ways[100:]
+    assert 0 < sum(tail) <= 3  # alone, with a retry of sharing now and then (every 128-256)
+    ways = run(400, shared_s=0.5, alone_s=1.0)  # the machine is quiet again
+    assert sum(ways[-200:]) >= 197  # noticed at the next retry; lone calls only as retries
+    ways = run(200, shared_s=1.2, alone_s=1.0)  # within 1.25x: still shared
+    assert sum(ways[-100:]) >= 99
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_dataloader_workers_forked_after_multithreaded_work_run_the_kernels():
     # A parent that ran multi-threaded torch work and the kernels forks DataLoader workers (which

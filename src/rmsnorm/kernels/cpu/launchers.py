@@ -41,13 +41,14 @@ _F32 = torch.float32
 # µs): they also ignore torch.set_default_device, which would put an output on another device.
 _F32_CPU = torch.empty(0, dtype=_F32, device="cpu")
 
-# Below this many elements a call runs on its own thread: one block of work is ~10 µs, less than
-# waking a helper thread costs (measured in docs/cpu.md).
+# Below this many elements (up to four blocks of ~16 K) a call runs on its own thread: sharing it
+# saves less than starting a team costs (measured in docs/cpu.md).
 PARALLEL_MIN = 1 << 16
 ADAPTIVE = True  # False: share every call that can be shared (tests of the shared path)
 USE_OPENMP = True  # False: share calls with the pool's helpers even where torch uses OpenMP
-# After a task, a helper spins this long for the next one before it sleeps: back-to-back calls then
-# find it awake (a wake-up costs 10-100 µs on a VM), and an idle pool costs nothing.
+# After a task, a pool helper spins this long for the next one before it sleeps: back-to-back calls
+# then find it awake (a futex wake-up took ~45 µs on this project's VM), and an idle pool costs
+# nothing.
 HELPER_SPIN_S = 100e-6
 
 
@@ -176,7 +177,7 @@ class _Pool:
         self.wakes: list[threading.Lock] = []  # one per lock-waiting helper: released = "work"
         self.helpers = 0
         self.max_helpers = max(0, _cores() - 1)
-        self.cost: dict[tuple, list] = {}  # see _shared
+        self.cost: dict[tuple, _Cost] = {}  # see _shared
 
     def _sleep_on_futex(self, index: int) -> None:
         _serve(self.addr, index, 0, 1)  # returns only when STOP is set
@@ -249,12 +250,67 @@ def _acquire(pool: _Pool, threads: int) -> int:
     return pool.acquire(threads)
 
 
+class _Cost:
+    """What sharing calls of one kind (kernel, flags, size class) has cost lately: the seconds per
+    element of the last 4 calls run shared and of the last 4 run alone (each way's first 2 are
+    dropped: fresh outputs are faulted in), and when to try the way not preferred again, so that a
+    change of load is noticed: 8 calls after a change of preference, twice as long after each try
+    that confirms it, up to 256 calls, and at once after a try that beat the preferred way."""
+
+    __slots__ = ("alone", "together", "calls", "interval", "next_try", "warm_alone", "warm_shared")
+
+    def __init__(self) -> None:
+        self.alone: list[float] = []
+        self.together: list[float] = []
+        self.calls = 0
+        self.interval = self.next_try = 8
+        self.warm_alone = self.warm_shared = 2
+
+    def prefer_shared(self) -> bool:
+        # Within 1.25x, sharing wins: timings are noisy, and sharing is what torch's own ops do.
+        return len(self.alone) < 2 or _median(self.together) <= 1.25 * _median(self.alone)
+
+    def choose(self) -> bool:
+        self.calls += 1
+        if len(self.together) < 2:
+            return True
+        if len(self.alone) < 2:
+            return False
+        if self.calls < self.next_try:
+            return self.prefer_shared()
+        self.interval = min(2 * self.interval, 256)
+        self.next_try = self.calls + self.interval
+        return not self.prefer_shared()
+
+    def record(self, shared: bool, per_element: float) -> None:
+        if shared and self.warm_shared:
+            self.warm_shared -= 1
+            return
+        if not shared and self.warm_alone:
+            self.warm_alone -= 1
+            return
+        before = self.prefer_shared()
+        if len(self.alone) >= 2 and shared != before:  # a retry of the way not preferred
+            if shared:
+                won = per_element <= 1.25 * _median(self.alone)
+            else:
+                won = 1.25 * per_element < _median(self.together)
+            if won:  # retry at once, until the medians agree or it loses
+                self.interval, self.next_try = 1, self.calls + 1
+        samples = self.together if shared else self.alone
+        samples.append(per_element)
+        if len(samples) > 4:
+            del samples[0]
+        if len(self.together) >= 2 and self.prefer_shared() != before:
+            self.interval, self.next_try = 8, self.calls + 8
+
+
 def _shared(kernel, elements: int, *args) -> None:
-    """kernel(task block, *args) with helper threads, or kernel(0, *args) on this thread alone:
-    alone where torch is set to one thread, another call holds the pool, or calls of this size have
-    recently run faster alone (an oversubscribed machine, where a woken helper takes the caller's
-    own core; measured in docs/cpu.md). The choice never changes a result: blocks depend on the
-    sizes alone."""
+    """kernel(ctrl, *args) on an OpenMP team or with the pool's helpers, or kernel(0, *args) on
+    this thread alone: alone where torch is set to one thread, where another call holds the pool,
+    or where calls of this kind have lately run faster alone (an oversubscribed machine, whose
+    scheduler runs a team's threads late; measured in docs/cpu.md). The choice never changes a
+    result: blocks depend on the sizes alone."""
     global _pool
     threads = torch.get_num_threads()
     if threads < 2:
@@ -264,56 +320,21 @@ def _shared(kernel, elements: int, *args) -> None:
     if pool is None:
         with _pool_lock:
             pool = _pool = _pool or _Pool()
-    if not ADAPTIVE:
-        ctrl = _acquire(pool, threads)
-        try:
-            kernel(ctrl, *args)
-        finally:
-            if ctrl and ctrl == pool.addr:
-                pool.busy.release()
-        return
-    # Per kernel, flags (dtypes, options) and size class (a power of two of elements): the seconds
-    # per element of the last 4 calls that ran shared and of the last 4 that ran alone (the first
-    # two of each are dropped: fresh outputs are faulted in), and when to next try the way that is
-    # not preferred, so that a change of load is noticed: 8 calls after a change of preference,
-    # twice as long after each try that confirms it, up to 256 calls. Sharing is preferred unless
-    # its median is 1.25x that of running alone: timings are noisy, and where they are close,
-    # sharing is what torch's own ops do.
-    key = (kernel is _forward, args[-1], elements.bit_length())
-    cost = pool.cost.get(key)
-    if cost is None:
-        cost = pool.cost[key] = [[], [], 0, 8, 8, 2, 2]  # ..., warm-up calls left alone / shared
-    alone, together = cost[0], cost[1]
-    calls = cost[2] = cost[2] + 1
-    prefer = len(alone) < 2 or _median(together) <= 1.25 * _median(alone)
-    if len(together) < 2:
-        shared = True
-    elif len(alone) < 2:
-        shared = False
-    elif calls >= cost[4]:
-        shared = not prefer
-        cost[3] = min(2 * cost[3], 256)
-        cost[4] = calls + cost[3]
-    else:
-        shared = prefer
-    ctrl = _acquire(pool, threads) if shared else 0
+    cost = None
+    if ADAPTIVE:
+        key = (kernel is _forward, args[-1], elements.bit_length())
+        cost = pool.cost.get(key)
+        if cost is None:
+            cost = pool.cost[key] = _Cost()
+    ctrl = _acquire(pool, threads) if cost is None or cost.choose() else 0
     t0 = time.perf_counter()
     try:
         kernel(ctrl, *args)
     finally:
         if ctrl and ctrl == pool.addr:
             pool.busy.release()
-    samples = together if ctrl else alone
-    warm = 6 if ctrl else 5
-    if cost[warm]:
-        cost[warm] -= 1
-        return
-    samples.append((time.perf_counter() - t0) / elements)
-    if len(samples) > 4:
-        del samples[0]
-    if len(alone) >= 2 and len(together) >= 2:
-        if (_median(together) <= 1.25 * _median(alone)) != prefer:
-            cost[3], cost[4] = 8, calls + 8
+    if cost is not None:
+        cost.record(ctrl != 0, (time.perf_counter() - t0) / elements)
 
 
 def _median(samples: list[float]) -> float:
