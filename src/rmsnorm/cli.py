@@ -160,6 +160,21 @@ def info() -> None:
     console.print(table)
 
 
+@app.command()
+def warmup() -> None:
+    """Compile (or load from the cache) the CPU kernels now, so that the first CPU op is fast."""
+    from .kernels import cpu
+
+    status = cpu.warmup()
+    if not status["available"]:
+        typer.echo("rmsnorm warmup: the CPU kernels are unavailable here (numba is missing)")
+        return
+    how = "compiled" if status["compiled"] else "loaded"
+    where = status["cached_in"] or "nowhere: no writable cache directory"
+    seconds = status["seconds"]
+    typer.echo(f"rmsnorm warmup: CPU kernels {how} in {seconds:.1f} s (cached in {where})")
+
+
 def _log(message: str) -> None:
     console.print(message, markup=False, highlight=False)
 

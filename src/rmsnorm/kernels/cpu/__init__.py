@@ -1,20 +1,23 @@
 """The CPU backend: numba kernels behind the five launchers of :mod:`rmsnorm.reference`.
 
-Importing this package is cheap: numba is imported (and the kernels loaded from numba's on-disk
-cache, or compiled on a machine's first use) only when a launcher is first called. :func:`available`
-only checks that numba is installed; if it then fails to import, a warning says so once and the
-reference runs.
+Importing this package is cheap: numba is imported, and the kernels loaded from numba's on-disk
+cache (or compiled, once per machine, saying so), on the first launcher call or :func:`warmup`.
+:func:`available` only checks that numba is installed; if it then fails to import, a warning says
+so once and the reference runs.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import time
 import warnings
 from types import ModuleType
 
 __all__ = [
     "available",
+    "warmup",
     "rms_norm_fwd",
     "add_rms_norm_fwd",
     "rms_norm_bwd",
@@ -22,8 +25,21 @@ __all__ = [
     "layer_norm_bwd",
 ]
 
+_NAMES = ("rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd")
 _available: bool | None = None
 _impl: ModuleType | None = None
+# True in a process forked after this package was imported: its OpenMP runtime may hold a parent's
+# thread team that the fork did not copy, so shared calls must not go to it (they would hang).
+forked = False
+
+
+def _note_fork() -> None:
+    global forked
+    forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_note_fork)
 
 
 def available() -> bool:
@@ -39,7 +55,7 @@ def _launchers() -> ModuleType:
     global _impl, _available
     if _impl is None:
         try:
-            _impl = importlib.import_module(".launchers", __name__)
+            impl = importlib.import_module(".launchers", __name__)
         except Exception as exc:  # numba present but unusable (e.g. built for another numpy)
             _available = False
             warnings.warn(
@@ -48,8 +64,26 @@ def _launchers() -> ModuleType:
                 RuntimeWarning,
                 stacklevel=3,
             )
-            _impl = importlib.import_module("rmsnorm.reference")
+            impl = importlib.import_module("rmsnorm.reference")
+        _impl = impl
+        # From now on callers reach the launchers without this module's wrappers (~0.2 µs a call).
+        globals().update({name: getattr(impl, name) for name in _NAMES})
     return _impl
+
+
+def warmup() -> dict:
+    """Load the CPU kernels now: from numba's on-disk cache, or by compiling them (~15 s, once per
+    machine and numba version; ``rmsnorm warmup`` and ``make setup`` do this), so that the first op
+    does not wait. Returns ``{"available", "compiled", "cached_in", "seconds"}``: whether the
+    kernels run here, whether this process compiled them, their cache directory (None where none
+    is writable: then every process compiles them) and the seconds this call took."""
+    t0 = time.perf_counter()
+    status = {"available": False, "compiled": False, "cached_in": None}
+    if available():
+        status.update(getattr(_launchers(), "STATUS", {}))  # none: numba failed to import
+        status["available"] = _available is not False
+    status["seconds"] = time.perf_counter() - t0
+    return status
 
 
 def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):

@@ -1,28 +1,59 @@
-"""The CPU kernels (numba): RMSNorm / LayerNorm forward and backward, parallel over blocks of rows.
+"""The CPU kernels (numba): RMSNorm / LayerNorm forward and backward over blocks of rows.
 
-Every tensor reaches a kernel as a flat 1-D array of its storage plus a row stride, in two typed
-views of which one is used: float32 data as ``float32``, bfloat16 / float16 as their raw 16-bit
-patterns (``uint16``), converted here with torch's rounding (round to nearest even). The dtype is a
-runtime code, so each kernel compiles to exactly one specialisation whatever the dtype mix. All
-numba code lives in this one file: numba's on-disk cache does not notice edits to other modules
-that a cached function calls.
+Every tensor reaches a kernel as an address, a row stride and a dtype code; bfloat16 / float16
+rows are read as their raw 16-bit patterns and converted here with torch's rounding (round to
+nearest even). Dtypes and options are runtime codes, so each entry point compiles to exactly one
+specialisation. All numba code lives in this one file: numba's on-disk cache does not notice edits
+to other modules that a cached function calls.
 """
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
-# dtype codes (shared with the launchers)
-F32, BF16, F16 = 0, 1, 2
+# dtype codes (shared with the launchers); F64 only for weights and biases and their gradients
+F32, BF16, F16, F64 = 0, 1, 2, 3
 # what a row is normalized by
 RMS_NORM, LAYER_NORM = 0, 1
 # where ε goes in RMSNorm
 MEAN_SQUARE, RMS = 0, 1
 
-_I16, _I32, _F32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
+# Bit fields of the forward's `flags` argument: (shift, width)
+FX, FR, FY, FHAS_RES, FNORM, FEPS = (0, 2), (2, 2), (4, 2), (6, 1), (7, 1), (8, 1)
+FC_PRE, FC_R, FC_MUL, FC_OUT = (9, 2), (11, 2), (13, 2), (15, 2)
+FW, FHAS_W, FB, FHAS_B, FC_PARAM = (17, 2), (19, 1), (20, 2), (22, 1), (23, 2)
+# ... and of the backward's
+BDY, BX, BDR, BHAS_DR, BNORM, BEPS = (0, 2), (2, 2), (4, 2), (6, 1), (7, 1), (8, 1)
+BC_XHAT, BW, BHAS_W, BNEED_DW, BDW, BNEED_DB, BDB = (
+    (9, 2),
+    (11, 2),
+    (13, 1),
+    (14, 1),
+    (15, 2),
+    (17, 1),
+    (18, 2),
+)
+
+
+def pack(**fields: tuple[tuple[int, int], int]) -> int:
+    """flags from {name: ((shift, width), value)}; the launchers build them once per combination of
+    dtypes and options."""
+    out = 0
+    for (shift, width), value in fields.values():
+        if not 0 <= value < 1 << width:
+            raise ValueError(f"flag value {value} does not fit in {width} bits")
+        out |= value << shift
+    return out
+
+
+_I8P, _I16, _I32, _I64, _F32 = (
+    ir.IntType(8).as_pointer(), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType(),
+)  # fmt: skip
 
 
 def _c(v: int) -> ir.Constant:
@@ -113,15 +144,179 @@ def _f32_to_f16(typingctx, f):
 
 
 # ----------------------------------------------------------------------------------------------
-# Row helpers. A row is n elements starting at `base` of a flat array; `t` arguments are fp32
-# scratch rows private to one block of rows (they stay in L1/L2: extra passes over them are cheap).
+# Addresses, atomics and the spin-wait hint
+# ----------------------------------------------------------------------------------------------
+def _pointer_intrinsic(elem):
+    @intrinsic
+    def ptr(typingctx, addr):
+        """The int64 address as a typed pointer (for ``numba.carray``)."""
+        if addr != types.int64:
+            return None
+        sig = types.CPointer(elem)(types.int64)
+
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+
+        return sig, codegen
+
+    return ptr
+
+
+_ptr_f32 = _pointer_intrinsic(types.float32)
+_ptr_f64 = _pointer_intrinsic(types.float64)
+_ptr_u16 = _pointer_intrinsic(types.uint16)
+_ptr_i64 = _pointer_intrinsic(types.int64)
+
+
+@intrinsic
+def _atomic_add(typingctx, addr, val):
+    """Atomically add val to the int64 at addr; returns the old value (sequentially consistent)."""
+    if addr != types.int64 or val != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = builder.inttoptr(args[0], _I64.as_pointer())
+        return builder.atomic_rmw("add", p, args[1], "seq_cst")
+
+    return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _atomic_load(typingctx, addr):
+    if addr != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(builder.inttoptr(args[0], _I64.as_pointer()), "seq_cst", 8)
+
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def _atomic_store(typingctx, addr, val):
+    if addr != types.int64 or val != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[1], builder.inttoptr(args[0], _I64.as_pointer()), "seq_cst", 8)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _syscall4(typingctx, addr, nr, a1, a2, a3, a4):
+    """Call libc's ``long syscall(long nr, ...)`` at addr with four integer arguments (pointers as
+    integers), declared variadic as it is."""
+    if not all(t == types.int64 for t in (addr, nr, a1, a2, a3, a4)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_I64, [_I64], var_arg=True)
+        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+
+    return types.int64(*(types.int64,) * 6), codegen
+
+
+@intrinsic
+def _gomp_parallel(typingctx, addr, body, data, threads):
+    """Call ``void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned
+    flags)`` at addr: run body(data) on a team of `threads` (this thread included) and return when
+    every member has."""
+    if not all(t == types.int64 for t in (addr, body, data, threads)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.VoidType(), [_I8P, _I8P, _I32, _I32])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(
+            fn,
+            [
+                builder.inttoptr(args[1], _I8P), builder.inttoptr(args[2], _I8P),
+                builder.trunc(args[3], _I32), _c(0),
+            ],
+        )  # fmt: skip
+        return context.get_dummy_value()
+
+    return types.void(*(types.int64,) * 4), codegen
+
+
+_ARCH = platform.machine().lower()
+
+
+@intrinsic
+def _pause(typingctx):
+    """The CPU's spin-wait hint (x86 ``pause``, ARM ``yield``), nothing elsewhere."""
+
+    def codegen(context, builder, sig, args):
+        if _ARCH in ("x86_64", "amd64", "i386", "i686"):
+            fn = builder.module.declare_intrinsic(
+                "llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), [])
+            )
+            builder.call(fn, [])
+        elif _ARCH in ("aarch64", "arm64"):
+            fn = builder.module.declare_intrinsic(
+                "llvm.aarch64.hint", fnty=ir.FunctionType(ir.VoidType(), [_I32])
+            )
+            builder.call(fn, [_c(1)])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def _call_int_void(typingctx, addr):
+    """Call ``int f(void)`` at addr (``sched_yield``). The address is a run-time value: code that
+    embeds a library's address cannot be cached."""
+    if addr != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_I32, [])
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [])
+        return context.get_dummy_value()
+
+    return types.void(types.int64), codegen
+
+
+@intrinsic
+def _f64_bits(typingctx, v):
+    """The bits of a float64 as an int64 (to carry ε in the int64 task block)."""
+    if v != types.float64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _I64)
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, v):
+    if v != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+# ----------------------------------------------------------------------------------------------
+# Row helpers. A row is n elements at an address; `t` arguments are float32 scratch rows private to
+# one thread (they stay in L1/L2: extra passes over them are cheap).
 # ----------------------------------------------------------------------------------------------
 @njit
-def _load_row(f32, u16, base, n, code, t):
+def _esize(code):
+    return 4 if code == F32 else 2
+
+
+@njit
+def _load_row(addr, n, code, t):
     """The row as float32: a view of the input for float32, else converted into t."""
     if code == F32:
-        return f32[base : base + n]
-    src = u16[base : base + n]
+        return carray(_ptr_f32(addr), n)
+    src = carray(_ptr_u16(addr), n)
     if code == BF16:
         for j in range(n):
             t[j] = _bf16_to_f32(src[j])
@@ -132,18 +327,18 @@ def _load_row(f32, u16, base, n, code, t):
 
 
 @njit
-def _add_row(f32, u16, base, n, code, t):
+def _add_row(addr, n, code, t):
     """t += the row (float32 sum)."""
     if code == F32:
-        src = f32[base : base + n]
+        src = carray(_ptr_f32(addr), n)
         for j in range(n):
             t[j] = t[j] + src[j]
     elif code == BF16:
-        src16 = u16[base : base + n]
+        src16 = carray(_ptr_u16(addr), n)
         for j in range(n):
             t[j] = t[j] + _bf16_to_f32(src16[j])
     else:
-        src16 = u16[base : base + n]
+        src16 = carray(_ptr_u16(addr), n)
         for j in range(n):
             t[j] = t[j] + _f16_to_f32(src16[j])
 
@@ -169,20 +364,86 @@ def _round(v, code):
 
 
 @njit
-def _store_row(t, f32, u16, base, n, code):
-    """Write the float32 row t to the output row, converting to the output dtype."""
+def _store_row(t, addr, n, code):
+    """Write the float32 row t to the row at addr, converting to the dtype `code`."""
     if code == F32:
-        dst = f32[base : base + n]
+        dst = carray(_ptr_f32(addr), n)
         for j in range(n):
             dst[j] = t[j]
     elif code == BF16:
-        dst16 = u16[base : base + n]
+        dst16 = carray(_ptr_u16(addr), n)
         for j in range(n):
             dst16[j] = _f32_to_bf16(t[j])
     else:
-        dst16 = u16[base : base + n]
+        dst16 = carray(_ptr_u16(addr), n)
         for j in range(n):
             dst16[j] = _f32_to_f16(t[j])
+
+
+@njit
+def _params(dst, n, addr, stride, code, offset, c_round):
+    """dst = the (N,) parameter at addr (element stride `stride`, 0 for an expanded one) as float32,
+    rounded to `c_round`, plus offset rounded again: ``p.to(dtype) + offset`` as torch computes it
+    in that dtype."""
+    span = (n - 1) * stride + 1
+    if code == F32:
+        a32 = carray(_ptr_f32(addr), span)
+        if stride == 1:
+            for j in range(n):
+                dst[j] = a32[j]
+        else:
+            for j in range(n):
+                dst[j] = a32[j * stride]
+    elif code == F64:
+        a64 = carray(_ptr_f64(addr), span)
+        for j in range(n):
+            dst[j] = np.float32(a64[j * stride])
+    else:
+        a16 = carray(_ptr_u16(addr), span)
+        if stride != 1:
+            t16 = np.empty(n, np.uint16)
+            for j in range(n):
+                t16[j] = a16[j * stride]
+            a16 = t16
+        if code == BF16:
+            for j in range(n):
+                dst[j] = _bf16_to_f32(a16[j])
+        else:
+            for j in range(n):
+                dst[j] = _f16_to_f32(a16[j])
+    _round_row(dst, n, c_round)
+    if offset != 0.0:
+        o = np.float32(offset)
+        for j in range(n):
+            dst[j] = dst[j] + o
+        _round_row(dst, n, c_round)
+
+
+@njit
+def _param_rows(n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_round):
+    """(scale address, bias address, the array that owns converted copies) for a kernel that
+    multiplies by the (N,) float32 scale (offset + γ; ones without a weight: × 1 is exact) and adds
+    the (N,) float32 bias. A parameter that is already such a row is used in place."""
+    w_direct = has_w and w_code == F32 and ws == 1 and offset == 0.0 and c_round == F32
+    b_direct = not has_b or (b_code == F32 and bs == 1 and c_round == F32)
+    nw = 0 if w_direct else n
+    buf = np.empty(nw + (0 if b_direct else n), np.float32)
+    sp, bpp = wp, bp
+    if not w_direct:
+        sp = np.int64(buf.ctypes.data)  # (ctypes.data is unsigned: mixed with int64 it is float64)
+        if has_w:
+            _params(buf[:n], n, wp, ws, w_code, offset, c_round)
+        else:
+            buf[:n] = 1.0
+    if not b_direct:
+        bpp = np.int64(buf.ctypes.data) + 4 * nw
+        _params(buf[nw:], n, bp, bs, b_code, 0.0, c_round)
+    return sp, bpp, buf
+
+
+@njit
+def _field(flags, f):
+    return (flags >> f[0]) & ((1 << f[1]) - 1)
 
 
 # Reductions are accumulated in float64 (the statistics come out as the correctly rounded fp32
@@ -279,192 +540,570 @@ def _normalize_bf16(xs, mu, r, s, b, has_b, norm, out16):
 
 
 @njit(fastmath={"reassoc", "contract"})
-def _grad_sums(dy, x, s, n, mu, r):
-    """Σ g and Σ g·x̂ in float64 with g = dy·s and x̂ = (x − μ)·r (each product exact in float64)."""
+def _sum_gx(dy, x, s64, n):
+    """Σ g·x in float64, g = dy·s (RMSNorm's Σ g·x̂ is r times this)."""
+    acc = 0.0
+    for j in range(n):
+        acc += (np.float64(dy[j]) * s64[j]) * np.float64(x[j])
+    return acc
+
+
+@njit(fastmath={"reassoc", "contract"})
+def _sum_g_gx(dy, x, s64, n, mu):
+    """Σ g and Σ g·(x − μ) in float64 (LayerNorm's Σ g·x̂ is r times the second)."""
     sg = 0.0
     sgx = 0.0
     for j in range(n):
-        g = np.float64(dy[j]) * s[j]
+        g = np.float64(dy[j]) * s64[j]
         sg += g
-        sgx += g * ((np.float64(x[j]) - mu) * r)
+        sgx += g * (np.float64(x[j]) - mu)
     return sg, sgx
 
 
+# dx is formed in float64 with fused multiply-adds allowed (one rounding fewer, in float64); it is
+# rounded once to float32.
+@njit(fastmath={"contract"})
+def _dx_rms(dy, x, s64, n, k, a, b, out):
+    """out_j = a·g_j − b·x_j for j < k, a·g_j after (g = dy·s), in float64, rounded once."""
+    for j in range(k):
+        out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]) - b * np.float64(x[j]))
+    for j in range(k, n):
+        out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]))
+
+
+@njit(fastmath={"contract"})
+def _dx_ln(dy, x, s64, n, mu, a, b, c, out):
+    """out_j = a·g_j − b·(x_j − μ) + c (g = dy·s), in float64, rounded once."""
+    mud = np.float64(mu)
+    for j in range(n):
+        out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]) - b * (np.float64(x[j]) - mud) + c)
+
+
 # ----------------------------------------------------------------------------------------------
-# Forward: RMSNorm (optionally with the residual add) and LayerNorm
+# The task block: one int64 array per work-sharing pool, read by every thread of a call. The words
+# the threads update are a cache line (8 words) apart.
 # ----------------------------------------------------------------------------------------------
-@njit(parallel=True, cache=True)
-def forward(
-    xf, xu, x_stride, x_code,  # input x: flat views, row stride (elements), dtype code
-    rf, ru, r_stride, r_code, has_res,  # residual (add_rms_norm); h = x + residual has its dtype
-    hf, hu,  # (M·N,) h output, contiguous (add_rms_norm only)
-    yf, yu, y_code,  # (M·N,) y output, contiguous
-    s, b, has_b,  # (N,) float32: scale (offset + γ; ones without a weight: ×1 is exact), bias
-    mean, rstd,  # (M,) float32 outputs (mean: LayerNorm only)
-    m, n, k, eps,  # rows, row length, RMS over the first k elements, ε
-    norm, eps_mode,  # RMS_NORM / LAYER_NORM; MEAN_SQUARE / RMS
-    c_pre, c_r, c_mul, c_out,  # rounding points (dtype codes, F32 = none): input, r, x·r, ×s / +β
-    rows_per_block,
-):  # fmt: skip
-    nblocks = (m + rows_per_block - 1) // rows_per_block
+_GEN, _NEXT, _DONE, _ACTIVE = 0, 8, 16, 24  # generation (odd while written), claim / done counters
+_SLEEPERS = 32  # helpers asleep in futex_wait on the generation word
+HELPED = 36  # blocks the helpers have run, in all (for tests and measurements)
+HELPER_SPINS = 37  # a helper's pause-loop iterations between a task and sleep (set by the pool)
+# What `ctrl` points to: a pool's task block (MODE = POOL), or an OpenMP launch (MODE = OPENMP:
+# GOMP_parallel's address, the team body's address, the team size); the call then fills a private
+# task block and runs it on an OpenMP team (torch's own threads).
+MODE, GOMP, BODY, TEAM = 38, 39, 33, 34
+POOL, OPENMP = 0, 1
+# set once by the pool: sched_yield's and syscall's addresses, the futex number, a stop flag, and
+# the helpers' futex timeout as a struct timespec (seconds, nanoseconds)
+YIELD, SYSCALL, SYS_FUTEX, STOP, TIMESPEC = 40, 41, 42, 43, 44  # (44, 45: the timespec)
+WANT = 46  # helpers allowed to join the next task (written by the launcher before the call)
+_KIND, _NB, _RPB = 48, 49, 50  # task kind, blocks, rows a block
+_M, _N, _K, _FLAGS = 51, 52, 53, 54  # the call's sizes and flags (both kinds)
+# forward: input, residual, h and y rows (address, row stride), the float32 scale / bias rows
+_X, _XS, _R, _RS, _H, _Y, _S, _B, _MEAN, _RSTD, _EPS = 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65
+# backward: dy, dresidual, dx; the scale; the statistics; the float32 partial rows of dw and db
+_DY, _DYS, _DR, _DRS, _DX, _PW, _PB = 66, 67, 68, 69, 70, 71, 72
+WORDS = 80
+_FORWARD, _BACKWARD = 0, 1
+SPINS = 2000  # pause-loop iterations before a waiting thread starts yielding its core (~20-60 µs)
+_FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE
+
+
+@njit
+def _addr(c, i):
+    """Address of word i of the task block c."""
+    return np.int64(c.ctypes.data) + 8 * i
+
+
+@njit
+def _backoff(c, spins):
+    """One step of a wait: spin on the CPU's pause hint, then yield the core between checks (a
+    helper that was preempted mid-block finishes sooner when the waiter gives its core away)."""
+    if spins >= SPINS and c[YIELD] != 0:
+        _call_int_void(c[YIELD])
+    else:
+        _pause()
+    return spins + 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward: RMSNorm (optionally with the residual add) and LayerNorm, rows [lo, hi)
+# ----------------------------------------------------------------------------------------------
+@njit
+def _fwd_rows(c, lo, hi, tx, ty):
+    m, n, k, flags = c[_M], c[_N], c[_K], c[_FLAGS]
+    x_code, r_code, y_code = _field(flags, FX), _field(flags, FR), _field(flags, FY)
+    has_res, norm, eps_mode = _field(flags, FHAS_RES), _field(flags, FNORM), _field(flags, FEPS)
+    c_pre, c_r = _field(flags, FC_PRE), _field(flags, FC_R)
+    c_mul, c_out = _field(flags, FC_MUL), _field(flags, FC_OUT)
+    has_b = _field(flags, FHAS_B) == 1
+    eps = _bits_f64(c[_EPS])
+    s = carray(_ptr_f32(c[_S]), n)
+    b = carray(_ptr_f32(c[_B]), n)  # not read without a bias
+    mean = carray(_ptr_f32(c[_MEAN]), m)  # LayerNorm only
+    rstd = carray(_ptr_f32(c[_RSTD]), m)
+    xb, xs = c[_X], c[_XS] * _esize(x_code)
+    rb, rs = c[_R], c[_RS] * _esize(r_code)
+    hb, yb = c[_H], c[_Y]
     fused = c_pre == F32 and c_r == F32 and c_mul == F32 and c_out == F32
-    for blk in prange(nblocks):
-        tx = np.empty(n, np.float32)  # the input row as float32
-        ty = np.empty(n, np.float32)  # the output row before conversion
-        for i in range(blk * rows_per_block, min(m, (blk + 1) * rows_per_block)):
-            if has_res:
-                xs = _load_row(xf, xu, i * x_stride, n, x_code, tx)
-                if x_code == F32:  # xs is a view of x: copy before adding in place
-                    for j in range(n):
-                        tx[j] = xs[j]
-                    xs = tx
-                _add_row(rf, ru, i * r_stride, n, r_code, xs)
-                _round_row(xs, n, r_code)
-                _store_row(xs, hf, hu, i * n, n, r_code)
-            elif x_code == BF16:  # convert and reduce in the pass that reads the row
-                xs = tx[:n]
-                xrow = xu[i * x_stride : i * x_stride + n]
-                if norm == RMS_NORM:
-                    ss = _load_bf16_sum_squares(xrow, xs, n, k)
-                else:
-                    c, s1, s2 = _load_bf16_shifted_sums(xrow, xs, n)
-            else:
-                xs = _load_row(xf, xu, i * x_stride, n, x_code, tx)
-
-            mu = np.float32(0.0)
-            if norm == LAYER_NORM:
-                if has_res or x_code != BF16:
-                    c = np.float64(xs[0])
-                    s1, s2 = _shifted_sums(xs, n, c)
-                var = max((s2 - s1 * s1 / n) / n, 0.0)
-                mu = np.float32(c + s1 / n)
-                r = np.float32(1.0 / np.sqrt(var + eps))
-                mean[i] = mu
-            else:
-                if has_res or x_code != BF16:
-                    ss = _sum_squares(xs, k)
-                ms = ss / k
-                if eps_mode == MEAN_SQUARE:
-                    r = np.float32(1.0 / np.sqrt(ms + eps))
-                else:
-                    r = np.float32(1.0 / (np.sqrt(ms) + eps))
-            rstd[i] = r
-
-            ob = i * n
-            if fused:  # statistics and products in float32, one conversion at the store
-                if y_code == F32:
-                    _normalize(xs, mu, r, s, b, has_b, norm, yf[ob : ob + n])
-                elif y_code == BF16:
-                    _normalize_bf16(xs, mu, r, s, b, has_b, norm, yu[ob : ob + n])
-                else:
-                    _normalize(xs, mu, r, s, b, has_b, norm, ty[:n])
-                    _store_row(ty, yf, yu, ob, n, y_code)
-            else:  # "llama" / "none" with half inputs: round where torch's eager ops round
-                if c_pre != F32:
-                    for j in range(n):
-                        ty[j] = xs[j]
-                    _round_row(ty, n, c_pre)
-                    xs = ty
-                rr = _round(r, c_r)
+    for i in range(lo, hi):
+        if has_res:
+            xs_ = _load_row(xb + i * xs, n, x_code, tx)
+            if x_code == F32:  # xs_ is a view of x: copy before adding in place
                 for j in range(n):
-                    ty[j] = xs[j] * rr
-                _round_row(ty, n, c_mul)
+                    tx[j] = xs_[j]
+                xs_ = tx[:n]
+            _add_row(rb + i * rs, n, r_code, xs_)
+            _round_row(xs_, n, r_code)
+            _store_row(xs_, hb + i * n * _esize(r_code), n, r_code)
+        elif x_code == BF16:  # convert and reduce in the pass that reads the row
+            xs_ = tx[:n]
+            xrow = carray(_ptr_u16(xb + i * xs), n)
+            if norm == RMS_NORM:
+                ss = _load_bf16_sum_squares(xrow, xs_, n, k)
+            else:
+                cc, s1, s2 = _load_bf16_shifted_sums(xrow, xs_, n)
+        else:
+            xs_ = _load_row(xb + i * xs, n, x_code, tx)
+
+        mu = np.float32(0.0)
+        if norm == LAYER_NORM:
+            if has_res or x_code != BF16:
+                cc = np.float64(xs_[0])
+                s1, s2 = _shifted_sums(xs_, n, cc)
+            var = max((s2 - s1 * s1 / n) / n, 0.0)
+            mu = np.float32(cc + s1 / n)
+            r = np.float32(1.0 / np.sqrt(var + eps))
+            mean[i] = mu
+        else:
+            if has_res or x_code != BF16:
+                ss = _sum_squares(xs_, k)
+            ms = ss / k
+            if eps_mode == MEAN_SQUARE:
+                r = np.float32(1.0 / np.sqrt(ms + eps))
+            else:
+                r = np.float32(1.0 / (np.sqrt(ms) + eps))
+        rstd[i] = r
+
+        yaddr = yb + i * n * _esize(y_code)
+        if fused:  # statistics and products in float32, one conversion at the store
+            if y_code == F32:
+                _normalize(xs_, mu, r, s, b, has_b, norm, carray(_ptr_f32(yaddr), n))
+            elif y_code == BF16:
+                _normalize_bf16(xs_, mu, r, s, b, has_b, norm, carray(_ptr_u16(yaddr), n))
+            else:
+                _normalize(xs_, mu, r, s, b, has_b, norm, ty[:n])
+                _store_row(ty, yaddr, n, y_code)
+        else:  # "llama" / "none" with half inputs: round where torch's eager ops round
+            if c_pre != F32:
                 for j in range(n):
-                    ty[j] = ty[j] * s[j]
+                    ty[j] = xs_[j]
+                _round_row(ty, n, c_pre)
+                xs_ = ty[:n]
+            rr = _round(r, c_r)
+            for j in range(n):
+                ty[j] = xs_[j] * rr
+            _round_row(ty, n, c_mul)
+            for j in range(n):
+                ty[j] = ty[j] * s[j]
+            _round_row(ty, n, c_out)
+            if has_b:
+                for j in range(n):
+                    ty[j] = ty[j] + b[j]
                 _round_row(ty, n, c_out)
-                if has_b:
-                    for j in range(n):
-                        ty[j] = ty[j] + b[j]
-                    _round_row(ty, n, c_out)
-                _store_row(ty, yf, yu, ob, n, y_code)
+            _store_row(ty, yaddr, n, y_code)
 
 
 # ----------------------------------------------------------------------------------------------
-# Backward: dx for every row, d weight / d bias as per-block partials summed in a fixed order
+# Backward: dx for every row, d weight / d bias as per-block partial rows summed in a fixed order
 # ----------------------------------------------------------------------------------------------
-@njit(parallel=True, cache=True)
-def backward(
-    dyf, dyu, dy_stride, dy_code,  # incoming gradient dy
-    xf, xu, x_stride, x_code,  # the normalized input (h for add_rms_norm); dx gets its dtype
-    drf, dru, dr_stride, dr_code, has_dr,  # gradient reaching h directly (add_rms_norm): + dx
-    dxf, dxu,  # (M·N,) dx output, contiguous
-    s,  # (N,) float32: offset + γ (ones without a weight)
-    mean, rstd,  # (M,) float32 statistics saved by the forward (mean: LayerNorm only)
-    m, n, k, norm, eps_mode,  # as in forward; k < n masks the RMS correction to the first k
-    c_xhat,  # dtype x̂ is rounded to in d weight ("llama": the input dtype; else F32)
-    need_dw, need_db,
-    rows_per_block,  # fixed by M alone: the d weight sum order does not depend on the threads
-    dw, db,  # (N,) float64 outputs
-):  # fmt: skip
-    nblocks = (m + rows_per_block - 1) // rows_per_block
-    pw = np.zeros((nblocks if need_dw else 0, n), np.float32)  # per-block partial sums
-    pb = np.zeros((nblocks if need_db else 0, n), np.float32)
-    for blk in prange(nblocks):
-        tx = np.empty(n, np.float32)
-        tdy = np.empty(n, np.float32)
-        tdx = np.empty(n, np.float32)
-        for i in range(blk * rows_per_block, min(m, (blk + 1) * rows_per_block)):
-            xs = _load_row(xf, xu, i * x_stride, n, x_code, tx)
-            dys = _load_row(dyf, dyu, i * dy_stride, n, dy_code, tdy)
-            r = rstd[i]
-            mu = mean[i] if norm == LAYER_NORM else np.float32(0.0)
-            rd = np.float64(r)
-            mud = np.float64(mu)
-            sg, sgx = _grad_sums(dys, xs, s, n, mud, rd)
-            # dx is formed in float64 and rounded once: its two terms can nearly cancel (a row
-            # dominated by one element, N = 1), where float32 products would lose the difference.
-            if norm == LAYER_NORM:
-                # dx = r·(g − mean(g) − x̂·mean(g·x̂))
-                mg = sg / n
-                mgx = sgx / n
-                for j in range(n):
-                    g = np.float64(dys[j]) * s[j]
-                    tdx[j] = np.float32(rd * ((g - mg) - ((np.float64(xs[j]) - mud) * rd) * mgx))
+@njit
+def _bwd_block(c, blk, tx, tdy, tdx):
+    m, n, k, flags = c[_M], c[_N], c[_K], c[_FLAGS]
+    dy_code, x_code, dr_code = _field(flags, BDY), _field(flags, BX), _field(flags, BDR)
+    has_dr, norm, eps_mode = _field(flags, BHAS_DR), _field(flags, BNORM), _field(flags, BEPS)
+    c_xhat = _field(flags, BC_XHAT)
+    need_dw, need_db = _field(flags, BNEED_DW) == 1, _field(flags, BNEED_DB) == 1
+    s64 = carray(_ptr_f64(c[_S]), n)
+    mean = carray(_ptr_f32(c[_MEAN]), m)  # LayerNorm only
+    rstd = carray(_ptr_f32(c[_RSTD]), m)
+    pw = carray(_ptr_f32(c[_PW] + 4 * blk * n), n)  # this block's partial rows (when needed)
+    pb = carray(_ptr_f32(c[_PB] + 4 * blk * n), n)
+    if need_dw:
+        pw[:] = 0.0
+    if need_db:
+        pb[:] = 0.0
+    xb, xs = c[_X], c[_XS] * _esize(x_code)
+    dyb, dys_ = c[_DY], c[_DYS] * _esize(dy_code)
+    drb, drs = c[_DR], c[_DRS] * _esize(dr_code)
+    dxb = c[_DX]
+    rpb = c[_RPB]
+    direct = x_code == F32 and not has_dr  # dx goes straight to the output row
+    for i in range(blk * rpb, min(m, (blk + 1) * rpb)):
+        xs_ = _load_row(xb + i * xs, n, x_code, tx)
+        dys = _load_row(dyb + i * dys_, n, dy_code, tdy)
+        r = rstd[i]
+        rd = np.float64(r)
+        # dx = a·g − b·(x − μ) + c, formed in float64 and rounded once: its terms can nearly cancel
+        # (a row dominated by one element, N = 1), where float32 products would lose the difference.
+        if norm == LAYER_NORM:
+            # dx = r·(g − mean(g) − x̂·mean(g·x̂)), x̂ = (x − μ)·r
+            mu = mean[i]
+            sg, sgx = _sum_g_gx(dys, xs_, s64, n, np.float64(mu))
+            a, b, cc = rd, rd * rd * (rd * sgx / n), -rd * (sg / n)
+        else:
+            # dx = r·g − m_j·x̂·f, f = r·S/k ("mean_square") or S/(k·s) ("rms", 0 where s = 0),
+            # S = Σ g·x̂, m_j = 1 for the first k elements
+            mu = np.float32(0.0)
+            sx = rd * _sum_gx(dys, xs_, s64, n)
+            if eps_mode == MEAN_SQUARE:
+                f = rd * sx / k
             else:
-                # dx = r·g − m_j·x̂·c, c = r·S/k ("mean_square") or S/(k·s) ("rms", 0 where s = 0)
-                if eps_mode == MEAN_SQUARE:
-                    cf = rd * sgx / k
-                else:
-                    root = np.sqrt(_sum_squares(xs, k) / k)
-                    cf = sgx / (k * root) if root > 0.0 else 0.0
-                for j in range(k):
-                    g = np.float64(dys[j]) * s[j]
-                    tdx[j] = np.float32(rd * g - (np.float64(xs[j]) * rd) * cf)
-                for j in range(k, n):
-                    tdx[j] = np.float32(rd * (np.float64(dys[j]) * s[j]))
-            if has_dr:
-                _add_row(drf, dru, i * dr_stride, n, dr_code, tdx)
-            _store_row(tdx, dxf, dxu, i * n, n, x_code)
-
-            if need_dw:
-                acc = pw[blk]
-                if c_xhat == F32:
-                    for j in range(n):
-                        acc[j] += dys[j] * ((xs[j] - mu) * r)
-                else:
-                    for j in range(n):
-                        acc[j] += dys[j] * _round((xs[j] - mu) * r, c_xhat)
-            if need_db:
-                accb = pb[blk]
-                for j in range(n):
-                    accb[j] += dys[j]
-
-    # Sum the partials over blocks in block order, parallel over column chunks.
-    chunk = 256
-    for cblk in prange((n + chunk - 1) // chunk):
-        lo = cblk * chunk
-        hi = min(n, lo + chunk)
+                root = np.sqrt(_sum_squares(xs_, k) / k)
+                f = sx / (k * root) if root > 0.0 else 0.0
+            a, b, cc = rd, rd * f, 0.0  # (cc unused)
+        out = carray(_ptr_f32(dxb + i * n * 4), n) if direct else tdx[:n]
+        if norm == LAYER_NORM:
+            _dx_ln(dys, xs_, s64, n, mu, a, b, cc, out)
+        else:
+            _dx_rms(dys, xs_, s64, n, k, a, b, out)
+        # d weight and d bias partials in float32, x̂ = (x − μ)·r rounded as the reference rounds it
+        # (to the input dtype in "llama" mode). A separate pass over the cached row costs no more
+        # than fusing it into dx's (measured).
         if need_dw:
-            for j in range(lo, hi):
-                dw[j] = 0.0
-            for blk in range(nblocks):
-                row = pw[blk]
-                for j in range(lo, hi):
-                    dw[j] += np.float64(row[j])
+            if c_xhat != F32:
+                for j in range(n):
+                    pw[j] += dys[j] * _round((xs_[j] - mu) * r, c_xhat)
+            elif norm == LAYER_NORM:
+                for j in range(n):
+                    pw[j] += dys[j] * ((xs_[j] - mu) * r)
+            else:
+                for j in range(n):
+                    pw[j] += dys[j] * (xs_[j] * r)
         if need_db:
-            for j in range(lo, hi):
-                db[j] = 0.0
-            for blk in range(nblocks):
-                rowb = pb[blk]
-                for j in range(lo, hi):
-                    db[j] += np.float64(rowb[j])
+            for j in range(n):
+                pb[j] += dys[j]
+        if not direct:
+            if has_dr:
+                _add_row(drb + i * drs, n, dr_code, tdx)
+            _store_row(tdx, dxb + i * n * _esize(x_code), n, x_code)
+
+
+@njit
+def _reduce_partials(p, nb, n, addr, code, acc):
+    """Σ over the nb partial rows of p (float32, block order, in float64) into the (N,) output at
+    addr in the dtype `code` (float64 → float32 → half, as torch's ``.to`` converts)."""
+    for j in range(n):
+        acc[j] = 0.0
+    for blk in range(nb):
+        row = p[blk * n : (blk + 1) * n]
+        for j in range(n):
+            acc[j] += np.float64(row[j])
+    if code == F64:
+        out64 = carray(_ptr_f64(addr), n)
+        for j in range(n):
+            out64[j] = acc[j]
+    else:
+        t = np.empty(n, np.float32)
+        for j in range(n):
+            t[j] = np.float32(acc[j])
+        _store_row(t, addr, n, code)
+
+
+# ----------------------------------------------------------------------------------------------
+# Work sharing. A call runs on its own thread; where a pool's task block is given, it publishes
+# the call there, wakes nobody itself (the launcher has woken the pool's threads) and claims
+# blocks of rows one at a time, as do the pool's threads that arrive while blocks remain. No
+# thread waits for another to start: a helper that wakes late finds nothing left, and the caller
+# only waits for blocks already claimed. Blocks depend on the sizes alone, never on the threads.
+# ----------------------------------------------------------------------------------------------
+@njit
+def _claim(c):
+    """Claim and run blocks of the published task until none is left; returns how many it ran."""
+    nb, n = c[_NB], c[_N]
+    if _atomic_load(_addr(c, _NEXT)) >= nb:
+        return 0
+    # Scratch rows as plain views of one allocation: arrays without an owner are passed between
+    # functions without reference counting (atomic increments: ~15 ns a row measured).
+    scratch = np.empty(3 * n, np.float32)
+    base = np.int64(scratch.ctypes.data)
+    tx = carray(_ptr_f32(base), n)
+    ty = carray(_ptr_f32(base + 4 * n), n)
+    tz = carray(_ptr_f32(base + 8 * n), n)
+    kind, rpb, m = c[_KIND], c[_RPB], c[_M]
+    ran = 0
+    while True:
+        blk = _atomic_add(_addr(c, _NEXT), 1)
+        if blk >= nb:
+            break
+        ran += 1
+        if kind == _FORWARD:
+            _fwd_rows(c, blk * rpb, min(m, (blk + 1) * rpb), tx, ty)
+        else:
+            _bwd_block(c, blk, tx, ty, tz)
+        _atomic_add(_addr(c, _DONE), 1)
+    scratch[:0] = 0.0  # the scratch rows live until here
+    return ran
+
+
+@njit
+def _publish_begin(c):
+    """Mark the task block as being written and wait until no helper is inside the last task (a
+    helper registers in ACTIVE, then checks the generation: one of the two sides sees the other)."""
+    gen = _atomic_load(_addr(c, _GEN))
+    _atomic_store(_addr(c, _GEN), gen + 1)
+    spins = 0
+    while _atomic_load(_addr(c, _ACTIVE)) != 0:
+        spins = _backoff(c, spins)
+    return gen + 2
+
+
+@njit
+def _run_published(c, gen, nb):
+    """Publish generation gen (the task words are written), run blocks, wait for the blocks others
+    claimed."""
+    _atomic_store(_addr(c, _NEXT), 0)
+    _atomic_store(_addr(c, _DONE), 0)
+    _atomic_store(_addr(c, _GEN), gen)
+    # A helper counts itself in SLEEPERS before its last look at GEN: one of the two sides sees
+    # the other, so no wake-up is lost and none is made while every helper is awake.
+    if _atomic_load(_addr(c, _SLEEPERS)) > 0:
+        _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAKE, 1 << 30, 0)
+    _claim(c)
+    spins = 0
+    while _atomic_load(_addr(c, _DONE)) < nb:
+        spins = _backoff(c, spins)
+
+
+@njit
+def _task_block(ctrl):
+    """The pool's task block at address ctrl, or a private one (this thread alone, ctrl = 0, or an
+    OpenMP team)."""
+    if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
+        return carray(_ptr_i64(ctrl), WORDS)
+    return np.zeros(WORDS, np.int64)
+
+
+@njit
+def _run(ctrl, c, gen, nb):
+    """Run the task written in c: alone, with the pool's helpers (c is the pool's block, gen its
+    generation) or on an OpenMP team (ctrl points to the launch words)."""
+    if ctrl == 0:
+        _claim(c)
+        return
+    launch = carray(_ptr_i64(ctrl), WORDS)
+    if launch[MODE] == POOL:
+        _run_published(c, gen, nb)
+    else:
+        _gomp_parallel(launch[GOMP], launch[BODY], np.int64(c.ctypes.data), launch[TEAM])
+
+
+@njit
+def _begin(ctrl, c):
+    """The generation to publish in the pool's block (after waiting out the last task's helpers);
+    0 where the task block is private."""
+    if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
+        return _publish_begin(c)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry points: compiled with one signature each, loaded from numba's on-disk cache where possible
+# ----------------------------------------------------------------------------------------------
+CACHED = True  # False where no cache directory is writable: the entry points compile in-process
+ENTRIES: list = []  # (dispatcher, argument types)
+
+
+def _entry(*argtypes):
+    def wrap(fn):
+        global CACHED
+        try:
+            disp = njit(nogil=True, cache=True)(fn)
+        except RuntimeError:  # numba found no writable cache directory ("no locator available")
+            CACHED = False
+            disp = njit(nogil=True)(fn)
+        ENTRIES.append((disp, argtypes))
+        return disp
+
+    return wrap
+
+
+_i, _f = types.int64, types.float64
+
+
+@_entry(*(_i,) * 16, _f, _f, _i)
+def forward(
+    ctrl, xp, xs, rp, rs, hp, yp, wp, ws, bp, bs, meanp, rstdp, m, n, k, eps, offset, flags
+):
+    """RMSNorm (with the residual add where has_res) or LayerNorm over m rows of n elements; y, h,
+    mean and rstd are contiguous outputs. ctrl: a pool's task block, or 0 to run alone."""
+    sp, bp_, owner = _param_rows(
+        n, wp, ws, _field(flags, FW), _field(flags, FHAS_W) == 1, bp, bs, _field(flags, FB),
+        _field(flags, FHAS_B) == 1, offset, _field(flags, FC_PARAM),
+    )  # fmt: skip
+    rpb = max(1, 16384 // n)  # ~16 K elements a block
+    nb = (m + rpb - 1) // rpb
+    c = _task_block(ctrl)
+    gen = _begin(ctrl, c)
+    c[_KIND], c[_NB], c[_RPB] = _FORWARD, nb, rpb
+    c[_M], c[_N], c[_K], c[_FLAGS] = m, n, k, flags
+    c[_X], c[_XS], c[_R], c[_RS], c[_H], c[_Y] = xp, xs, rp, rs, hp, yp
+    c[_S], c[_B], c[_MEAN], c[_RSTD], c[_EPS] = sp, bp_, meanp, rstdp, _f64_bits(eps)
+    _run(ctrl, c, gen, nb)
+    # numba frees an array after its last use: this keeps the rows until every block is done
+    owner[:0] = 0.0
+
+
+@njit
+def _bwd_rows_per_block(n):
+    # ≥ 16 rows (the float32 partial rows of d weight are then ≤ 1/16 of the input), ~16 K elements
+    # where rows are short. Fixed by the sizes alone: d weight is summed in the same order on any
+    # number of threads.
+    return max(16, (16384 + n - 1) // n)
+
+
+@_entry(*(_i,) * 17, _f, _i)
+def backward(ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, dbp, m, n, k,
+             offset, flags):  # fmt: skip
+    """dx (contiguous, x's dtype) for m rows; dw / db (contiguous (N,), their codes) where needed.
+    x is the normalized input (h for add_rms_norm); dresidual, where given, is added to dx."""
+    sp, _, owner = _param_rows(
+        n, wp, ws, _field(flags, BW), _field(flags, BHAS_W) == 1, 0, 0, F32, False, offset, F32
+    )
+    s32 = carray(_ptr_f32(sp), n)
+    s64 = np.empty(n, np.float64)  # the scale in float64: every element's g = dy·s is exact
+    for j in range(n):
+        s64[j] = s32[j]
+    need_dw, need_db = _field(flags, BNEED_DW), _field(flags, BNEED_DB)
+    rpb = _bwd_rows_per_block(n)
+    nb = (m + rpb - 1) // rpb
+    pw = np.empty(nb * n if need_dw else 0, np.float32)
+    pb = np.empty(nb * n if need_db else 0, np.float32)
+    c = _task_block(ctrl)
+    gen = _begin(ctrl, c)
+    c[_KIND], c[_NB], c[_RPB] = _BACKWARD, nb, rpb
+    c[_M], c[_N], c[_K], c[_FLAGS] = m, n, k, flags
+    c[_DY], c[_DYS], c[_X], c[_XS], c[_DR], c[_DRS], c[_DX] = dyp, dys, xp, xs, drp, drs, dxp
+    c[_S], c[_MEAN], c[_RSTD], c[_PW], c[_PB] = (
+        s64.ctypes.data,
+        meanp,
+        rstdp,
+        pw.ctypes.data,
+        pb.ctypes.data,
+    )
+    _run(ctrl, c, gen, nb)
+    owner[:0] = 0.0
+    s64[:0] = 0.0  # keep the scale rows until every block is done
+    if need_dw or need_db:
+        acc = np.empty(n, np.float64)
+        if need_dw:
+            _reduce_partials(pw, nb, n, dwp, _field(flags, BDW), acc)
+        if need_db:
+            _reduce_partials(pb, nb, n, dbp, _field(flags, BDB), acc)
+
+
+@njit
+def _next_task(c, last, forever):
+    """Wait for a task newer than generation `last`; its generation, or `last` if none came (after
+    a short spin when not `forever`; when the pool stops, always)."""
+    spins = 0
+    while True:
+        gen = _atomic_load(_addr(c, _GEN))
+        if gen != last and not gen & 1:
+            return gen
+        if _atomic_load(_addr(c, STOP)) != 0:
+            return last
+        if spins < c[HELPER_SPINS]:
+            _pause()
+            spins += 1
+        elif not forever:
+            return last
+        else:  # sleep until the generation word changes (or the timeout: STOP is re-read)
+            _atomic_add(_addr(c, _SLEEPERS), 1)
+            if _atomic_load(_addr(c, _GEN)) == gen:
+                _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAIT,
+                          gen & 0xFFFFFFFF, _addr(c, TIMESPEC))  # fmt: skip
+            _atomic_add(_addr(c, _SLEEPERS), -1)  # (a timeout goes back to sleep at once)
+
+
+@_entry(_i, _i, _i, _i)
+def serve(ctrl, index, last, forever):
+    """A pool helper's work: help with each published task (claim its blocks) while `index` is
+    below the task's WANT. With `forever`, loop until STOP, sleeping in futex_wait between tasks
+    (Linux); else return after one task (or a short wait for one). Returns the last generation."""
+    c = carray(_ptr_i64(ctrl), WORDS)
+    while True:
+        gen = _next_task(c, last, forever)
+        if gen == last:
+            return last
+        last = gen
+        _atomic_add(_addr(c, _ACTIVE), 1)
+        if _atomic_load(_addr(c, _GEN)) == gen and index < c[WANT]:
+            _atomic_add(_addr(c, HELPED), _claim(c))
+        _atomic_add(_addr(c, _ACTIVE), -1)
+        if not forever:
+            return last
+
+
+def _team_member(data):
+    """What every member of an OpenMP team runs: claim blocks of the task block at data."""
+    _claim(carray(data, (WORDS,), np.int64))
+
+
+def _make_team_body():
+    global CACHED
+    try:  # numba's C-callback class, built here so that compile_all compiles it with the rest
+        from numba.core.ccallback import CFunc
+
+        body = CFunc(_team_member, ((types.voidptr,), types.void), locals={}, options={})
+    except (ImportError, TypeError):  # another numba: calls are shared with the helper pool
+        return None
+    try:
+        body.enable_caching()
+    except RuntimeError:  # no writable cache directory
+        CACHED = False
+    return body
+
+
+# The team body: a C callback that GOMP_parallel runs on every member of a team.
+TEAM_BODY = _make_team_body()
+
+
+def cache_state() -> tuple[bool | None, str | None]:
+    """(whether every entry point is in numba's on-disk cache, the cache directory); (False, None)
+    where nothing can be cached, (None, None) where this numba does not let it be told."""
+    if not CACHED:
+        return False, None
+    try:
+        found = []
+        for disp, argtypes in ENTRIES:
+            disp.targetctx.refresh()
+            key = disp._cache._index_key(argtypes, disp.targetctx.codegen())
+            found.append(key in disp._cache._cache_file._load_index())
+        if TEAM_BODY is not None:
+            ctx = TEAM_BODY._targetdescr.target_context
+            key = TEAM_BODY._cache._index_key(TEAM_BODY._sig, ctx.codegen())
+            found.append(key in TEAM_BODY._cache._cache_file._load_index())
+        return all(found), ENTRIES[0][0]._cache.cache_path
+    except Exception:  # private numba API: only the message depends on it
+        return None, None
+
+
+def entry_point(disp):
+    """The compiled function behind an entry point's one signature. Calling it skips the
+    dispatcher's type resolution (~0.2 µs a call); the arguments must then have exactly the
+    signature's types (Python ints and floats), which the launchers guarantee."""
+    try:
+        (cres,) = disp.overloads.values()
+        return cres.entry_point
+    except (AttributeError, ValueError):  # another numba: the dispatcher itself
+        return disp
+
+
+def compile_all() -> None:
+    """Load every entry point from the cache, or compile it (and cache it where possible); then
+    refuse further compilation, so that an argument of a wrong type fails instead of compiling."""
+    for disp, argtypes in ENTRIES:
+        disp.compile(argtypes)
+        disp.disable_compile()
+    if TEAM_BODY is not None:
+        TEAM_BODY.compile()

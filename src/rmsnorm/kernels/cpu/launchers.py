@@ -1,18 +1,23 @@
 """Launchers for the CPU kernels: the five functions of :mod:`rmsnorm.reference` with the same
 arguments and return tuples. Each takes 2-D (M, N) tensors with a unit last stride (rows may be
-strided; nothing is copied), allocates the outputs, calls one numba kernel and returns fresh
-tensors.
+strided; nothing is copied) and (N,) parameters of any stride, allocates the outputs, hands the
+kernel addresses and sizes, and returns fresh tensors.
 
-float64 anywhere (input, residual, the output of a "llama" product with a float64 weight) and empty
-tensors go to the reference: the kernels compute in float32.
+float64 anywhere but in a parameter (input, residual, the output of a "llama" product with a float64
+weight) and empty tensors go to the reference: the kernels compute in float32. Importing this module
+loads the kernels from numba's on-disk cache, or compiles them (saying so once).
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
-import warnings
+import platform
+import sys
+import threading
+import time
 
-import numba
 import numpy as np
 import torch
 
@@ -27,178 +32,323 @@ __all__ = [
     "layer_norm_bwd",
 ]
 
+log = logging.getLogger("rmsnorm")
+
 _CODES = {torch.float32: K.F32, torch.bfloat16: K.BF16, torch.float16: K.F16}
-_EPS_MODES = {"mean_square": K.MEAN_SQUARE, "rms": K.RMS}
-_NO_F32 = np.empty(0, np.float32)
-_NO_U16 = np.empty(0, np.uint16)
-_MAX_THREADS = numba.config.NUMBA_NUM_THREADS
-_SERIAL_BELOW = 65536  # elements (M·N)
+_PARAM_CODES = {**_CODES, torch.float64: K.F64}  # weights and biases may also be float64
+_F32 = torch.float32
+# Outputs come from Tensor.new_empty / torch.empty_like (~0.55 µs) rather than torch.empty (~0.8
+# µs): they also ignore torch.set_default_device, which would put an output on another device.
+_F32_CPU = torch.empty(0, dtype=_F32, device="cpu")
+
+# Below this many elements (up to four blocks of ~16 K) a call runs on its own thread: sharing it
+# saves less than starting a team costs (measured in docs/cpu.md).
+PARALLEL_MIN = 1 << 16
+ADAPTIVE = True  # False: share every call that can be shared (tests of the shared path)
+USE_OPENMP = True  # False: share calls with the pool's helpers even where torch uses OpenMP
+# After a task, a pool helper spins this long for the next one before it sleeps: back-to-back calls
+# then find it awake (a futex wake-up took ~45 µs on this project's VM), and an idle pool costs
+# nothing.
+HELPER_SPIN_S = 100e-6
 
 
-def _supported(*dtypes: torch.dtype | None) -> bool:
-    return _fork_safe() and all(d is None or d in _CODES for d in dtypes)
+# ----------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------
+def _load() -> dict:
+    """Load the kernels (compiling them where numba's cache does not hold them); say so once."""
+    cached, where = K.cache_state()
+    if cached is False and where is None:
+        log.warning(
+            "rmsnorm: no writable cache directory for the CPU kernels (the package directory, "
+            "NUMBA_CACHE_DIR and the user cache are read-only), so this process compiles them "
+            "(~15 s) and no later process can reuse them; set NUMBA_CACHE_DIR to a writable "
+            "directory to keep them"
+        )
+    elif cached is False:
+        log.warning("rmsnorm: compiling the CPU kernels (once, ~15 s; cached in %s)", where)
+    t0 = time.perf_counter()
+    K.compile_all()
+    seconds = time.perf_counter() - t0
+    misses = sum(sum(disp.stats.cache_misses.values()) for disp, _ in K.ENTRIES)
+    misses += K.TEAM_BODY is not None and not K.TEAM_BODY.cache_hits
+    if misses and cached is None:  # compiled where the cache could not be inspected beforehand
+        log.warning("rmsnorm: compiled the CPU kernels in %.0f s (cached in %s)", seconds, where)
+    return {"compiled": misses > 0, "cached_in": where}
 
 
-_pool_pid: int | None = None  # the process whose kernel call started numba's thread pool
+STATUS = _load()
+# The compiled entry points, called without the dispatcher's type resolution (~0.2 µs a call)
+_forward, _backward, _serve = (K.entry_point(d) for d in (K.forward, K.backward, K.serve))
 
 
-def _fork_safe() -> bool:
-    """False in a process forked after its parent ran the kernels with numba's OpenMP thread pool:
-    GNU OpenMP is not fork-safe and numba aborts such a child at its first parallel region (a
-    DataLoader worker, for one). The reference runs there instead, after a warning."""
-    global _pool_pid
-    pid = os.getpid()
-    if _pool_pid is None:
-        _pool_pid = pid
-    if _pool_pid == pid:
-        return True
+# ----------------------------------------------------------------------------------------------
+# Work sharing: a few helper threads, woken per call, that claim blocks of rows alongside the
+# calling thread (see kernels.py). Nothing here sets a thread count anywhere: a call uses as many
+# threads as torch.get_num_threads() says at that moment.
+# ----------------------------------------------------------------------------------------------
+def _address(lib: ctypes.CDLL, name: str) -> int:
     try:
-        if numba.threading_layer() != "omp":
-            return True
-    except ValueError:  # the parent never started the pool
-        return True
-    if not _warned_fork:
-        _warn_fork()
-    return False
+        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+    except AttributeError:
+        return 0
 
 
-_warned_fork = False
-
-
-def _warn_fork() -> None:
-    global _warned_fork
-    _warned_fork = True
-    warnings.warn(
-        "rmsnorm: this process was forked after its parent used the CPU kernels, and numba's "
-        "OpenMP threading layer cannot run in such a child; using the reference implementation "
-        "(start workers with 'spawn', or set NUMBA_THREADING_LAYER=workqueue or tbb)",
-        RuntimeWarning,
-        stacklevel=4,
+def _libc_addresses() -> tuple[int, int, int]:
+    """(sched_yield, syscall, the futex syscall's number); 0 for what this platform lacks. Helpers
+    sleep in futex_wait only on little-endian Linux x86-64 / ARM64 (the kernels wait on the low 32
+    bits of a 64-bit word); elsewhere they sleep on a Python lock."""
+    try:
+        if os.name == "nt":
+            return _address(ctypes.WinDLL("kernel32"), "SwitchToThread"), 0, 0
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return 0, 0, 0
+    futex = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(
+        platform.machine().lower(), 0
     )
+    if not sys.platform.startswith("linux") or sys.byteorder != "little":
+        futex = 0
+    return _address(libc, "sched_yield"), _address(libc, "syscall") if futex else 0, futex
 
 
-class _Memory:
-    """A tensor's memory as numpy sees it, by address. ``Tensor.numpy()`` would mark the tensor's
-    storage as never resizable again (FSDP2 resizes parameter storages to free them; that failed),
-    so the kernels get their arrays this way; the array keeps the tensor alive through this."""
-
-    __slots__ = ("__array_interface__", "tensor")
-
-    def __init__(self, t: torch.Tensor, numel: int, typestr: str):
-        self.tensor = t
-        self.__array_interface__ = {
-            "data": (t.data_ptr(), False), "shape": (numel,), "typestr": typestr, "version": 3,
-        }  # fmt: skip
-
-
-def _array(t: torch.Tensor, numel: int | None = None) -> np.ndarray:
-    """numel elements from t's first one, as float32, float64 or raw 16-bit patterns (uint16)."""
-    typestr = {torch.float32: "<f4", torch.float64: "<f8"}.get(t.dtype, "<u2")
-    return np.asarray(_Memory(t, t.numel() if numel is None else numel, typestr))
-
-
-def _rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(float32 view, uint16 view, row stride, dtype code) of a 2-D tensor's storage, no copy.
-
-    The flat view spans from the first element to the last one the rows use, so strided rows (and a
-    row stride of 0) are read in place. N = 1 columns may have any last stride: only the row stride
-    is used.
-    """
-    m, n = t.shape
-    if n > 1 and t.stride(1) != 1:
-        t = t.contiguous()
-    stride = t.stride(0) if m > 1 else n
-    flat = _array(t, (m - 1) * stride + n)
-    code = _CODES[t.dtype]
-    if code == K.F32:
-        return flat, _NO_U16, stride, code
-    return _NO_F32, flat, stride, code
+def _openmp_runtime() -> int:
+    """GOMP_parallel's address in the OpenMP runtime that torch's own kernels use (libgomp,
+    libomp and libiomp5 all export it), or 0 where torch does not use OpenMP or it is not found."""
+    try:
+        if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+            return 0
+    except Exception:  # noqa: BLE001 - an unusual build: no OpenMP sharing
+        return 0
+    names = ("libgomp", "libiomp", "libomp")
+    paths = []
+    try:  # Linux: the runtime already loaded (by torch), found by its path
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if os.path.basename(path).startswith(names) and path.startswith("/"):
+                    paths.append(path)
+    except OSError:
+        pass
+    lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    if os.path.isdir(lib_dir):  # elsewhere: the runtime torch ships
+        paths += [os.path.join(lib_dir, f) for f in os.listdir(lib_dir) if f.startswith(names)]
+    for path in dict.fromkeys(paths):
+        try:
+            addr = _address(ctypes.CDLL(path), "GOMP_parallel")
+        except OSError:
+            continue
+        if addr:
+            return addr
+    return 0
 
 
-def _out(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(float32 view, uint16 view) of a fresh contiguous output."""
-    if t.dtype == torch.float32:
-        return _array(t), _NO_U16
-    return _NO_F32, _array(t)
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
-def _vec(t: torch.Tensor | None, n: int) -> np.ndarray:
-    """A (N,) float32 parameter as a contiguous array (ones when absent: × 1 is exact)."""
-    if t is None:
-        return np.ones(n, np.float32)
-    return _array(t.detach().to(torch.float32).contiguous())
+class _Pool:
+    """The task block the kernels share, its helper threads, and the lock that gives it to one call
+    at a time (a concurrent call from another thread runs alone on its own thread).
+
+    A helper spends its life inside the compiled ``serve`` (no GIL): it spins briefly after a task,
+    then sleeps in futex_wait until the kernel that publishes the next task wakes it. Where there
+    is no futex, it sleeps on a Python lock that the launcher releases, then serves one task."""
+
+    def __init__(self) -> None:
+        self.block = np.zeros(K.WORDS, np.int64)
+        self.addr = self.block.ctypes.data
+        sched_yield, syscall, futex = _libc_addresses()
+        self.block[K.YIELD] = sched_yield
+        self.block[K.SYSCALL], self.block[K.SYS_FUTEX] = syscall, futex
+        self.block[K.TIMESPEC : K.TIMESPEC + 2] = (0, 100_000_000)  # futex timeout: 0.1 s
+        # How many pause instructions make HELPER_SPIN_S: a pause takes 10 to 140 cycles depending
+        # on the CPU. Timed here with a helper's own wait for a task that does not come.
+        self.block[K.HELPER_SPINS] = 2000
+        t0 = time.perf_counter()
+        _serve(self.addr, 0, 0, 0)
+        pause_s = max((time.perf_counter() - t0) / 2000, 1e-9)
+        self.block[K.HELPER_SPINS] = max(100, int(HELPER_SPIN_S / pause_s))
+        self.futex = bool(syscall and futex)
+        self.busy = threading.Lock()
+        self.wakes: list[threading.Lock] = []  # one per lock-waiting helper: released = "work"
+        self.helpers = 0
+        self.max_helpers = max(0, _cores() - 1)
+        self.cost: dict[tuple, _Cost] = {}  # see _shared
+
+    def _sleep_on_futex(self, index: int) -> None:
+        _serve(self.addr, index, 0, 1)  # returns only when STOP is set
+
+    def _sleep_on_lock(self, index: int, wake: threading.Lock) -> None:
+        last = 0
+        while not self.block[K.STOP]:
+            wake.acquire()
+            last = _serve(self.addr, index, last, 0)
+
+    def _spawn(self) -> None:
+        index = self.helpers
+        if self.futex:
+            target, args = self._sleep_on_futex, (index,)
+        else:
+            wake = threading.Lock()
+            wake.acquire()
+            self.wakes.append(wake)
+            target, args = self._sleep_on_lock, (index, wake)
+        name = f"rmsnorm-cpu-{index}"
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+        self.helpers += 1
+
+    def acquire(self, threads: int) -> int:
+        """The task block's address with up to threads − 1 helpers allowed in (and woken, where
+        they sleep on locks), or 0 if another call has it."""
+        helpers = min(threads - 1, self.max_helpers)
+        if helpers < 1 or not self.busy.acquire(blocking=False):
+            return 0
+        while self.helpers < helpers:
+            self._spawn()
+        self.block[K.WANT] = helpers
+        for wake in self.wakes[:helpers]:
+            if wake.locked():
+                wake.release()
+        return self.addr
 
 
-def _threads(elements: int) -> None:
-    """Use as many threads as torch does (``torch.set_num_threads`` governs this library too), but
-    one below 64 K elements: waking the pool costs several µs on an idle machine and a whole
-    scheduler slice (ms) on a busy one, more than such a call's work."""
-    want = 1 if elements < _SERIAL_BELOW else max(1, min(torch.get_num_threads(), _MAX_THREADS))
-    if numba.get_num_threads() != want:
-        numba.set_num_threads(want)
+_pool: _Pool | None = None
+_pool_lock = threading.Lock()
+# Shared calls run on torch's OpenMP threads where this is not 0 (never in a forked process).
+_gomp = 0 if sys.modules[__package__].forked or K.TEAM_BODY is None else _openmp_runtime()
+_launch = threading.local()  # per calling thread: the words that ask a kernel for an OpenMP team
 
 
-def _fwd_rows_per_block(m: int, n: int) -> int:
-    # ~16 K elements a block: big enough that a block's scratch allocation is noise, small enough
-    # that M·N = 2^25 has thousands of blocks to spread over the threads.
-    return max(1, min(m, 16384 // n))
+def _forget_pool() -> None:
+    # A forked child has none of its parent's threads: it starts its own pool when it needs one.
+    # GNU OpenMP hangs in a child whose parent ran a team (torch's own ops do): the child shares
+    # calls with the pool's helpers instead.
+    global _pool, _pool_lock, _gomp
+    _pool, _pool_lock, _gomp = None, threading.Lock(), 0
 
 
-def _bwd_rows_per_block(m: int) -> int:
-    # Fixed by M alone, so d weight is summed in the same order on any number of threads. At least
-    # 32 rows a block keeps the fp32 partials (blocks × N) at ≤ 1/32 of the input; ≤ 1024 blocks.
-    return max(32, -(-m // 1024))
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _empty_grad(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((0,), dtype=ref.compute_dtype(x.dtype))
+def _acquire(pool: _Pool, threads: int) -> int:
+    """What a shared call's kernel gets: the words of an OpenMP team of `threads` (torch's own
+    runtime, whose threads are awake right after torch's own ops), or the pool's task block, or 0
+    where the pool is taken by another call."""
+    if USE_OPENMP and _gomp:
+        block = getattr(_launch, "block", None)
+        if block is None:
+            block = _launch.block = np.zeros(K.WORDS, np.int64)
+            block[K.MODE], block[K.GOMP], block[K.BODY] = K.OPENMP, _gomp, K.TEAM_BODY.address
+            _launch.addr = block.ctypes.data
+        block[K.TEAM] = threads
+        return _launch.addr
+    return pool.acquire(threads)
+
+
+class _Cost:
+    """What sharing calls of one kind (kernel, flags, size class) has cost lately: the seconds per
+    element of the last 4 calls run shared and of the last 4 run alone (each way's first 2 are
+    dropped: fresh outputs are faulted in), and when to try the way not preferred again, so that a
+    change of load is noticed: 8 calls after a change of preference, twice as long after each try
+    that confirms it, up to 256 calls, and at once after a try that beat the preferred way."""
+
+    __slots__ = ("alone", "together", "calls", "interval", "next_try", "warm_alone", "warm_shared")
+
+    def __init__(self) -> None:
+        self.alone: list[float] = []
+        self.together: list[float] = []
+        self.calls = 0
+        self.interval = self.next_try = 8
+        self.warm_alone = self.warm_shared = 2
+
+    def prefer_shared(self) -> bool:
+        # Within 1.25x, sharing wins: timings are noisy, and sharing is what torch's own ops do.
+        return len(self.alone) < 2 or _median(self.together) <= 1.25 * _median(self.alone)
+
+    def choose(self) -> bool:
+        self.calls += 1
+        if len(self.together) < 2:
+            return True
+        if len(self.alone) < 2:
+            return False
+        if self.calls < self.next_try:
+            return self.prefer_shared()
+        self.interval = min(2 * self.interval, 256)
+        self.next_try = self.calls + self.interval
+        return not self.prefer_shared()
+
+    def record(self, shared: bool, per_element: float) -> None:
+        if shared and self.warm_shared:
+            self.warm_shared -= 1
+            return
+        if not shared and self.warm_alone:
+            self.warm_alone -= 1
+            return
+        before = self.prefer_shared()
+        if len(self.alone) >= 2 and shared != before:  # a retry of the way not preferred
+            if shared:
+                won = per_element <= 1.25 * _median(self.alone)
+            else:
+                won = 1.25 * per_element < _median(self.together)
+            if won:  # retry at once, until the medians agree or it loses
+                self.interval, self.next_try = 1, self.calls + 1
+        samples = self.together if shared else self.alone
+        samples.append(per_element)
+        if len(samples) > 4:
+            del samples[0]
+        if len(self.together) >= 2 and self.prefer_shared() != before:
+            self.interval, self.next_try = 8, self.calls + 8
+
+
+def _shared(kernel, elements: int, *args) -> None:
+    """kernel(ctrl, *args) on an OpenMP team or with the pool's helpers, or kernel(0, *args) on
+    this thread alone: alone where torch is set to one thread, where another call holds the pool,
+    or where calls of this kind have lately run faster alone (an oversubscribed machine, whose
+    scheduler runs a team's threads late; measured in docs/cpu.md). The choice never changes a
+    result: blocks depend on the sizes alone."""
+    global _pool
+    threads = torch.get_num_threads()
+    if threads < 2:
+        kernel(0, *args)
+        return
+    pool = _pool
+    if pool is None:
+        with _pool_lock:
+            pool = _pool = _pool or _Pool()
+    cost = None
+    if ADAPTIVE:
+        key = (kernel is _forward, args[-1], elements.bit_length())
+        cost = pool.cost.get(key)
+        if cost is None:
+            cost = pool.cost[key] = _Cost()
+    ctrl = _acquire(pool, threads) if cost is None or cost.choose() else 0
+    t0 = time.perf_counter()
+    try:
+        kernel(ctrl, *args)
+    finally:
+        if ctrl and ctrl == pool.addr:
+            pool.busy.release()
+    if cost is not None:
+        cost.record(ctrl != 0, (time.perf_counter() - t0) / elements)
+
+
+def _median(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2] if samples else 0.0
 
 
 # ----------------------------------------------------------------------------------------------
-# RMSNorm
+# Plans: the output dtype and kernel flags of each combination of dtypes and options, built once
 # ----------------------------------------------------------------------------------------------
-def _rounding(casting_mode: str, in_dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[int, ...]:
-    """Rounding points (c_pre, c_r, c_mul, c_out) of the casting mode, as in
-    ``reference._rms_norm_apply``: "gemma" rounds once at the store; "llama" rounds x·r to the input
-    dtype and the products to the output dtype; "none" rounds the input, r and every product to the
-    input dtype."""
-    cin = _CODES[in_dtype]
-    if casting_mode == "gemma":
-        return K.F32, K.F32, K.F32, K.F32
-    if casting_mode == "llama":
-        return K.F32, K.F32, cin, _CODES[out_dtype]
-    return cin, cin, cin, cin
-
-
-def _rms_params(weight, bias, offset, casting_mode, in_dtype, out_dtype, n):
-    """The (N,) float32 scale and bias, rounded as the reference rounds them in the casting mode."""
-    dtype = {"gemma": torch.float32, "llama": out_dtype, "none": in_dtype}[casting_mode]
-    scale = ref._scale(weight, offset, dtype)
-    return _vec(scale, n), _NO_F32 if bias is None else _vec(bias.to(dtype), n)
-
-
-def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    m, n = x.shape
-    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
-    y = torch.empty((m, n), dtype=out_dtype)
-    rstd = torch.empty((m,), dtype=torch.float32)
-    xf, xu, xs, xc = _rows(x)
-    if residual is not None:
-        rf, ru, rs, rc = _rows(residual)
-        h = torch.empty((m, n), dtype=residual.dtype)
-        hf, hu = _out(h)
-    else:
-        rf, ru, rs, rc, h, hf, hu = _NO_F32, _NO_U16, 0, K.F32, None, _NO_F32, _NO_U16
-    yf, yu = _out(y)
-    s, b = _rms_params(weight, bias, offset, casting_mode, x.dtype, out_dtype, n)
-    _threads(m * n)
-    K.forward(
-        xf, xu, xs, xc, rf, ru, rs, rc, residual is not None, hf, hu, yf, yu, _CODES[out_dtype],
-        s, b, bias is not None, _NO_F32, _array(rstd), m, n, k, float(eps), K.RMS_NORM,
-        _EPS_MODES[eps_mode], *_rounding(casting_mode, x.dtype, out_dtype),
-        _fwd_rows_per_block(m, n),
-    )  # fmt: skip
-    return y, h, rstd
+_REFERENCE = (None, 0)
+_rms_fwd_plans: dict[tuple, tuple] = {}
+_rms_bwd_plans: dict[tuple, tuple] = {}
+_ln_fwd_plans: dict[tuple, tuple] = {}
+_ln_bwd_plans: dict[tuple, tuple] = {}
 
 
 def _check_modes(eps_mode: str, casting_mode: str) -> None:
@@ -208,51 +358,196 @@ def _check_modes(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"casting_mode must be one of {ref.CASTING_MODES}, got {casting_mode!r}")
 
 
+def _pc(dtype: torch.dtype | None) -> int:
+    """A parameter's dtype code (0 where there is none)."""
+    return 0 if dtype is None else _PARAM_CODES[dtype]
+
+
+def _kernel_dtypes(*dtypes: torch.dtype | None, params: tuple = ()) -> bool:
+    return all(d is None or d in _CODES for d in dtypes) and all(
+        p is None or p in _PARAM_CODES for p in params
+    )
+
+
+def _rms_fwd_plan(key: tuple) -> tuple:
+    xdt, wdt, bdt, rdt, casting_mode, eps_mode = key
+    _check_modes(eps_mode, casting_mode)
+    out = torch.promote_types(xdt, wdt) if casting_mode == "llama" and wdt is not None else xdt
+    plan = _REFERENCE
+    if _kernel_dtypes(xdt, rdt, out, params=(wdt, bdt)):
+        cin, cout = _CODES[xdt], _CODES[out]
+        # rounding points as in reference._rms_norm_apply: "gemma" rounds once at the store;
+        # "llama" rounds x·r to the input dtype and the products to the output dtype; "none"
+        # rounds the input, r and every product to the input dtype. The parameters are rounded to
+        # the dtype their product is taken in.
+        pre, r, mul, last = {
+            "gemma": (K.F32,) * 4, "llama": (K.F32, K.F32, cin, cout), "none": (cin,) * 4
+        }[casting_mode]  # fmt: skip
+        param = {"gemma": K.F32, "llama": cout, "none": cin}[casting_mode]
+        flags = K.pack(
+            x=(K.FX, cin), r=(K.FR, _CODES[rdt] if rdt else 0), y=(K.FY, cout),
+            res=(K.FHAS_RES, rdt is not None), norm=(K.FNORM, K.RMS_NORM),
+            eps=(K.FEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
+            pre=(K.FC_PRE, pre), cr=(K.FC_R, r), mul=(K.FC_MUL, mul), out=(K.FC_OUT, last),
+            w=(K.FW, _pc(wdt)), has_w=(K.FHAS_W, wdt is not None),
+            b=(K.FB, _pc(bdt)), has_b=(K.FHAS_B, bdt is not None),
+            param=(K.FC_PARAM, param),
+        )  # fmt: skip
+        plan = (out, flags)
+    _rms_fwd_plans[key] = plan
+    return plan
+
+
+def _rms_bwd_plan(key: tuple) -> tuple:
+    dydt, xdt, wdt, bdt, drdt, input_dtype, casting_mode, eps_mode, sdt = key
+    _check_modes(eps_mode, casting_mode)
+    plan = _REFERENCE
+    stats_ok = sdt == _F32
+    if stats_ok and _kernel_dtypes(dydt, xdt, drdt, input_dtype, params=(wdt, bdt)):
+        flags = K.pack(
+            dy=(K.BDY, _CODES[dydt]), x=(K.BX, _CODES[xdt]),
+            dr=(K.BDR, _CODES[drdt] if drdt else 0), has_dr=(K.BHAS_DR, drdt is not None),
+            norm=(K.BNORM, K.RMS_NORM), eps=(K.BEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
+            xhat=(K.BC_XHAT, _CODES[input_dtype] if casting_mode == "llama" else K.F32),
+            w=(K.BW, _pc(wdt)), has_w=(K.BHAS_W, wdt is not None), dw=(K.BDW, _pc(wdt)),
+            db=(K.BDB, _pc(bdt)),
+        )  # fmt: skip
+        plan = (xdt, flags)
+    _rms_bwd_plans[key] = plan
+    return plan
+
+
+_NEED_DW = K.pack(f=(K.BNEED_DW, 1))
+_NEED_DB = K.pack(f=(K.BNEED_DB, 1))
+
+
+def _ln_fwd_plan(key: tuple) -> tuple:
+    xdt, wdt, bdt = key
+    plan = _REFERENCE
+    if _kernel_dtypes(xdt, params=(wdt, bdt)):
+        cx = _CODES[xdt]
+        flags = K.pack(
+            x=(K.FX, cx), y=(K.FY, cx), norm=(K.FNORM, K.LAYER_NORM),
+            w=(K.FW, _pc(wdt)), has_w=(K.FHAS_W, wdt is not None),
+            b=(K.FB, _pc(bdt)), has_b=(K.FHAS_B, bdt is not None),
+        )  # fmt: skip
+        plan = (xdt, flags)
+    _ln_fwd_plans[key] = plan
+    return plan
+
+
+# The launchers below are written flat, without helper calls: at decoding sizes each Python-level
+# step (~0.05-0.2 µs) is a visible part of the call.
+# ----------------------------------------------------------------------------------------------
+# RMSNorm
+# ----------------------------------------------------------------------------------------------
 def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
     """RMSNorm forward; see :func:`rmsnorm.reference.rms_norm_fwd`."""
-    _check_modes(eps_mode, casting_mode)
-    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
-    if x.numel() == 0 or not _supported(x.dtype, out_dtype):
+    key = (
+        x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+        None, casting_mode, eps_mode,
+    )  # fmt: skip
+    out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
+    m, n = x.shape
+    if out is None or not m or not n:
         return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
-    y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    xs, x1 = x.stride()
+    if x1 != 1 and n > 1:
+        x = x.contiguous()
+        xs = x.stride(0)
+    wp = ws = bp = bs = 0
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    y = torch.empty_like(x) if out is x.dtype else x.new_empty((m, n), dtype=out)
+    rstd = _F32_CPU.new_empty(m)
+    args = (
+        x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rstd.data_ptr(), m, n, k,
+        float(eps), float(offset), flags,
+    )  # fmt: skip
+    if m * n < PARALLEL_MIN:
+        _forward(0, *args)
+    else:
+        _shared(_forward, m * n, *args)
     return y, rstd
 
 
 def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
     """Residual add + RMSNorm forward; see :func:`rmsnorm.reference.add_rms_norm_fwd`."""
-    _check_modes(eps_mode, casting_mode)
-    out_dtype = ref.output_dtype(x.dtype, weight, casting_mode)
-    if x.numel() == 0 or not _supported(x.dtype, residual.dtype, out_dtype):
+    key = (
+        x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+        residual.dtype, casting_mode, eps_mode,
+    )  # fmt: skip
+    out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
+    m, n = x.shape
+    if out is None or not m or not n:
         return ref.add_rms_norm_fwd(
             x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
-    return _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k)
-
-
-def _bwd(dy, x, scale, mean, rstd, dresidual, norm, eps_mode, k, c_xhat, dw_p, db_p, need):
-    """Shared launcher of the backward kernel; returns (dx, dw, db)."""
-    m, n = x.shape
-    dx = torch.empty((m, n), dtype=x.dtype)
-    need_dw = need and dw_p is not None
-    need_db = need and db_p is not None
-    dw64 = torch.empty(n if need_dw else 0, dtype=torch.float64)
-    db64 = torch.empty(n if need_db else 0, dtype=torch.float64)
-    dyf, dyu, dys, dyc = _rows(dy)
-    xf, xu, xs, xc = _rows(x)
-    if dresidual is not None:
-        drf, dru, drs, drc = _rows(dresidual)
-    else:
-        drf, dru, drs, drc = _NO_F32, _NO_U16, 0, K.F32
-    dxf, dxu = _out(dx)
-    mean_np = _NO_F32 if mean is None else _vec(mean, m)
-    _threads(m * n)
-    K.backward(
-        dyf, dyu, dys, dyc, xf, xu, xs, xc, drf, dru, drs, drc, dresidual is not None, dxf, dxu,
-        scale, mean_np, _vec(rstd, m), m, n, k, norm, eps_mode, c_xhat, need_dw, need_db,
-        _bwd_rows_per_block(m), _array(dw64), _array(db64),
+    if x.stride(1) != 1 and n > 1:
+        x = x.contiguous()
+    if residual.stride(1) != 1 and n > 1:
+        residual = residual.contiguous()
+    wp = ws = bp = bs = 0
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    y = x.new_empty((m, n), dtype=out)
+    h = residual.new_empty((m, n))
+    rstd = _F32_CPU.new_empty(m)
+    args = (
+        x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0), h.data_ptr(),
+        y.data_ptr(), wp, ws, bp, bs, 0, rstd.data_ptr(), m, n, k, float(eps), float(offset),
+        flags,
     )  # fmt: skip
-    dw = dw64.to(dw_p.dtype) if need_dw else _empty_grad(x)
-    db = db64.to(db_p.dtype) if need_db else _empty_grad(x)
+    if m * n < PARALLEL_MIN:
+        _forward(0, *args)
+    else:
+        _shared(_forward, m * n, *args)
+    return y, h, rstd
+
+
+def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weight_grad):
+    """The backward kernel's call: (dx, dw, db) with empty float32 tensors for absent gradients."""
+    m, n = x.shape
+    if n > 1:
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if dy.stride(1) != 1:
+            dy = dy.contiguous()
+        if dresidual is not None and dresidual.stride(1) != 1:
+            dresidual = dresidual.contiguous()
+    drp = drs = meanp = wp = ws = 0
+    if dresidual is not None:
+        drp, drs = dresidual.data_ptr(), dresidual.stride(0)
+    if not rstd.is_contiguous():
+        rstd = rstd.contiguous()
+    if mean is not None:
+        mean = mean if mean.is_contiguous() else mean.contiguous()
+        meanp = mean.data_ptr()
+    dx = x.new_empty((m, n))
+    if need_weight_grad and weight is not None:
+        dw = weight.new_empty(n)
+        flags |= _NEED_DW
+    else:
+        dw = _F32_CPU.new_empty(0)
+    if need_weight_grad and bias is not None:
+        db = bias.new_empty(n)
+        flags |= _NEED_DB
+    else:
+        db = _F32_CPU.new_empty(0)
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    args = (
+        dy.data_ptr(), dy.stride(0), x.data_ptr(), x.stride(0), drp, drs, dx.data_ptr(), wp, ws,
+        meanp, rstd.data_ptr(), dw.data_ptr(), db.data_ptr(), m, n, k, float(offset), flags,
+    )  # fmt: skip
+    if m * n < PARALLEL_MIN:
+        _backward(0, *args)
+    else:
+        _shared(_backward, m * n, *args)
     return dx, dw, db
 
 
@@ -261,20 +556,18 @@ def rms_norm_bwd(
     need_weight_grad=True,
 ):  # fmt: skip
     """RMSNorm backward; see :func:`rmsnorm.reference.rms_norm_bwd`."""
-    _check_modes(eps_mode, casting_mode)
-    dr_dtype = None if dresidual is None else dresidual.dtype
-    if x.numel() == 0 or not _supported(dy.dtype, x.dtype, dr_dtype, input_dtype, rstd.dtype):
+    key = (
+        dy.dtype, x.dtype, None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype, None if dresidual is None else dresidual.dtype,
+        input_dtype, casting_mode, eps_mode, rstd.dtype,
+    )  # fmt: skip
+    dxdt, flags = _rms_bwd_plans.get(key) or _rms_bwd_plan(key)
+    if dxdt is None or not x.numel():
         return ref.rms_norm_bwd(
             dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
             input_dtype, need_weight_grad,
         )  # fmt: skip
-    n = x.shape[1]
-    scale = _vec(ref._scale(weight, offset, torch.float32), n)
-    c_xhat = _CODES[input_dtype] if casting_mode == "llama" else K.F32
-    return _bwd(
-        dy, x, scale, None, rstd, dresidual, K.RMS_NORM, _EPS_MODES[eps_mode], k, c_xhat,
-        weight, bias, need_weight_grad,
-    )  # fmt: skip
+    return _bwd(dy, x, weight, bias, None, rstd, dresidual, k, offset, flags, need_weight_grad)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,31 +575,55 @@ def rms_norm_bwd(
 # ----------------------------------------------------------------------------------------------
 def layer_norm_fwd(x, weight, bias, eps):
     """LayerNorm forward; see :func:`rmsnorm.reference.layer_norm_fwd`."""
-    if x.numel() == 0 or not _supported(x.dtype):
-        return ref.layer_norm_fwd(x, weight, bias, eps)
+    key = (x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+    out, flags = _ln_fwd_plans.get(key) or _ln_fwd_plan(key)
     m, n = x.shape
-    y = torch.empty((m, n), dtype=x.dtype)
-    mean = torch.empty((m,), dtype=torch.float32)
-    rstd = torch.empty((m,), dtype=torch.float32)
-    xf, xu, xs, xc = _rows(x)
-    yf, yu = _out(y)
-    _threads(m * n)
-    K.forward(
-        xf, xu, xs, xc, _NO_F32, _NO_U16, 0, K.F32, False, _NO_F32, _NO_U16, yf, yu, xc,
-        _vec(weight, n), _NO_F32 if bias is None else _vec(bias, n), bias is not None,
-        _array(mean), _array(rstd),
-        m, n, n, float(eps), K.LAYER_NORM, K.MEAN_SQUARE, K.F32, K.F32, K.F32, K.F32,
-        _fwd_rows_per_block(m, n),
+    if out is None or not m or not n:
+        return ref.layer_norm_fwd(x, weight, bias, eps)
+    xs, x1 = x.stride()
+    if x1 != 1 and n > 1:
+        x = x.contiguous()
+        xs = x.stride(0)
+    wp = ws = bp = bs = 0
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    y = torch.empty_like(x)
+    mean = _F32_CPU.new_empty(m)
+    rstd = _F32_CPU.new_empty(m)
+    args = (
+        x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mean.data_ptr(),
+        rstd.data_ptr(), m, n, n, float(eps), 0.0, flags,
     )  # fmt: skip
+    if m * n < PARALLEL_MIN:
+        _forward(0, *args)
+    else:
+        _shared(_forward, m * n, *args)
     return y, mean, rstd
 
 
 def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     """LayerNorm backward; see :func:`rmsnorm.reference.layer_norm_bwd`."""
-    if x.numel() == 0 or not _supported(dy.dtype, x.dtype, rstd.dtype, mean.dtype):
-        return ref.layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
-    n = x.shape[1]
-    return _bwd(
-        dy, x, _vec(weight, n), mean, rstd, None, K.LAYER_NORM, K.MEAN_SQUARE, n, K.F32,
-        weight, bias, need_weight_grad,
+    key = (
+        dy.dtype, x.dtype, None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype, mean.dtype, rstd.dtype,
     )  # fmt: skip
+    dxdt, flags = _ln_bwd_plans.get(key) or _ln_bwd_plan(key)
+    if dxdt is None or not x.numel():
+        return ref.layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
+    return _bwd(dy, x, weight, bias, mean, rstd, None, x.shape[1], 0.0, flags, need_weight_grad)
+
+
+def _ln_bwd_plan(key: tuple) -> tuple:
+    dydt, xdt, wdt, bdt, meandt, sdt = key
+    plan = _REFERENCE
+    if meandt == _F32 and sdt == _F32 and _kernel_dtypes(dydt, xdt, params=(wdt, bdt)):
+        flags = K.pack(
+            dy=(K.BDY, _CODES[dydt]), x=(K.BX, _CODES[xdt]), norm=(K.BNORM, K.LAYER_NORM),
+            w=(K.BW, _pc(wdt)), has_w=(K.BHAS_W, wdt is not None), dw=(K.BDW, _pc(wdt)),
+            db=(K.BDB, _pc(bdt)),
+        )  # fmt: skip
+        plan = (xdt, flags)
+    _ln_bwd_plans[key] = plan
+    return plan
