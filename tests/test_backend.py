@@ -216,3 +216,34 @@ def test_use_backend_inside_a_compiled_function(monkeypatch):
     with pytest.raises(Exception, match="enter it around the call to the compiled function"):
         torch.compile(fn, fullgraph=True)(x)
     assert _backend.current() == "auto"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_launchers_take_rows_in_their_own_shape(backend):
+    """The contract: rows (*, N) contiguous of any rank, or (M, N) with strided rows; outputs in
+    x's shape as tensors of their own; statistics (M,)."""
+    mod = _backend._load(backend)
+    x3, r3 = torch.randn(2, 3, 16), torch.randn(2, 3, 16)
+    w = torch.randn(16)
+    strided = torch.randn(6, 32)[:, :16]  # the same rows, 2-D with a row stride of 32
+    strided.copy_(x3.reshape(6, 16))
+    for x in (x3, torch.randn(16), strided):
+        y, rstd = mod.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, 16)
+        assert y.shape == x.shape and y.is_contiguous() and y._base is None
+        assert rstd.shape == (x.numel() // 16,)
+        dx, dw, _ = mod.rms_norm_bwd(
+            torch.ones_like(x), x, w, None, rstd, None, 1e-6, "mean_square", "gemma", 0.0, 16,
+            x.dtype, True,
+        )  # fmt: skip
+        assert dx.shape == x.shape and dw.shape == (16,)
+        y, h, rstd = mod.add_rms_norm_fwd(x, x.clone(), w, None, 1e-6, "rms", "gemma", 0.0, 16)
+        assert y.shape == h.shape == x.shape and rstd.shape == (x.numel() // 16,)
+        y, mean, rstd = mod.layer_norm_fwd(x, w, w, 1e-5)
+        assert y.shape == x.shape and mean.shape == rstd.shape == (x.numel() // 16,)
+        dx, dw, db = mod.layer_norm_bwd(torch.ones_like(x), x, w, w, mean, rstd, True)
+        assert dx.shape == x.shape and dw.shape == db.shape == (16,)
+    y3, _ = mod.rms_norm_fwd(x3, w, None, 1e-6, "mean_square", "gemma", 0.0, 16)
+    y2, _ = mod.rms_norm_fwd(strided, w, None, 1e-6, "mean_square", "gemma", 0.0, 16)
+    torch.testing.assert_close(y3.reshape(6, 16), y2)
+    _, h, _ = mod.add_rms_norm_fwd(x3, r3.reshape(6, 16), w, None, 1e-6, "rms", "gemma", 0.0, 8)
+    torch.testing.assert_close(h.reshape(6, 16), (x3 + r3).reshape(6, 16))  # mixed ranks

@@ -132,18 +132,8 @@ def test_rms_norm_rows_whose_sum_of_squares_overflows(backend, dtype):
         _check(r, r_x, "add rstd", c)
 
 
-_CPU_LN = pytest.param(
-    "cpu",
-    marks=pytest.mark.xfail(
-        strict=True,
-        reason="the CPU kernels form x − μ in float32 for y and for d weight: inf where it "
-        "overflows (one element of the 3e38 row)",
-    ),
-)
-
-
 @DTYPES
-@pytest.mark.parametrize("backend", [b if b != "cpu" else _CPU_LN for b in BACKENDS])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_layer_norm_rows_whose_statistics_overflow(backend, dtype):
     B, layout, device = _backend(backend)
     x, c, w, bias, dy = _inputs(dtype, device)

@@ -1,5 +1,5 @@
-"""Calls of the backend launchers on tensors in their own shape: flatten to (M, N) rows, launch on
-the backend in force for the device, give the outputs the input's shape.
+"""Calls of the backend launchers on tensors in their own shape: present the rows as the launchers
+read them, launch on the backend in force for the device, give the outputs the input's shape.
 
 The functions have the signatures of the ops in :mod:`rmsnorm._ops` and check nothing: the ops check
 their arguments before calling these, and the functional API validates its own and calls these
@@ -22,13 +22,16 @@ def _launchers(x: torch.Tensor):
 
 
 def _rows(t: torch.Tensor, norm_dims: int) -> torch.Tensor:
-    """t as (M, N) rows with a unit stride along N (rows themselves may be strided)."""
-    if t.dim() == 2 and norm_dims == 1:
-        t2 = t
-    else:
-        n = t.shape[-1] if norm_dims == 1 else math.prod(t.shape[t.dim() - norm_dims :])
-        t2 = t.reshape(-1, n)
-    return t2 if t2.stride(-1) == 1 or t2.shape[-1] == 1 else t2.contiguous()
+    """t as the launchers read rows (*, N): as it is when contiguous (outputs then come back in
+    t's own shape, no view needed), else as (M, N) rows with a unit last stride — a view where the
+    rows are equally spaced (the launchers read strided rows in place), a copy otherwise."""
+    if norm_dims == 1:
+        if t.is_contiguous():
+            return t
+        if t.dim() != 2:
+            t = t.reshape(-1, t.shape[-1])
+        return t if t.stride(1) == 1 or t.shape[1] == 1 else t.contiguous()
+    return t.reshape(-1, math.prod(t.shape[t.dim() - norm_dims :]))
 
 
 def _vec(p: torch.Tensor | None) -> torch.Tensor | None:
@@ -42,7 +45,7 @@ def _flat(stat: torch.Tensor) -> torch.Tensor:
 def _shaped(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """t (fresh) in like's shape, as a tensor of its own rather than a view: a view would make the
     output of a norm look like a view to autograd (FSDP warns on modules that return one)."""
-    if t.shape == like.shape:
+    if t.dim() == like.dim() and t.shape == like.shape:
         return t
     with _below_views():
         return t.view(like.shape)

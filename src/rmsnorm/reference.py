@@ -1,14 +1,17 @@
 """The spec: plain-PyTorch RMSNorm / LayerNorm forward and written-out backward, correct in float64.
 
 Every kernel, benchmark and fallback in this package is compared against this module, and it is also
-a backend of its own (``RMSNORM_BACKEND=reference``): its launcher functions take the same 2-D
-arguments and return the same tuples as the Triton and CPU launchers. The formulas are those of
+a backend of its own (``RMSNORM_BACKEND=reference``): its launcher functions (``*_fwd``, ``*_bwd``)
+are the contract every backend implements. They take rows x of shape (*, N) — a contiguous tensor
+of any rank whose last dim is the row, or (M, N) with a unit last stride and any row stride — and
+(N,) parameters of any stride; they return fresh outputs of x's shape and per-row statistics of
+shape (M,), M the number of rows. The formulas are those of
 ``docs/conventions.md`` and ``docs/spec.md``; each function's docstring states the one it
 implements.
 
-Notation (one row of N elements; M rows): x the row, γ the weight, β the bias, k the number of
-leading elements the RMS is estimated from (k = N unless ``partial`` is set), r the per-row
-reciprocal scale.
+Notation (one row of N elements; M rows, the leading dims (*) flattened): x the row, γ the weight,
+β the bias, k the number of leading elements the RMS is estimated from (k = N unless ``partial``
+is set), r the per-row reciprocal scale.
 
 Rows whose statistics overflow the compute dtype (Σx² past 3.4e38 in float32, i.e. |x| ≳ 1e19 in
 float32 or bfloat16 input) are rescaled rather than returned as 0 (which is what torch gives):
@@ -95,6 +98,26 @@ def overflow_scale(dtype: torch.dtype) -> float:
     return 2.0**-560 if dtype == torch.float64 else 2.0**-80
 
 
+def _flat(stat: torch.Tensor) -> torch.Tensor:
+    """A per-row statistic of shape (*) as the launchers return it: (M,)."""
+    return stat if stat.dim() == 1 else stat.reshape(-1)
+
+
+def _lead(stat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-row statistic (M,) in the leading shape (*) of x (*, N)."""
+    return stat if stat.dim() == x.dim() - 1 else stat.reshape(x.shape[:-1])
+
+
+def _as(t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    """t, rows of the same (M, N) as x but possibly of another rank, in x's shape."""
+    return t if t is None or t.shape == x.shape else t.reshape(x.shape)
+
+
+def _column_sum(t: torch.Tensor) -> torch.Tensor:
+    """Σ over the rows of t (*, N): (N,)."""
+    return t.reshape(-1, t.shape[-1]).sum(dim=0)
+
+
 def _ones_but(mask: torch.Tensor, value: float, like: torch.Tensor) -> torch.Tensor:
     """1 where not mask, value where mask, in like's dtype (value may underflow float32)."""
     return torch.ones_like(like).masked_fill(mask, value)
@@ -119,9 +142,9 @@ def row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 def _mean_square(xf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ms, sc) per row of the first k elements of xf (compute dtype): ms = mean(x²) and sc = 1,
     or, where mean(x²) overflows, ms = mean((s·x)²) and sc = s (see the module docstring)."""
-    xk = xf[:, :k]
+    xk = xf[..., :k]
     s = overflow_scale(xf.dtype)
-    ms = xk.square().mean(dim=-1)  # (M,)
+    ms = xk.square().mean(dim=-1)  # (*)
     ms_s = (xk * s).square().mean(dim=-1)  # the same read of x: one fused reduction when compiled
     over = ms == math.inf
     return torch.where(over, ms_s, ms), _ones_but(over, s, ms)
@@ -131,7 +154,7 @@ def _rstd(xf: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
     """r per row from the first k elements: ``"mean_square"`` r = 1/sqrt(mean(x²) + ε);
     ``"rms"`` r = 1/(sqrt(mean(x²)) + ε); for a row whose mean(x²) overflows, the same from s·x:
     r = s/sqrt(mean((s·x)²) + ε·s²) or s/(sqrt(mean((s·x)²)) + ε·s)."""
-    ms, sc = _mean_square(xf, k)  # (M,), (M,)
+    ms, sc = _mean_square(xf, k)  # (*), (*)
     if eps_mode == "mean_square":
         return torch.rsqrt(ms + eps * sc * sc) * sc
     if eps_mode == "rms":
@@ -148,8 +171,8 @@ def _scale(weight: torch.Tensor | None, offset: float, dtype: torch.dtype) -> to
 
 
 def _rms_norm_apply(
-    x: torch.Tensor,  # (M, N), any float dtype
-    rstd: torch.Tensor,  # (M,), compute dtype
+    x: torch.Tensor,  # (*, N), any float dtype
+    rstd: torch.Tensor,  # (*), compute dtype
     weight: torch.Tensor | None,  # (N,)
     bias: torch.Tensor | None,  # (N,)
     casting_mode: str,
@@ -161,7 +184,7 @@ def _rms_norm_apply(
     out_dtype = output_dtype(in_dtype, weight, casting_mode)
     if casting_mode == "gemma":
         # statistics and the weight product in fp32; one cast at the end.
-        y = x.to(cd) * rstd[:, None]
+        y = x.to(cd) * rstd[..., None]
         s = _scale(weight, offset, cd)
         if s is not None:
             y = y * s
@@ -170,7 +193,7 @@ def _rms_norm_apply(
         return y.to(out_dtype)
     if casting_mode == "llama":
         # normalize in fp32, cast to the input dtype, then × weight in promote(input, weight).
-        y = (x.to(cd) * rstd[:, None]).to(in_dtype).to(out_dtype)
+        y = (x.to(cd) * rstd[..., None]).to(in_dtype).to(out_dtype)
         s = _scale(weight, offset, out_dtype)
         if s is not None:
             y = y * s
@@ -179,7 +202,7 @@ def _rms_norm_apply(
         return y
     if casting_mode == "none":
         # rstd rounded to the input dtype; x·rstd and × weight each rounded in the input dtype.
-        y = x.to(in_dtype) * rstd.to(in_dtype)[:, None]
+        y = x.to(in_dtype) * rstd.to(in_dtype)[..., None]
         s = _scale(weight, offset, in_dtype)
         if s is not None:
             y = y * s
@@ -190,7 +213,7 @@ def _rms_norm_apply(
 
 
 def rms_norm_fwd(
-    x: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (*, N)
     weight: torch.Tensor | None,  # (N,)
     bias: torch.Tensor | None,  # (N,)
     eps: float,
@@ -201,18 +224,18 @@ def rms_norm_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm forward: y = (offset + γ) ⊙ x · r + β with r from the first k elements.
 
-    Returns (y (M, N) in :func:`output_dtype`, r (M,) in the compute dtype). r is what the backward
+    Returns (y (*, N) in :func:`output_dtype`, r (M,) in the compute dtype). r is what the backward
     needs.
     """
     cd = compute_dtype(x.dtype)
     rstd = _rstd(x.to(cd), eps, eps_mode, k)
     y = _rms_norm_apply(x, rstd, weight, bias, casting_mode, offset, x.dtype)
-    return y, rstd
+    return y, _flat(rstd)
 
 
 def add_rms_norm_fwd(
-    x: torch.Tensor,  # (M, N)
-    residual: torch.Tensor,  # (M, N), any float dtype (fp32 residual with bf16 x is allowed)
+    x: torch.Tensor,  # (*, N)
+    residual: torch.Tensor,  # (*, N), any float dtype (fp32 residual with bf16 x is allowed)
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
@@ -227,19 +250,19 @@ def add_rms_norm_fwd(
     Returns (y, h, r). r is computed from the stored h, so y is exactly RMSNorm of the h returned.
     """
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(residual.dtype))
-    h = (x.to(cd) + residual.to(cd)).to(residual.dtype)  # (M, N)
+    h = (x.to(cd) + _as(residual, x).to(cd)).to(residual.dtype)  # (*, N)
     rstd = _rstd(h.to(cd), eps, eps_mode, k)
     y = _rms_norm_apply(h, rstd, weight, bias, casting_mode, offset, x.dtype)
-    return y, h, rstd
+    return y, h, _flat(rstd)
 
 
 def rms_norm_bwd(
-    dy: torch.Tensor,  # (M, N)
-    x: torch.Tensor,  # (M, N): the normalized input (h for add_rms_norm)
+    dy: torch.Tensor,  # (*, N)
+    x: torch.Tensor,  # (*, N): the normalized input (h for add_rms_norm)
     weight: torch.Tensor | None,  # (N,)
     bias: torch.Tensor | None,  # (N,): only its presence and dtype matter
     rstd: torch.Tensor,  # (M,)
-    dresidual: torch.Tensor | None,  # (M, N): gradient of h for add_rms_norm, else None
+    dresidual: torch.Tensor | None,  # (*, N): gradient of h for add_rms_norm, else None
     eps: float,
     eps_mode: str,
     casting_mode: str,
@@ -264,19 +287,19 @@ def rms_norm_bwd(
     """
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(input_dtype))
     xf = x.to(cd)
-    dyf = dy.to(cd)
-    r = rstd.to(cd)[:, None]  # (M, 1)
-    xhat = xf * r  # (M, N)
+    dyf = _as(dy, x).to(cd)
+    r = _lead(rstd.to(cd), x)[..., None]  # (*, 1)
+    xhat = xf * r  # (*, N)
     s = _scale(weight, offset, cd)
     g = dyf * s if s is not None else dyf
-    S = (g * xhat).sum(dim=-1, keepdim=True)  # (M, 1)
+    S = (g * xhat).sum(dim=-1, keepdim=True)  # (*, 1)
     n = x.shape[-1]
     if eps_mode == "mean_square":
         corr = xhat * (r * S / k)
     elif eps_mode == "rms":
         ms, sc = _mean_square(xf, k)
-        root = ms.sqrt()[:, None]  # (M, 1): RMS, or s·RMS where mean(x²) overflows
-        coef = torch.where(root > 0, S / (k * root), torch.zeros_like(S)) * sc[:, None]
+        root = ms.sqrt()[..., None]  # (*, 1): RMS, or s·RMS where mean(x²) overflows
+        coef = torch.where(root > 0, S / (k * root), torch.zeros_like(S)) * sc[..., None]
         corr = xhat * coef
     else:
         raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
@@ -284,14 +307,14 @@ def rms_norm_bwd(
         corr = corr * (torch.arange(n, device=x.device) < k)
     dx = r * g - corr
     if dresidual is not None:
-        dx = dx + dresidual.to(cd)
+        dx = dx + _as(dresidual, x).to(cd)
     dw = x.new_empty((0,), dtype=compute_dtype(x.dtype))  # distinct tensors: outputs never alias
     db = x.new_empty((0,), dtype=compute_dtype(x.dtype))
     if need_weight_grad and weight is not None:
         xh = xhat.to(input_dtype).to(cd) if casting_mode == "llama" else xhat
-        dw = (dyf * xh).sum(dim=0).to(weight.dtype)
+        dw = _column_sum(dyf * xh).to(weight.dtype)
     if need_weight_grad and bias is not None:
-        db = dyf.sum(dim=0).to(bias.dtype)
+        db = _column_sum(dyf).to(bias.dtype)
     return dx.to(x.dtype), dw, db
 
 
@@ -304,7 +327,7 @@ _RISK_R = 2.0**-100
 
 
 def layer_norm_fwd(
-    x: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (*, N)
     weight: torch.Tensor | None,  # (N,)
     bias: torch.Tensor | None,  # (N,)
     eps: float,
@@ -314,34 +337,34 @@ def layer_norm_fwd(
     whose μ, x − μ or σ² overflows is normalized from s·x (the module docstring): x − μ is then
     s·x − s·μ, r_s = 1/sqrt(σ_s² + ε·s²) normalizes it, and r = s·r_s is returned.
 
-    Returns (y (M, N), μ (M,), r (M,)).
+    Returns (y (*, N), μ (M,), r (M,)).
     """
     cd = compute_dtype(x.dtype)
     xf = x.to(cd)
-    mean = xf.mean(dim=-1)  # (M,)
-    xc = xf - mean[:, None]
+    mean = xf.mean(dim=-1)  # (*)
+    xc = xf - mean[..., None]
     var = xc.square().mean(dim=-1)
     s = overflow_scale(cd)
     xs = xf * s  # the same reads as the plain statistics: fused into their reductions when compiled
     mean_s = xs.mean(dim=-1)
-    xc_s = xs - mean_s[:, None]
+    xc_s = xs - mean_s[..., None]
     over = ~torch.isfinite(var)  # also NaN: a NaN or inf input gives NaN either way
-    xc = torch.where(over[:, None], xc_s, xc)
+    xc = torch.where(over[..., None], xc_s, xc)
     sc = _ones_but(over, s, var)
-    r = torch.rsqrt(torch.where(over, xc_s.square().mean(dim=-1), var) + eps * sc * sc)  # (M,)
+    r = torch.rsqrt(torch.where(over, xc_s.square().mean(dim=-1), var) + eps * sc * sc)  # (*)
     mean = torch.where(over, mean_s / s, mean)
     rstd = r * sc
-    y = xc * r[:, None]
+    y = xc * r[..., None]
     if weight is not None:
         y = y * weight.to(cd)
     if bias is not None:
         y = y + bias.to(cd)
-    return y.to(x.dtype), mean, rstd
+    return y.to(x.dtype), _flat(mean), _flat(rstd)
 
 
 def layer_norm_bwd(
-    dy: torch.Tensor,  # (M, N)
-    x: torch.Tensor,  # (M, N)
+    dy: torch.Tensor,  # (*, N)
+    x: torch.Tensor,  # (*, N)
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     mean: torch.Tensor,  # (M,)
@@ -353,18 +376,18 @@ def layer_norm_bwd(
     Where r < 2^-100 (σ > 1e30, where x − μ may overflow) x̂ = (s·x − s·μ)·(r/s): the same value,
     with s of :func:`overflow_scale`. Returns (dx, dγ, dβ) like :func:`rms_norm_bwd`."""
     cd = compute_dtype(x.dtype)
-    dyf = dy.to(cd)
-    r = rstd.to(cd)[:, None]
-    sc = _ones_but(r < _RISK_R, overflow_scale(cd), r)  # (M, 1)
-    xhat = (x.to(cd) * sc - mean.to(cd)[:, None] * sc) * (r / sc)
+    dyf = _as(dy, x).to(cd)
+    r = _lead(rstd.to(cd), x)[..., None]  # (*, 1)
+    sc = _ones_but(r < _RISK_R, overflow_scale(cd), r)  # (*, 1)
+    xhat = (x.to(cd) * sc - _lead(mean.to(cd), x)[..., None] * sc) * (r / sc)
     g = dyf * weight.to(cd) if weight is not None else dyf
     dx = r * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
     dw = x.new_empty((0,), dtype=compute_dtype(x.dtype))  # distinct tensors: outputs never alias
     db = x.new_empty((0,), dtype=compute_dtype(x.dtype))
     if need_weight_grad and weight is not None:
-        dw = (dyf * xhat).sum(dim=0).to(weight.dtype)
+        dw = _column_sum(dyf * xhat).to(weight.dtype)
     if need_weight_grad and bias is not None:
-        db = dyf.sum(dim=0).to(bias.dtype)
+        db = _column_sum(dyf).to(bias.dtype)
     return dx.to(x.dtype), dw, db
 
 

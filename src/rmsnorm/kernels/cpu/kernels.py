@@ -22,6 +22,10 @@ F32, BF16, F16, F64 = 0, 1, 2, 3
 RMS_NORM, LAYER_NORM = 0, 1
 # where ε goes in RMSNorm
 MEAN_SQUARE, RMS = 0, 1
+# A LayerNorm row whose r is below _RISK_R (σ > 1e30) may overflow float32 in x − μ; it is then
+# formed from s·x − s·μ with s = _SCALE, a power of two (exact), as the reference does.
+_RISK_R = 2.0**-100
+_SCALE = np.float32(2.0**-80)
 
 # Bit fields of the forward's `flags` argument: (shift, width)
 FX, FR, FY, FHAS_RES, FNORM, FEPS = (0, 2), (2, 2), (4, 2), (6, 1), (7, 1), (8, 1)
@@ -503,9 +507,16 @@ def _load_bf16_shifted_sums(src, t, n):
 @njit
 def _normalize(xs, mu, r, s, b, has_b, norm, out):
     """out = ((x − μ)·r)·s (+ β) in float32, rounded per op as torch's eager float32 ops are
-    (RMSNorm has no μ to subtract; both forms have the same rounding points)."""
+    (RMSNorm has no μ to subtract; both forms have the same rounding points). A LayerNorm row with
+    r < 2^-100 (σ > 1e30), where x − μ may overflow float32, is normalized as
+    (s·x − s·μ)·(r/s) with s = 2^-80: the same value, no overflow (as the reference does)."""
     n = out.shape[0]
-    if norm == LAYER_NORM:
+    if norm == LAYER_NORM and r < _RISK_R:
+        rs = r / _SCALE
+        for j in range(n):
+            v = ((xs[j] * _SCALE - mu * _SCALE) * rs) * s[j]
+            out[j] = v + b[j] if has_b else v
+    elif norm == LAYER_NORM:
         if has_b:
             for j in range(n):
                 out[j] = ((xs[j] - mu) * r) * s[j] + b[j]
@@ -524,7 +535,12 @@ def _normalize(xs, mu, r, s, b, has_b, norm, out):
 def _normalize_bf16(xs, mu, r, s, b, has_b, norm, out16):
     """As :func:`_normalize`, converted to bfloat16 bits in the same loop."""
     n = out16.shape[0]
-    if norm == LAYER_NORM:
+    if norm == LAYER_NORM and r < _RISK_R:
+        rs = r / _SCALE
+        for j in range(n):
+            v = ((xs[j] * _SCALE - mu * _SCALE) * rs) * s[j]
+            out16[j] = _f32_to_bf16(v + b[j] if has_b else v)
+    elif norm == LAYER_NORM:
         if has_b:
             for j in range(n):
                 out16[j] = _f32_to_bf16(((xs[j] - mu) * r) * s[j] + b[j])
@@ -773,6 +789,10 @@ def _bwd_block(c, blk, tx, tdy, tdx):
             if c_xhat != F32:
                 for j in range(n):
                     pw[j] += dys[j] * _round((xs_[j] - mu) * r, c_xhat)
+            elif norm == LAYER_NORM and r < _RISK_R:  # x − μ may overflow: as _normalize
+                rs = r / _SCALE
+                for j in range(n):
+                    pw[j] += dys[j] * ((xs_[j] * _SCALE - mu * _SCALE) * rs)
             elif norm == LAYER_NORM:
                 for j in range(n):
                     pw[j] += dys[j] * ((xs_[j] - mu) * r)

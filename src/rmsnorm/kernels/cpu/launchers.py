@@ -1,7 +1,7 @@
 """Launchers for the CPU kernels: the five functions of :mod:`rmsnorm.reference` with the same
-arguments and return tuples. Each takes 2-D (M, N) tensors with a unit last stride (rows may be
-strided; nothing is copied) and (N,) parameters of any stride, allocates the outputs, hands the
-kernel addresses and sizes, and returns fresh tensors.
+arguments and return tuples. Each takes rows (*, N) — contiguous, or (M, N) with a unit last stride
+(strided rows are read in place, nothing is copied) — and (N,) parameters of any stride, allocates
+the outputs in x's shape, hands the kernel addresses and sizes, and returns fresh tensors.
 
 float64 anywhere but in a parameter (input, residual, the output of a "llama" product with a float64
 weight) and empty tensors go to the reference: the kernels compute in float32. Importing this module
@@ -417,6 +417,14 @@ def _rms_bwd_plan(key: tuple) -> tuple:
     return plan
 
 
+def _row_layout(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """(t, its row stride) as the kernels read rows: a 2-D tensor with a unit last stride keeps
+    its row stride (strided rows are read in place); anything else is read contiguous."""
+    if t.dim() == 2 and (t.stride(1) == 1 or n == 1):
+        return t, t.stride(0)
+    return (t if t.is_contiguous() else t.contiguous()), n
+
+
 _NEED_DW = K.pack(f=(K.BNEED_DW, 1))
 _NEED_DB = K.pack(f=(K.BNEED_DB, 1))
 
@@ -448,19 +456,22 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
         None, casting_mode, eps_mode,
     )  # fmt: skip
     out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
-    m, n = x.shape
-    if out is None or not m or not n:
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    if out is None or not m:
         return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
-    xs, x1 = x.stride()
-    if x1 != 1 and n > 1:
-        x = x.contiguous()
+    if x.dim() != 2 or x.stride(-1) != 1 and n > 1:
+        if not x.is_contiguous():
+            x = x.contiguous()
+        xs = n
+    else:
         xs = x.stride(0)
     wp = ws = bp = bs = 0
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     if bias is not None:
         bp, bs = bias.data_ptr(), bias.stride(0)
-    y = torch.empty_like(x) if out is x.dtype else x.new_empty((m, n), dtype=out)
+    y = torch.empty_like(x) if out is x.dtype else torch.empty_like(x, dtype=out)
     rstd = _F32_CPU.new_empty(m)
     args = (
         x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rstd.data_ptr(), m, n, k,
@@ -480,25 +491,24 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
         residual.dtype, casting_mode, eps_mode,
     )  # fmt: skip
     out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
-    m, n = x.shape
-    if out is None or not m or not n:
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    if out is None or not m:
         return ref.add_rms_norm_fwd(
             x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
-    if x.stride(1) != 1 and n > 1:
-        x = x.contiguous()
-    if residual.stride(1) != 1 and n > 1:
-        residual = residual.contiguous()
+    x, xs = _row_layout(x, n)
+    residual, rs = _row_layout(residual, n)
     wp = ws = bp = bs = 0
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     if bias is not None:
         bp, bs = bias.data_ptr(), bias.stride(0)
-    y = x.new_empty((m, n), dtype=out)
-    h = residual.new_empty((m, n))
+    y = torch.empty_like(x, dtype=out)
+    h = torch.empty_like(x, dtype=residual.dtype)
     rstd = _F32_CPU.new_empty(m)
     args = (
-        x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0), h.data_ptr(),
+        x.data_ptr(), xs, residual.data_ptr(), rs, h.data_ptr(),
         y.data_ptr(), wp, ws, bp, bs, 0, rstd.data_ptr(), m, n, k, float(eps), float(offset),
         flags,
     )  # fmt: skip
@@ -511,23 +521,20 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
 
 def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weight_grad):
     """The backward kernel's call: (dx, dw, db) with empty float32 tensors for absent gradients."""
-    m, n = x.shape
-    if n > 1:
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        if dy.stride(1) != 1:
-            dy = dy.contiguous()
-        if dresidual is not None and dresidual.stride(1) != 1:
-            dresidual = dresidual.contiguous()
+    n = x.shape[-1]
+    m = x.numel() // n
+    x, xs = _row_layout(x, n)
+    dy, dys = _row_layout(dy, n)
     drp = drs = meanp = wp = ws = 0
     if dresidual is not None:
-        drp, drs = dresidual.data_ptr(), dresidual.stride(0)
+        dresidual, drs = _row_layout(dresidual, n)
+        drp = dresidual.data_ptr()
     if not rstd.is_contiguous():
         rstd = rstd.contiguous()
     if mean is not None:
         mean = mean if mean.is_contiguous() else mean.contiguous()
         meanp = mean.data_ptr()
-    dx = x.new_empty((m, n))
+    dx = torch.empty_like(x)
     if need_weight_grad and weight is not None:
         dw = weight.new_empty(n)
         flags |= _NEED_DW
@@ -541,7 +548,7 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     args = (
-        dy.data_ptr(), dy.stride(0), x.data_ptr(), x.stride(0), drp, drs, dx.data_ptr(), wp, ws,
+        dy.data_ptr(), dys, x.data_ptr(), xs, drp, drs, dx.data_ptr(), wp, ws,
         meanp, rstd.data_ptr(), dw.data_ptr(), db.data_ptr(), m, n, k, float(offset), flags,
     )  # fmt: skip
     if m * n < PARALLEL_MIN:
@@ -577,12 +584,15 @@ def layer_norm_fwd(x, weight, bias, eps):
     """LayerNorm forward; see :func:`rmsnorm.reference.layer_norm_fwd`."""
     key = (x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
     out, flags = _ln_fwd_plans.get(key) or _ln_fwd_plan(key)
-    m, n = x.shape
-    if out is None or not m or not n:
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    if out is None or not m:
         return ref.layer_norm_fwd(x, weight, bias, eps)
-    xs, x1 = x.stride()
-    if x1 != 1 and n > 1:
-        x = x.contiguous()
+    if x.dim() != 2 or x.stride(-1) != 1 and n > 1:
+        if not x.is_contiguous():
+            x = x.contiguous()
+        xs = n
+    else:
         xs = x.stride(0)
     wp = ws = bp = bs = 0
     if weight is not None:
@@ -612,7 +622,7 @@ def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     dxdt, flags = _ln_bwd_plans.get(key) or _ln_bwd_plan(key)
     if dxdt is None or not x.numel():
         return ref.layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
-    return _bwd(dy, x, weight, bias, mean, rstd, None, x.shape[1], 0.0, flags, need_weight_grad)
+    return _bwd(dy, x, weight, bias, mean, rstd, None, x.shape[-1], 0.0, flags, need_weight_grad)
 
 
 def _ln_bwd_plan(key: tuple) -> tuple:

@@ -1,8 +1,9 @@
 """Triton kernels for CUDA (and ROCm) tensors; on CPU tensors they run under Triton's interpreter.
 
 The five launchers have the signatures and return tuples of :mod:`rmsnorm.reference`: they take
-2-D (M, N) tensors with a unit last stride (rows may be strided; nothing is copied), allocate the
-outputs, pick a cached launch config (``_config.py``) and launch. No autograd, no torch.library.
+rows (*, N) — contiguous, or (M, N) with a unit last stride (strided rows are read in place,
+nothing is copied) — allocate the outputs in x's shape, pick a cached launch config
+(``_config.py``) and launch. No autograd, no torch.library.
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ def _vec(t: torch.Tensor | None) -> torch.Tensor | None:
     contiguous one is returned as is (~0.05 µs). Cheaper than a stride argument per vector, which
     every launch would bind and every kernel would multiply by."""
     return None if t is None else t.contiguous()
+
+
+def _row_layout(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """(t, its row stride) as the kernels read rows: a 2-D tensor with a unit last stride keeps
+    its row stride (strided rows are read in place); anything else is read contiguous."""
+    if t.dim() == 2 and (t.stride(1) == 1 or n == 1):
+        return t, t.stride(0)
+    return (t if t.is_contiguous() else t.contiguous()), n
 
 
 def _acc(*dtypes: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
@@ -178,7 +187,12 @@ def _workspace(cfg: Config, m: int, nv: int, acc: torch.dtype, x: torch.Tensor):
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
 def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    m, n = x.shape
+    n = x.shape[-1]
+    m = x.numel() // n
+    x, xs = _row_layout(x, n)
+    rs = 0
+    if residual is not None:
+        residual, rs = _row_layout(residual, n)
     dev = x.device
     rdt = None if residual is None else residual.dtype
     wdt = None if weight is None else weight.dtype
@@ -199,8 +213,8 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
 
     cfg, launches, y_dtype, acc = _plan(key, build)
     weight, bias = _vec(weight), _vec(bias)
-    y = torch.empty((m, n), dtype=y_dtype, device=dev)
-    h = None if rdt is None else torch.empty((m, n), dtype=rdt, device=dev)
+    y = torch.empty_like(x, dtype=y_dtype)
+    h = None if rdt is None else torch.empty_like(x, dtype=rdt)
     rstd = torch.empty((m,), dtype=acc, device=dev)
     if m == 0:
         return y, h, rstd
@@ -208,7 +222,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
     res = x if residual is None else residual
     args = (
         x, res, y, y if h is None else h, x if weight is None else weight,
-        x if bias is None else bias, rstd, ws, cnt, x.stride(0), res.stride(0), m, n, k, eps,
+        x if bias is None else bias, rstd, ws, cnt, xs, rs, m, n, k, eps,
         offset,
     )  # fmt: skip
     _launch(rms_norm_fwd_kernel, cfg, launches, m, args)
@@ -217,7 +231,7 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
 
 @_split_fallback
 def rms_norm_fwd(
-    x: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (*, N)
     weight: torch.Tensor | None,  # (N,)
     bias: torch.Tensor | None,  # (N,)
     eps: float,
@@ -233,8 +247,8 @@ def rms_norm_fwd(
 
 @_split_fallback
 def add_rms_norm_fwd(
-    x: torch.Tensor,  # (M, N)
-    residual: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (*, N)
+    residual: torch.Tensor,  # (*, N)
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
@@ -299,12 +313,12 @@ def _zero_grads(dw, db, need_dw, need_db):
 
 @_split_fallback
 def rms_norm_bwd(
-    dy: torch.Tensor,  # (M, N)
-    x: torch.Tensor,  # (M, N): x, or h for add_rms_norm
+    dy: torch.Tensor,  # (*, N)
+    x: torch.Tensor,  # (*, N): x, or h for add_rms_norm
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     rstd: torch.Tensor,  # (M,)
-    dresidual: torch.Tensor | None,  # (M, N)
+    dresidual: torch.Tensor | None,  # (*, N)
     eps: float,
     eps_mode: str,
     casting_mode: str,
@@ -314,8 +328,14 @@ def rms_norm_bwd(
     need_weight_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """RMSNorm backward (see :func:`rmsnorm.reference.rms_norm_bwd`): returns (dx, dw, db)."""
-    m, n = x.shape
-    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    n = x.shape[-1]
+    m = x.numel() // n
+    x, xs = _row_layout(x, n)
+    dy, dys = _row_layout(dy, n)
+    drs = 0
+    if dresidual is not None:
+        dresidual, drs = _row_layout(dresidual, n)
+    dx = torch.empty_like(x)
     dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
     has_w, has_dres = weight is not None, dresidual is not None
     key = ("bwd", n, k < n, x.dtype, input_dtype, has_w, has_dres, need_dw, need_db, eps_mode,
@@ -341,7 +361,7 @@ def rms_norm_bwd(
     dres = x if dresidual is None else dresidual
     args = (
         dy, x, weight if has_w else x, rstd, dres, dx, part, ws, cnt,
-        dy.stride(0), x.stride(0), dres.stride(0), m, n, k, offset,
+        dys, xs, drs, m, n, k, offset,
     )  # fmt: skip
     _launch(rms_norm_bwd_kernel, cfg, launches, m, args)
     if need_dw or need_db:
@@ -354,13 +374,15 @@ def rms_norm_bwd(
 # ----------------------------------------------------------------------------------------------
 @_split_fallback
 def layer_norm_fwd(
-    x: torch.Tensor,  # (M, N)
+    x: torch.Tensor,  # (*, N)
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm forward (see :func:`rmsnorm.reference.layer_norm_fwd`): returns (y, mean, rstd)."""
-    m, n = x.shape
+    n = x.shape[-1]
+    m = x.numel() // n
+    x, xs = _row_layout(x, n)
     has_w, has_b = weight is not None, bias is not None
     key = ("ln_fwd", n, x.dtype, has_w, has_b, x.device)
 
@@ -371,15 +393,14 @@ def layer_norm_fwd(
 
     cfg, launches, acc = _plan(key, build)
     weight, bias = _vec(weight), _vec(bias)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x)
     mean = torch.empty((m,), dtype=acc, device=x.device)
     rstd = torch.empty((m,), dtype=acc, device=x.device)
     if m == 0:
         return y, mean, rstd
     ws, cnt = _workspace(cfg, m, 3, acc, x)  # per chunk: sum, M2 and its unit
     args = (
-        x, y, weight if has_w else x, bias if has_b else x, mean, rstd, ws, cnt, x.stride(0),
-        m, n, eps,
+        x, y, weight if has_w else x, bias if has_b else x, mean, rstd, ws, cnt, xs, m, n, eps,
     )  # fmt: skip
     _launch(layer_norm_fwd_kernel, cfg, launches, m, args)
     return y, mean, rstd
@@ -387,8 +408,8 @@ def layer_norm_fwd(
 
 @_split_fallback
 def layer_norm_bwd(
-    dy: torch.Tensor,  # (M, N)
-    x: torch.Tensor,  # (M, N)
+    dy: torch.Tensor,  # (*, N)
+    x: torch.Tensor,  # (*, N)
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     mean: torch.Tensor,  # (M,)
@@ -396,8 +417,11 @@ def layer_norm_bwd(
     need_weight_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm backward (see :func:`rmsnorm.reference.layer_norm_bwd`): returns (dx, dw, db)."""
-    m, n = x.shape
-    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    n = x.shape[-1]
+    m = x.numel() // n
+    x, xs = _row_layout(x, n)
+    dy, dys = _row_layout(dy, n)
+    dx = torch.empty_like(x)
     dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
     has_w = weight is not None
     key = ("ln_bwd", n, x.dtype, has_w, need_dw, need_db, x.device)
@@ -415,8 +439,7 @@ def layer_norm_bwd(
     ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
     weight, mean, rstd = _vec(weight), _vec(mean), _vec(rstd)
     args = (
-        dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dy.stride(0), x.stride(0),
-        m, n,
+        dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dys, xs, m, n,
     )  # fmt: skip
     _launch(layer_norm_bwd_kernel, cfg, launches, m, args)
     if need_dw or need_db:
