@@ -185,7 +185,9 @@ def _triton_for(device_type: str) -> ModuleType:
 
 def launchers(device_type: str) -> ModuleType:
     """The backend module that runs ops on tensors of ``device_type`` under the current choice."""
-    name = current()
+    name = _choice.forced
+    if name is None:  # current(), inlined: every op call asks
+        name = "auto" if _environ is not None and _environ.get(_ENV_KEY) is None else current()
     mod = _resolved.get((name, device_type))
     if mod is None:
         mod = _resolved[(name, device_type)] = _resolve(name, device_type)
