@@ -18,6 +18,10 @@ from types import ModuleType
 
 import torch
 
+# Imported now (cheap: no numba) so that its fork hook is registered before any fork: a process
+# forked from one whose OpenMP runtime ran a team must not hand a shared call to that runtime.
+from .kernels import cpu as _cpu_kernels  # noqa: F401
+
 BACKENDS = ("auto", "reference", "cpu", "triton")
 ENV_VAR = "RMSNORM_BACKEND"
 
