@@ -100,7 +100,7 @@ def _normalized(input: torch.Tensor, normalized_shape: ShapeLike) -> tuple[int, 
     if type(normalized_shape) is int and shape and shape[-1] == normalized_shape > 0:
         return 1, normalized_shape
     if (
-        type(normalized_shape) is tuple
+        (type(normalized_shape) is tuple or type(normalized_shape) is torch.Size)
         and len(normalized_shape) == 1
         and type(normalized_shape[0]) is int
         and shape
