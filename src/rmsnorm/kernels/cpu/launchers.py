@@ -435,7 +435,7 @@ def _scratch(count: int) -> int:
     written there are never read."""
     global _scratch_rows
     rows = _scratch_rows
-    if rows.numel() < count:
+    if rows.shape[0] < count:
         rows = _scratch_rows = torch.empty(max(count, 2 * rows.numel()), dtype=_F32)
     return rows.data_ptr()
 
@@ -475,27 +475,32 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=
     m = x.numel() // n if n else 0
     if out is None or not m:
         return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
-    if x.dim() != 2 or x.stride(-1) != 1 and n > 1:
-        if not x.is_contiguous():
-            x = x.contiguous()
+    if x.is_contiguous():
         xs = n
     else:
-        xs = x.stride(0)
+        x, xs = _row_layout(x, n)
     wp = ws = bp = bs = 0
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     if bias is not None:
         bp, bs = bias.data_ptr(), bias.stride(0)
     y = torch.empty_like(x) if out is x.dtype else torch.empty_like(x, dtype=out)
-    rstd = _F32_CPU.new_empty(m) if stats else None
-    args = (
-        x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0,
-        rstd.data_ptr() if stats else _scratch(m), m, n, k, float(eps), float(offset), flags,
-    )  # fmt: skip
-    if m * n < PARALLEL_MIN:
-        _forward(0, *args)
+    if stats:
+        rstd = _F32_CPU.new_empty(m)
+        rp = rstd.data_ptr()
     else:
-        _shared(_forward, m * n, *args)
+        rstd = None
+        rp = _scratch(m)
+    if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
+        _forward(
+            0, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rp, m, n, k,
+            float(eps), float(offset), flags,
+        )  # fmt: skip
+    else:
+        _shared(
+            _forward, m * n, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rp, m, n,
+            k, float(eps), float(offset), flags,
+        )  # fmt: skip
     return y, rstd
 
 
@@ -602,12 +607,10 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
     m = x.numel() // n if n else 0
     if out is None or not m:
         return ref.layer_norm_fwd(x, weight, bias, eps)
-    if x.dim() != 2 or x.stride(-1) != 1 and n > 1:
-        if not x.is_contiguous():
-            x = x.contiguous()
+    if x.is_contiguous():
         xs = n
     else:
-        xs = x.stride(0)
+        x, xs = _row_layout(x, n)
     wp = ws = bp = bs = 0
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
@@ -621,14 +624,16 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
         mean = rstd = None
         mp = _scratch(2 * m)
         rp = mp + 4 * m
-    args = (
-        x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n, n, float(eps), 0.0,
-        flags,
-    )  # fmt: skip
-    if m * n < PARALLEL_MIN:
-        _forward(0, *args)
+    if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
+        _forward(
+            0, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n, n,
+            float(eps), 0.0, flags,
+        )  # fmt: skip
     else:
-        _shared(_forward, m * n, *args)
+        _shared(
+            _forward, m * n, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n,
+            n, float(eps), 0.0, flags,
+        )  # fmt: skip
     return y, mean, rstd
 
 
