@@ -247,3 +247,22 @@ def test_launchers_take_rows_in_their_own_shape(backend):
     torch.testing.assert_close(y3.reshape(6, 16), y2)
     _, h, _ = mod.add_rms_norm_fwd(x3, r3.reshape(6, 16), w, None, 1e-6, "rms", "gemma", 0.0, 8)
     torch.testing.assert_close(h.reshape(6, 16), (x3 + r3).reshape(6, 16))  # mixed ranks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forward_launchers_may_skip_the_statistics(backend):
+    """stats=False (an eager call without gradients): same output; the statistics are either
+    skipped (None) or the same as with stats=True."""
+    mod = _backend._load(backend)
+    x, r, w = torch.randn(4, 3, 24), torch.randn(4, 3, 24), torch.randn(24)
+    # (call, how many leading outputs are tensors the caller gets: y, and h for add_rms_norm)
+    calls = [
+        (lambda stats: mod.rms_norm_fwd(x, w, None, 1e-6, "rms", "llama", 0.5, 12, stats), 1),
+        (lambda stats: mod.add_rms_norm_fwd(x, r, w, w, 1e-6, "rms", "gemma", 0.0, 24, stats), 2),
+        (lambda stats: mod.layer_norm_fwd(x, w, w, 1e-5, stats), 1),
+    ]
+    for call, outputs in calls:
+        full, lean = call(True), call(False)
+        assert len(full) == len(lean)
+        for i, (a, b) in enumerate(zip(full, lean, strict=True)):
+            assert (b is None and i >= outputs) or torch.equal(a, b)

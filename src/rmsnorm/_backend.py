@@ -18,6 +18,10 @@ from types import ModuleType
 
 import torch
 
+# Imported now (cheap: no numba) so that its fork hook is registered before any fork: a process
+# forked from one whose OpenMP runtime ran a team must not hand a shared call to that runtime.
+from .kernels import cpu as _cpu_kernels  # noqa: F401
+
 BACKENDS = ("auto", "reference", "cpu", "triton")
 ENV_VAR = "RMSNORM_BACKEND"
 
@@ -185,7 +189,9 @@ def _triton_for(device_type: str) -> ModuleType:
 
 def launchers(device_type: str) -> ModuleType:
     """The backend module that runs ops on tensors of ``device_type`` under the current choice."""
-    name = current()
+    name = _choice.forced
+    if name is None:  # current(), inlined: every op call asks
+        name = "auto" if _environ is not None and _environ.get(_ENV_KEY) is None else current()
     mod = _resolved.get((name, device_type))
     if mod is None:
         mod = _resolved[(name, device_type)] = _resolve(name, device_type)

@@ -26,13 +26,14 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from . import _autograd, _dtensor, _launch, _ops  # noqa: F401  (_ops registers torch.ops.rmsnorm.*)
+from . import _autograd, _backend, _dtensor, _launch, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
 from . import reference as ref
 from .reference import CASTING_MODES, EPS_MODES, default_eps, partial_size
 
 __all__ = ["rms_norm", "add_rms_norm", "layer_norm"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_FLOAT_SET = frozenset(_FLOAT_DTYPES)
 # Devices on which torch's autocast runs rms_norm / layer_norm in float32
 # (aten/src/ATen/autocast_mode.cpp); on CPU autocast leaves both ops alone, and so do we.
 _AUTOCAST_FP32_RMS = ("cuda", "xpu", "mtia", "maia")
@@ -99,7 +100,7 @@ def _normalized(input: torch.Tensor, normalized_shape: ShapeLike) -> tuple[int, 
     if type(normalized_shape) is int and shape and shape[-1] == normalized_shape > 0:
         return 1, normalized_shape
     if (
-        type(normalized_shape) is tuple
+        (type(normalized_shape) is tuple or type(normalized_shape) is torch.Size)
         and len(normalized_shape) == 1
         and type(normalized_shape[0]) is int
         and shape
@@ -189,25 +190,45 @@ def _check_rms_options(
 # ----------------------------------------------------------------------------------------------
 # Paths
 # ----------------------------------------------------------------------------------------------
-def _path(*tensors: torch.Tensor | None) -> int:
-    """Which of the four paths (module docstring) this call takes."""
+def _path(x: torch.Tensor, p=None, q=None, r=None) -> int:
+    """Which of the four paths (module docstring) a call on x and the tensors p, q, r (or None)
+    takes. Written out rather than looped: at decoding sizes every step here is a visible part of
+    the call."""
     if _functorch_active() or _fwAD._current_level >= 0:
         return _SPEC
     if _is_compiling() or _dispatch_modes() or _function_modes() or _tracing() is not None:
         return _OP
-    grad = False
-    for t in tensors:
-        if t is not None:
-            kind = type(t)
-            if kind is not _Tensor and kind is not _Parameter:
-                _dtensor.ensure()  # a DTensor, maybe: its sharding rules must be in place
-                return _OP
-            if t.requires_grad:
-                grad = True
-    x = tensors[0]
+    kind = type(x)
+    if kind is not _Tensor and kind is not _Parameter:
+        return _subclass()
+    grad = x.requires_grad
+    if p is not None:
+        kind = type(p)
+        if kind is not _Tensor and kind is not _Parameter:
+            return _subclass()
+        grad = grad or p.requires_grad
+    if q is not None:
+        kind = type(q)
+        if kind is not _Tensor and kind is not _Parameter:
+            return _subclass()
+        grad = grad or q.requires_grad
+    if r is not None:
+        kind = type(r)
+        if kind is not _Tensor and kind is not _Parameter:
+            return _subclass()
+        grad = grad or r.requires_grad
     if not (x.is_cpu or x.is_cuda):
         return _OP
     return _FUNCTION if grad and torch.is_grad_enabled() else _LAUNCH
+
+
+def _subclass() -> int:
+    _dtensor.ensure()  # a DTensor, maybe: its sharding rules must be in place
+    return _OP
+
+
+def _launchers(input: torch.Tensor):
+    return _backend.launchers("cpu" if input.is_cpu else input.device.type)
 
 
 def _like(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
@@ -253,11 +274,27 @@ def _rms_arguments(
     input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
 ):
     """The checks rms_norm and add_rms_norm share; returns what the op needs:
-    (norm_dims, N, eps, offset, k)."""
-    norm_dims, n = _normalized(input, normalized_shape)
-    _check_param(weight, "weight", input, norm_dims, n)
-    _check_param(bias, "bias", input, norm_dims, n)
-    eps = _check_eps(eps, input)
+    (norm_dims, N, eps, offset, k). The common case (one normalized dim given as an int, a plain
+    (N,) weight on the input's device, default or float eps and offset) is checked inline."""
+    shape = input.shape
+    if type(normalized_shape) is int and shape and shape[-1] == normalized_shape > 0:
+        norm_dims, n = 1, normalized_shape
+        if input.dtype not in _FLOAT_SET:
+            _check_float_tensor(input, "input")
+    else:
+        norm_dims, n = _normalized(input, normalized_shape)
+    if weight is not None and not (
+        isinstance(weight, torch.Tensor)
+        and weight.dtype in _FLOAT_SET
+        and weight.dim() == 1 == norm_dims
+        and weight.shape[0] == n
+        and weight.is_cpu == input.is_cpu
+        and (input.is_cpu or weight.device == input.device)
+    ):
+        _check_param(weight, "weight", input, norm_dims, n)
+    if bias is not None:
+        _check_param(bias, "bias", input, norm_dims, n)
+    eps = _default_eps[input.dtype] if eps is None else _check_eps(eps, input)
     if (
         type(offset) is not float
         or offset != 0.0
@@ -377,15 +414,23 @@ def rms_norm(
         )  # fmt: skip
     if not isinstance(input, torch.Tensor):
         _check_float_tensor(input, "input")
-    args = (input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial)
     if _tracing() is None:
-        norm_dims, n, eps, offset, k = _rms_arguments(*args)
+        norm_dims, n, eps, offset, k = _rms_arguments(
+            input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+        )
     else:
-        norm_dims, n, eps, offset, k = _untraced(_rms_arguments, *args)
-    if _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
+        norm_dims, n, eps, offset, k = _untraced(
+            _rms_arguments, input, normalized_shape, weight, eps, eps_mode, casting_mode, offset,
+            bias, partial,
+        )  # fmt: skip
+    if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     path = _path(input, weight, bias)
     if path == _LAUNCH:
+        if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
+            return _launchers(input).rms_norm_fwd(
+                input, weight, bias, eps, eps_mode, casting_mode, offset, k, False
+            )[0]
         y, _ = _launch.rms_norm_fwd(
             input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
@@ -460,7 +505,7 @@ def add_rms_norm(
         norm_dims, n, eps, offset, k = _add_arguments(*args, partial)
     else:
         norm_dims, n, eps, offset, k = _untraced(_add_arguments, *args, partial)
-    if _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
+    if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     path = _path(input, residual, weight, bias)
     if path == _LAUNCH:
@@ -528,10 +573,12 @@ def layer_norm(
         norm_dims, n, eps = _ln_arguments(input, normalized_shape, weight, bias, eps)
     else:
         norm_dims, n, eps = _untraced(_ln_arguments, input, normalized_shape, weight, bias, eps)
-    if _autocast_to_fp32(input, _AUTOCAST_FP32_LN):
+    if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_LN):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     path = _path(input, weight, bias)
     if path == _LAUNCH:
+        if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
+            return _launchers(input).layer_norm_fwd(input, weight, bias, eps, False)[0]
         y, _, _ = _launch.layer_norm_fwd(input, norm_dims, weight, bias, eps)
     elif path == _FUNCTION:
         y = _autograd.LayerNormFunction.apply(input, weight, bias, norm_dims, eps)

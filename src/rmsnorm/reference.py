@@ -221,11 +221,13 @@ def rms_norm_fwd(
     casting_mode: str,
     offset: float,
     k: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    stats: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RMSNorm forward: y = (offset + γ) ⊙ x · r + β with r from the first k elements.
 
     Returns (y (*, N) in :func:`output_dtype`, r (M,) in the compute dtype). r is what the backward
-    needs.
+    needs; with ``stats=False`` (a caller that needs no backward) a backend may skip allocating it
+    and return None in its place. The spec always returns it.
     """
     cd = compute_dtype(x.dtype)
     rstd = _rstd(x.to(cd), eps, eps_mode, k)
@@ -243,11 +245,13 @@ def add_rms_norm_fwd(
     casting_mode: str,
     offset: float,
     k: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    stats: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Fused residual form: h = x + residual (summed in the compute dtype, stored in the residual's
     dtype), y = RMSNorm(h) with x's dtype as the input dtype of the casting mode.
 
-    Returns (y, h, r). r is computed from the stored h, so y is exactly RMSNorm of the h returned.
+    Returns (y, h, r). r is computed from the stored h, so y is exactly RMSNorm of the h returned;
+    ``stats`` as in :func:`rms_norm_fwd`.
     """
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(residual.dtype))
     h = (x.to(cd) + _as(residual, x).to(cd)).to(residual.dtype)  # (*, N)
@@ -331,13 +335,14 @@ def layer_norm_fwd(
     weight: torch.Tensor | None,  # (N,)
     bias: torch.Tensor | None,  # (N,)
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    stats: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """LayerNorm forward: y = γ ⊙ (x − μ)·r + β with r = 1/sqrt(σ² + ε), σ² the population variance
     (two-pass). Computed in the compute dtype, returned in x's dtype, as ``F.layer_norm``. A row
     whose μ, x − μ or σ² overflows is normalized from s·x (the module docstring): x − μ is then
     s·x − s·μ, r_s = 1/sqrt(σ_s² + ε·s²) normalizes it, and r = s·r_s is returned.
 
-    Returns (y (*, N), μ (M,), r (M,)).
+    Returns (y (*, N), μ (M,), r (M,)); ``stats`` as in :func:`rms_norm_fwd`.
     """
     cd = compute_dtype(x.dtype)
     xf = x.to(cd)

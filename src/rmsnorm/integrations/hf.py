@@ -617,7 +617,7 @@ def _instance_problem(module: nn.Module, conv: Convention) -> str | None:
 def _t5_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """T5LayerNorm: x̂ = x·rsqrt(mean(x²) + ε) in promote(x, fp32); x̂ is cast to the weight's dtype
     when that is fp16/bf16; the result is weight * x̂ (so fp32 weights give an fp32 output)."""
-    shape = x.shape[-1:]
+    shape = x.shape[-1]
     if weight.dtype in _HALF:
         if x.dtype == weight.dtype:
             return rms_norm(x, shape, weight, eps, casting_mode="llama")
@@ -638,7 +638,7 @@ def _forward_for(conv: Convention):
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             return layer_norm(
                 input,
-                getattr(self, shape_attr) if shape_attr else input.shape[-1:],
+                getattr(self, shape_attr) if shape_attr else input.shape[-1],
                 self.weight if with_weight else None,
                 self.bias if with_bias else None,
                 getattr(self, eps_attr) if eps_attr else fixed_eps,
@@ -654,7 +654,7 @@ def _forward_for(conv: Convention):
         # The hot path of nearly every decoder (Llama, Gemma, OLMo 2 and their copies).
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
             return rms_norm(
-                hidden_states, hidden_states.shape[-1:], self.weight, getattr(self, eps_attr),
+                hidden_states, hidden_states.shape[-1], self.weight, getattr(self, eps_attr),
                 casting_mode=casting, offset=offset,
             )  # fmt: skip
 
@@ -664,7 +664,7 @@ def _forward_for(conv: Convention):
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
             use_weight = getattr(self, flag) if flag else with_weight
             return rms_norm(
-                hidden_states, hidden_states.shape[-1:], self.weight if use_weight else None,
+                hidden_states, hidden_states.shape[-1], self.weight if use_weight else None,
                 getattr(self, eps_attr) if eps_attr else fixed_eps,
                 casting_mode=casting, offset=offset, bias=self.bias if with_bias else None,
             )  # fmt: skip

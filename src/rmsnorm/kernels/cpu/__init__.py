@@ -86,13 +86,13 @@ def warmup() -> dict:
     return status
 
 
-def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    return _launchers().rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
+def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+    return _launchers().rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats)
 
 
-def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
     return _launchers().add_rms_norm_fwd(
-        x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
+        x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats
     )
 
 
@@ -106,8 +106,8 @@ def rms_norm_bwd(
     )  # fmt: skip
 
 
-def layer_norm_fwd(x, weight, bias, eps):
-    return _launchers().layer_norm_fwd(x, weight, bias, eps)
+def layer_norm_fwd(x, weight, bias, eps, stats=True):
+    return _launchers().layer_norm_fwd(x, weight, bias, eps, stats)
 
 
 def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):

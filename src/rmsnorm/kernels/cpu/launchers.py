@@ -425,6 +425,21 @@ def _row_layout(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     return (t if t.is_contiguous() else t.contiguous()), n
 
 
+_scratch_rows = torch.empty(1024, dtype=_F32)
+
+
+def _scratch(count: int) -> int:
+    """The address of ``count`` float32s the kernel may write and nobody reads: the per-row
+    statistics of a forward whose caller said it needs none (``stats=False``; an eager call without
+    gradients), which then costs no allocation. Calls on several threads may share it: the values
+    written there are never read."""
+    global _scratch_rows
+    rows = _scratch_rows
+    if rows.shape[0] < count:
+        rows = _scratch_rows = torch.empty(max(count, 2 * rows.numel()), dtype=_F32)
+    return rows.data_ptr()
+
+
 _NEED_DW = K.pack(f=(K.BNEED_DW, 1))
 _NEED_DB = K.pack(f=(K.BNEED_DB, 1))
 
@@ -449,7 +464,7 @@ def _ln_fwd_plan(key: tuple) -> tuple:
 # ----------------------------------------------------------------------------------------------
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
-def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
     """RMSNorm forward; see :func:`rmsnorm.reference.rms_norm_fwd`."""
     key = (
         x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
@@ -460,31 +475,36 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k):
     m = x.numel() // n if n else 0
     if out is None or not m:
         return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
-    if x.dim() != 2 or x.stride(-1) != 1 and n > 1:
-        if not x.is_contiguous():
-            x = x.contiguous()
+    if x.is_contiguous():
         xs = n
     else:
-        xs = x.stride(0)
+        x, xs = _row_layout(x, n)
     wp = ws = bp = bs = 0
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     if bias is not None:
         bp, bs = bias.data_ptr(), bias.stride(0)
     y = torch.empty_like(x) if out is x.dtype else torch.empty_like(x, dtype=out)
-    rstd = _F32_CPU.new_empty(m)
-    args = (
-        x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rstd.data_ptr(), m, n, k,
-        float(eps), float(offset), flags,
-    )  # fmt: skip
-    if m * n < PARALLEL_MIN:
-        _forward(0, *args)
+    if stats:
+        rstd = _F32_CPU.new_empty(m)
+        rp = rstd.data_ptr()
     else:
-        _shared(_forward, m * n, *args)
+        rstd = None
+        rp = _scratch(m)
+    if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
+        _forward(
+            0, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rp, m, n, k,
+            float(eps), float(offset), flags,
+        )  # fmt: skip
+    else:
+        _shared(
+            _forward, m * n, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rp, m, n,
+            k, float(eps), float(offset), flags,
+        )  # fmt: skip
     return y, rstd
 
 
-def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
     """Residual add + RMSNorm forward; see :func:`rmsnorm.reference.add_rms_norm_fwd`."""
     key = (
         x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
@@ -506,11 +526,10 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
         bp, bs = bias.data_ptr(), bias.stride(0)
     y = torch.empty_like(x, dtype=out)
     h = torch.empty_like(x, dtype=residual.dtype)
-    rstd = _F32_CPU.new_empty(m)
+    rstd = _F32_CPU.new_empty(m) if stats else None
     args = (
-        x.data_ptr(), xs, residual.data_ptr(), rs, h.data_ptr(),
-        y.data_ptr(), wp, ws, bp, bs, 0, rstd.data_ptr(), m, n, k, float(eps), float(offset),
-        flags,
+        x.data_ptr(), xs, residual.data_ptr(), rs, h.data_ptr(), y.data_ptr(), wp, ws, bp, bs, 0,
+        rstd.data_ptr() if stats else _scratch(m), m, n, k, float(eps), float(offset), flags,
     )  # fmt: skip
     if m * n < PARALLEL_MIN:
         _forward(0, *args)
@@ -580,7 +599,7 @@ def rms_norm_bwd(
 # ----------------------------------------------------------------------------------------------
 # LayerNorm
 # ----------------------------------------------------------------------------------------------
-def layer_norm_fwd(x, weight, bias, eps):
+def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """LayerNorm forward; see :func:`rmsnorm.reference.layer_norm_fwd`."""
     key = (x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
     out, flags = _ln_fwd_plans.get(key) or _ln_fwd_plan(key)
@@ -588,28 +607,33 @@ def layer_norm_fwd(x, weight, bias, eps):
     m = x.numel() // n if n else 0
     if out is None or not m:
         return ref.layer_norm_fwd(x, weight, bias, eps)
-    if x.dim() != 2 or x.stride(-1) != 1 and n > 1:
-        if not x.is_contiguous():
-            x = x.contiguous()
+    if x.is_contiguous():
         xs = n
     else:
-        xs = x.stride(0)
+        x, xs = _row_layout(x, n)
     wp = ws = bp = bs = 0
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     if bias is not None:
         bp, bs = bias.data_ptr(), bias.stride(0)
     y = torch.empty_like(x)
-    mean = _F32_CPU.new_empty(m)
-    rstd = _F32_CPU.new_empty(m)
-    args = (
-        x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mean.data_ptr(),
-        rstd.data_ptr(), m, n, n, float(eps), 0.0, flags,
-    )  # fmt: skip
-    if m * n < PARALLEL_MIN:
-        _forward(0, *args)
+    if stats:
+        mean, rstd = _F32_CPU.new_empty(m), _F32_CPU.new_empty(m)
+        mp, rp = mean.data_ptr(), rstd.data_ptr()
     else:
-        _shared(_forward, m * n, *args)
+        mean = rstd = None
+        mp = _scratch(2 * m)
+        rp = mp + 4 * m
+    if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
+        _forward(
+            0, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n, n,
+            float(eps), 0.0, flags,
+        )  # fmt: skip
+    else:
+        _shared(
+            _forward, m * n, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n,
+            n, float(eps), 0.0, flags,
+        )  # fmt: skip
     return y, mean, rstd
 
 

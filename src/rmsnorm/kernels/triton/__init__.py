@@ -239,6 +239,7 @@ def rms_norm_fwd(
     casting_mode: str,
     offset: float,
     k: int,
+    stats: bool = True,  # the kernels write the statistics anyway (a cached GPU allocation)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm forward (see :func:`rmsnorm.reference.rms_norm_fwd`): returns (y, rstd)."""
     y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
@@ -256,6 +257,7 @@ def add_rms_norm_fwd(
     casting_mode: str,
     offset: float,
     k: int,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused residual add + RMSNorm (see :func:`rmsnorm.reference.add_rms_norm_fwd`):
     returns (y, h, rstd)."""
@@ -378,6 +380,7 @@ def layer_norm_fwd(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm forward (see :func:`rmsnorm.reference.layer_norm_fwd`): returns (y, mean, rstd)."""
     n = x.shape[-1]
