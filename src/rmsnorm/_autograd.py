@@ -42,7 +42,7 @@ def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, params, input_dtype, 
     n = _row_size(x, norm_dims)
     x2 = x.reshape(-1, n)
     cd = torch.promote_types(ref.compute_dtype(x.dtype), ref.compute_dtype(input_dtype))
-    rstd = ref._rstd(x2.to(cd), eps, eps_mode, k)  # recomputed: its derivative in x is needed
+    rstd = ref.rms_rstd(x2.to(cd), eps, eps_mode, k)  # recomputed: its derivative in x is needed
     dx, dw, db = ref.rms_norm_bwd(
         dy.reshape(-1, n), x2, _vec(weight), _vec(bias), rstd, _flat(dh, n), eps, eps_mode,
         casting_mode, offset, k, input_dtype, need_params,

@@ -1,4 +1,5 @@
-"""The CPU backend: numba kernels behind the five launchers of :mod:`rmsnorm.reference`.
+"""The CPU backend: numba kernels behind the five launchers of the backend contract
+(:class:`rmsnorm._contract.Backend`).
 
 Importing this package is cheap: numba is imported, and the kernels loaded from numba's on-disk
 cache (or compiled, once per machine, saying so), on the first launcher call or :func:`warmup`.

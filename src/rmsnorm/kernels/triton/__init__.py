@@ -1,9 +1,8 @@
 """Triton kernels for CUDA (and ROCm) tensors; on CPU tensors they run under Triton's interpreter.
 
-The five launchers have the signatures and return tuples of :mod:`rmsnorm.reference`: they take
-rows (*, N) — contiguous, or (M, N) with a unit last stride (strided rows are read in place,
-nothing is copied) — allocate the outputs in x's shape, pick a cached launch config
-(``_config.py``) and launch. No autograd, no torch.library.
+The five launchers of the backend contract (:class:`rmsnorm._contract.Backend`) read the rows in
+place (nothing is copied), allocate the outputs, pick a cached launch config (``_config.py``) and
+launch. No autograd, no torch.library.
 """
 
 from __future__ import annotations
@@ -231,9 +230,9 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
 
 @_split_fallback
 def rms_norm_fwd(
-    x: torch.Tensor,  # (*, N)
-    weight: torch.Tensor | None,  # (N,)
-    bias: torch.Tensor | None,  # (N,)
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
     eps: float,
     eps_mode: str,
     casting_mode: str,
@@ -241,15 +240,15 @@ def rms_norm_fwd(
     k: int,
     stats: bool = True,  # the kernels write the statistics anyway (a cached GPU allocation)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm forward (see :func:`rmsnorm.reference.rms_norm_fwd`): returns (y, rstd)."""
+    """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`)."""
     y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
     return y, rstd
 
 
 @_split_fallback
 def add_rms_norm_fwd(
-    x: torch.Tensor,  # (*, N)
-    residual: torch.Tensor,  # (*, N)
+    x: torch.Tensor,
+    residual: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
@@ -259,8 +258,7 @@ def add_rms_norm_fwd(
     k: int,
     stats: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused residual add + RMSNorm (see :func:`rmsnorm.reference.add_rms_norm_fwd`):
-    returns (y, h, rstd)."""
+    """Fused residual add + RMSNorm (:func:`rmsnorm.reference.add_rms_norm_fwd`)."""
     return _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k)
 
 
@@ -315,12 +313,12 @@ def _zero_grads(dw, db, need_dw, need_db):
 
 @_split_fallback
 def rms_norm_bwd(
-    dy: torch.Tensor,  # (*, N)
-    x: torch.Tensor,  # (*, N): x, or h for add_rms_norm
+    dy: torch.Tensor,
+    x: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
-    rstd: torch.Tensor,  # (M,)
-    dresidual: torch.Tensor | None,  # (*, N)
+    rstd: torch.Tensor,
+    dresidual: torch.Tensor | None,
     eps: float,
     eps_mode: str,
     casting_mode: str,
@@ -329,7 +327,7 @@ def rms_norm_bwd(
     input_dtype: torch.dtype,
     need_weight_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """RMSNorm backward (see :func:`rmsnorm.reference.rms_norm_bwd`): returns (dx, dw, db)."""
+    """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -376,13 +374,13 @@ def rms_norm_bwd(
 # ----------------------------------------------------------------------------------------------
 @_split_fallback
 def layer_norm_fwd(
-    x: torch.Tensor,  # (*, N)
+    x: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
     stats: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm forward (see :func:`rmsnorm.reference.layer_norm_fwd`): returns (y, mean, rstd)."""
+    """LayerNorm forward (:func:`rmsnorm.reference.layer_norm_fwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -411,15 +409,15 @@ def layer_norm_fwd(
 
 @_split_fallback
 def layer_norm_bwd(
-    dy: torch.Tensor,  # (*, N)
-    x: torch.Tensor,  # (*, N)
+    dy: torch.Tensor,
+    x: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
-    mean: torch.Tensor,  # (M,)
-    rstd: torch.Tensor,  # (M,)
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
     need_weight_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm backward (see :func:`rmsnorm.reference.layer_norm_bwd`): returns (dx, dw, db)."""
+    """LayerNorm backward (:func:`rmsnorm.reference.layer_norm_bwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
