@@ -178,7 +178,7 @@ def test_gpu_config_table(kind, dtype):
     sms = 132
     ns = sorted({1, 2, 3} | {2**e + d for e in range(1, 22) for d in (-1, 0, 1)})
     for n in ns:
-        cfg = _config._gpu_config(kind, n, dtype.itemsize, sms)
+        cfg = _config.gpu_config(kind, n, dtype.itemsize, sms)
         assert cfg.block_n & (cfg.block_n - 1) == 0 and cfg.block_m & (cfg.block_m - 1) == 0
         if cfg.split > 1:
             assert cfg.block_n * cfg.split >= n > cfg.block_n * (cfg.split - 1)
@@ -301,10 +301,10 @@ def test_a_refused_cooperative_launch_falls_back_to_the_looped_layout(monkeypatc
     y_e, _ = R.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, 40)
     _close(y, R.rms_norm_fwd(_d(x), None, None, EPS, "mean_square", "gemma", 0.0, 40)[0], y_e, "y")
     for n in (65536, 262144, 2**20):  # no split config once refused
-        assert _config._gpu_config("fwd", n, 2, 132).split == 1
+        assert _config.gpu_config("fwd", n, 2, 132).split == 1
     monkeypatch.setattr(_config, "_split_refused", False)
-    _config._gpu_config.cache_clear()
-    assert _config._gpu_config("fwd", 65536, 2, 132).split > 1
+    _config.gpu_config.cache_clear()
+    assert _config.gpu_config("fwd", 65536, 2, 132).split > 1
 
 
 def test_override_is_scoped():
@@ -433,8 +433,8 @@ def test_gpu_cuda_graph_capture():
 
 def _split_shape_inputs(m=256, n=65536, dtype=torch.bfloat16):
     """Inputs at a shape whose production config is the split layout (checked)."""
-    assert _config._gpu_config("fwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
-    assert _config._gpu_config("bwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
+    assert _config.gpu_config("fwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
+    assert _config.gpu_config("bwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
     x = _rand(m, n, dtype=dtype)
     w = _rand(n, dtype=dtype, shift=1.0)
     return x, w, _rand(m, n, dtype=dtype)

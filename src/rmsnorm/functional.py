@@ -161,7 +161,7 @@ def _real(value: object) -> float | None:
     return None
 
 
-def _check_rms_options(
+def check_rms_options(
     eps_mode: str, casting_mode: str, offset: float, partial: float | None, weight
 ) -> float:
     if eps_mode not in EPS_MODES:
@@ -249,14 +249,6 @@ def _like_sum(h: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     return h if like.is_contiguous() else like.copy_(h)
 
 
-def _spec_rows(input: torch.Tensor, n: int) -> torch.Tensor:
-    return input.reshape(-1, n)
-
-
-def _spec_vec(p: torch.Tensor | None) -> torch.Tensor | None:
-    return None if p is None else p.reshape(-1)
-
-
 def _autocast_to_fp32(input: torch.Tensor, devices: tuple[str, ...]) -> bool:
     if input.is_cpu:
         return False
@@ -302,7 +294,7 @@ def _rms_arguments(
         or eps_mode != "mean_square"
         or casting_mode != "gemma"
     ):
-        offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
+        offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight)
     k = n if partial is None else partial_size(n, float(partial))
     return norm_dims, n, eps, offset, k
 
@@ -443,10 +435,10 @@ def rms_norm(
             input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
     else:
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, _ = ref.rms_norm_fwd(
-            _spec_rows(input, n), _spec_vec(weight), _spec_vec(bias), eps, eps_mode,
-            casting_mode, offset, k,
-        )  # fmt: skip
+            ref.row_matrix(input, n), w, b, eps, eps_mode, casting_mode, offset, k
+        )
         y = y.reshape(input.shape)
     return _like(y, input)
 
@@ -521,9 +513,10 @@ def add_rms_norm(
             input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
     else:
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, h, _ = ref.add_rms_norm_fwd(
-            _spec_rows(input, n), _spec_rows(residual, n), _spec_vec(weight), _spec_vec(bias),
-            eps, eps_mode, casting_mode, offset, k,
+            ref.row_matrix(input, n), ref.row_matrix(residual, n), w, b, eps, eps_mode,
+            casting_mode, offset, k,
         )  # fmt: skip
         y, h = y.reshape(input.shape), h.reshape(input.shape)
     return _like(y, input), _like_sum(h, input)
@@ -585,6 +578,7 @@ def layer_norm(
     elif path == _OP:
         y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
     else:
-        y, _, _ = ref.layer_norm_fwd(_spec_rows(input, n), _spec_vec(weight), _spec_vec(bias), eps)
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
+        y, _, _ = ref.layer_norm_fwd(ref.row_matrix(input, n), w, b, eps)
         y = y.reshape(input.shape)
     return y  # contiguous whatever the input layout, as torch.nn.functional.layer_norm

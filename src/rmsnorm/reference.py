@@ -40,6 +40,8 @@ __all__ = [
     "row_stats",
     "rms_rstd",
     "rms_norm_apply",
+    "row_matrix",
+    "param_vector",
     "rms_norm",
     "add_rms_norm",
     "layer_norm",
@@ -396,11 +398,18 @@ def layer_norm_bwd(
 
 
 # ----------------------------------------------------------------------------------------------
-# Friendly forms over the last dim of any shape (what tests and the lab call)
+# Tensors of any shape as the launchers take them, and friendly forms over the last dim of any
+# shape (what tests and the lab call)
 # ----------------------------------------------------------------------------------------------
-def _matrix(x: torch.Tensor) -> torch.Tensor:
-    """x (*, N) as (M, N) rows."""
-    return x.reshape(-1, x.shape[-1])
+def row_matrix(t: torch.Tensor | None, n: int | None = None) -> torch.Tensor | None:
+    """t (*, n) as its (M, n) rows, n = t's last dim unless given (several trailing dims
+    normalized together); None stays None."""
+    return None if t is None else t.reshape(-1, t.shape[-1] if n is None else n)
+
+
+def param_vector(p: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight or bias of any shape as the (N,) vector the launchers take; None stays None."""
+    return p if p is None or p.dim() == 1 else p.reshape(-1)
 
 
 def rms_norm(
@@ -418,7 +427,7 @@ def rms_norm(
     :func:`default_eps`."""
     eps = default_eps(x.dtype) if eps is None else eps
     k = partial_size(x.shape[-1], partial)
-    y, _ = rms_norm_fwd(_matrix(x), weight, bias, eps, eps_mode, casting_mode, offset, k)
+    y, _ = rms_norm_fwd(row_matrix(x), weight, bias, eps, eps_mode, casting_mode, offset, k)
     return y.reshape(x.shape)
 
 
@@ -438,7 +447,7 @@ def add_rms_norm(
     eps = default_eps(x.dtype) if eps is None else eps
     k = partial_size(x.shape[-1], partial)
     y, h, _ = add_rms_norm_fwd(
-        _matrix(x), _matrix(residual), weight, bias, eps, eps_mode, casting_mode, offset, k
+        row_matrix(x), row_matrix(residual), weight, bias, eps, eps_mode, casting_mode, offset, k
     )
     return y.reshape(x.shape), h.reshape(x.shape)
 
@@ -450,5 +459,5 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """LayerNorm over the last dim of ``x`` (see :func:`layer_norm_fwd`)."""
-    y, _, _ = layer_norm_fwd(_matrix(x), weight, bias, eps)
+    y, _, _ = layer_norm_fwd(row_matrix(x), weight, bias, eps)
     return y.reshape(x.shape)

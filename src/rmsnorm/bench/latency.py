@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import rmsnorm
 
-from . import Row, _header, check_device, machine, make_row
+from . import Row, check_device, machine, make_row, run_header
 from .measure import interleaved
 
 __all__ = [
@@ -256,9 +256,9 @@ def run(
     log(f"{meta['device_name']}; torch {meta['torch']}; commit {meta['commit']}")
     liger = None
     if device == "cuda":
-        from .providers import _liger
+        from .providers import liger_functions
 
-        liger, why = _liger()
+        liger, why = liger_functions()
         if liger is None:
             log(f"liger: not available ({why}); its columns are left out")
     if _hf_norm_class() is None:
@@ -676,7 +676,7 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike, note: str = "")
     verdicts = judge(rows)
     by_key = {(v.op, v.provider, v.mode, v.variant, v.dtype, v.M, v.N): v for v in verdicts}
     cells = _cells(rows)
-    lines = [f"# Latency: {_header(rows)}", "", *_intro(rows[0].device, note), ""]
+    lines = [f"# Latency: {run_header(rows)}", "", *_intro(rows[0].device, note), ""]
     lines += _summary_table(verdicts)
     for op in ("rms_norm", "layer_norm", "add_rms_norm"):
         for mode in PASSES:
@@ -735,7 +735,7 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
         ax.set_title(_PASS_TITLE[mode] + (", CUDA graph" if variant == "cuda_graph" else ""))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"Per-call latency against the targets — {_header(rows)}", fontsize=9)
+    fig.suptitle(f"Per-call latency against the targets — {run_header(rows)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

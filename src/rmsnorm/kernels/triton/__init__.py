@@ -67,7 +67,7 @@ def _check_mode(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"casting_mode must be one of {tuple(_CAST)}, got {casting_mode!r}")
 
 
-def _vec(t: torch.Tensor | None) -> torch.Tensor | None:
+def _unit_stride(t: torch.Tensor | None) -> torch.Tensor | None:
     """A (N,) or (M,) vector as the kernels read it, with unit stride. A strided, expanded
     (stride 0) or sliced weight is copied (N elements, nothing next to the M·N of a launch); a
     contiguous one is returned as is (~0.05 µs). Cheaper than a stride argument per vector, which
@@ -92,17 +92,17 @@ def _acc(*dtypes: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
 # Launch plans: everything about a launch that depends only on the call's signature (N, dtypes,
 # options, device), computed once. A call then allocates, looks up its plan and launches.
 # ----------------------------------------------------------------------------------------------
-_plans: dict = {}
+_launch_plans: dict = {}
 
 
-def _plan(key: tuple, build):
+def _launch_plan(key: tuple, build):
     """The cached plan for `key`, built by `build()` on a miss; not cached while a test or a
     benchmark overrides configs."""
-    plan = _plans.get(key)
+    plan = _launch_plans.get(key)
     if plan is None or _config.overridden():
         plan = build()
         if not _config.overridden():
-            _plans[key] = plan
+            _launch_plans[key] = plan
     return plan
 
 
@@ -166,7 +166,7 @@ def _split_fallback(fn):
                 stacklevel=2,
             )
             _config.refuse_split()
-            _plans.clear()
+            _launch_plans.clear()
             return fn(*args, **kwargs)
 
     return launcher
@@ -210,8 +210,8 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         y_dtype = output_dtype(x.dtype, weight, casting_mode)
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc
 
-    cfg, launches, y_dtype, acc = _plan(key, build)
-    weight, bias = _vec(weight), _vec(bias)
+    cfg, launches, y_dtype, acc = _launch_plan(key, build)
+    weight, bias = _unit_stride(weight), _unit_stride(bias)
     y = torch.empty_like(x, dtype=y_dtype)
     h = None if rdt is None else torch.empty_like(x, dtype=rdt)
     rstd = torch.empty((m,), dtype=acc, device=dev)
@@ -352,12 +352,12 @@ def rms_norm_bwd(
         extra = {"IN": _TL[input_dtype], "ACC": acc_tl}
         return cfg, _launches(cfg, option_flags, extra), acc, acc_tl
 
-    cfg, launches, acc, acc_tl = _plan(key, build)
+    cfg, launches, acc, acc_tl = _launch_plan(key, build)
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
     ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
-    weight, rstd = _vec(weight), _vec(rstd)
+    weight, rstd = _unit_stride(weight), _unit_stride(rstd)
     dres = x if dresidual is None else dresidual
     args = (
         dy, x, weight if has_w else x, rstd, dres, dx, part, ws, cnt,
@@ -392,8 +392,8 @@ def layer_norm_fwd(
         cfg = _config.choose("ln_fwd", n, x.dtype, x.device)
         return cfg, _launches(cfg, flag.flags(w=has_w, b=has_b), {"ACC": acc_tl}), acc
 
-    cfg, launches, acc = _plan(key, build)
-    weight, bias = _vec(weight), _vec(bias)
+    cfg, launches, acc = _launch_plan(key, build)
+    weight, bias = _unit_stride(weight), _unit_stride(bias)
     y = torch.empty_like(x)
     mean = torch.empty((m,), dtype=acc, device=x.device)
     rstd = torch.empty((m,), dtype=acc, device=x.device)
@@ -433,12 +433,12 @@ def layer_norm_bwd(
         option_flags = flag.flags(w=has_w, dw=need_dw, db=need_db)
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), acc, acc_tl
 
-    cfg, launches, acc, acc_tl = _plan(key, build)
+    cfg, launches, acc, acc_tl = _launch_plan(key, build)
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
     ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
-    weight, mean, rstd = _vec(weight), _vec(mean), _vec(rstd)
+    weight, mean, rstd = _unit_stride(weight), _unit_stride(mean), _unit_stride(rstd)
     args = (
         dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dys, xs, m, n,
     )  # fmt: skip
