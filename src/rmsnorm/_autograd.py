@@ -28,6 +28,14 @@ def _row_size(x: torch.Tensor, norm_dims: int) -> int:
     return math.prod(x.shape[x.dim() - norm_dims :])
 
 
+def _in_shapes(dx, dw, db, x, weight, bias):
+    """The spec's (dx, d weight, d bias), computed on rows, in the shapes of x and the parameters
+    (an empty gradient stays empty)."""
+    dw = dw.reshape(weight.shape) if dw.numel() else dw
+    db = db.reshape(bias.shape) if db.numel() else db
+    return dx.reshape(x.shape), dw, db
+
+
 def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, params, input_dtype, need_params):
     """The written-out RMSNorm backward as differentiable torch operations of (dy, x, weight)."""
     eps, eps_mode, casting_mode, offset, k = params
@@ -40,9 +48,7 @@ def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, params, input_dtype, 
         ref.row_matrix(dy, n), x2, w, b, rstd, ref.row_matrix(dh, n), eps, eps_mode, casting_mode,
         offset, k, input_dtype, need_params,
     )  # fmt: skip
-    dw = dw.reshape(weight.shape) if dw.numel() else dw
-    db = db.reshape(bias.shape) if db.numel() else db
-    return dx.reshape(x.shape), dw, db
+    return _in_shapes(dx, dw, db, x, weight, bias)
 
 
 def _spec_ln_backward(dy, x, norm_dims, weight, bias, eps, need_params):
@@ -52,9 +58,7 @@ def _spec_ln_backward(dy, x, norm_dims, weight, bias, eps, need_params):
     _, mean, rstd = ref.layer_norm_fwd(x2, None, None, eps)  # recomputed, differentiable in x
     w, b = ref.param_vector(weight), ref.param_vector(bias)
     dx, dw, db = ref.layer_norm_bwd(ref.row_matrix(dy, n), x2, w, b, mean, rstd, need_params)
-    dw = dw.reshape(weight.shape) if dw.numel() else dw
-    db = db.reshape(bias.shape) if db.numel() else db
-    return dx.reshape(x.shape), dw, db
+    return _in_shapes(dx, dw, db, x, weight, bias)
 
 
 def rms_norm_backward(

@@ -215,17 +215,7 @@ def rms_norm_apply(
     raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
 
-def rms_norm_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
     """RMSNorm forward: y = (offset + γ) ⊙ x · r + β with r from the first k elements.
 
     Returns (y in :func:`output_dtype`, r in the compute dtype); the spec returns r also with
@@ -237,18 +227,7 @@ def rms_norm_fwd(
     return y, _flat(rstd)
 
 
-def add_rms_norm_fwd(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
     """Fused residual form: h = x + residual (summed in the compute dtype, stored in the residual's
     dtype), y = RMSNorm(h) with x's dtype as the input dtype of the casting mode.
 
@@ -262,20 +241,9 @@ def add_rms_norm_fwd(
 
 
 def rms_norm_bwd(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    rstd: torch.Tensor,
-    dresidual: torch.Tensor | None,
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    input_dtype: torch.dtype,
-    need_weight_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
+    need_weight_grad=True,
+):  # fmt: skip
     """RMSNorm backward, written out. With x̂ = x·r, g = dy ⊙ (offset + γ), S = Σ_i g_i x̂_i over the
     row and m_j = 1 for the first k elements (0 after):
 
@@ -331,13 +299,7 @@ def rms_norm_bwd(
 _RISK_R = 2.0**-100
 
 
-def layer_norm_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """LayerNorm forward: y = γ ⊙ (x − μ)·r + β with r = 1/sqrt(σ² + ε), σ² the population variance
     (two-pass). Computed in the compute dtype, returned in x's dtype, as ``F.layer_norm``. A row
     whose μ, x − μ or σ² overflows is normalized from s·x (the module docstring): x − μ is then
@@ -368,15 +330,7 @@ def layer_norm_fwd(
     return y.to(x.dtype), _flat(mean), _flat(rstd)
 
 
-def layer_norm_bwd(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    need_weight_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     """LayerNorm backward: x̂ = (x − μ)·r, g = dy ⊙ γ,
     dx = r·(g − mean(g) − x̂·mean(g ⊙ x̂)); dγ = Σ_rows dy ⊙ x̂; dβ = Σ_rows dy.
     Where r < 2^-100 (σ > 1e30, where x − μ may overflow) x̂ = (s·x − s·μ)·(r/s): the same value,

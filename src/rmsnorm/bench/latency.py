@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import rmsnorm
 
 from . import Row, check_device, machine, make_row, run_header
-from .measure import interleaved
+from .measure import cuda_graph_replay, interleaved
 
 __all__ = [
     "MS",
@@ -181,21 +181,6 @@ def _calls(specs: dict, tensors: tuple, grad: bool, dy, dh) -> dict[tuple[str, s
     return out
 
 
-def _graph_replay(fn: Callable, calls: int = GRAPH_CALLS) -> Callable:
-    """A replay of a CUDA graph holding `calls` calls of fn (warmed up on a side stream first)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph.replay
-
-
 def _schedule(probe_s: float, quick: bool) -> tuple[int, float, int]:
     """(rounds, min_run_time, warm-up calls) for a cell whose F.rms_norm call took `probe_s`.
 
@@ -349,7 +334,7 @@ def _time_pass(calls, device, graphs, quick, grad, failed) -> tuple[dict, dict]:
             if key[0] == "copy":
                 continue
             try:
-                replays[key] = _graph_replay(fn)
+                replays[key] = cuda_graph_replay(fn, GRAPH_CALLS)
             except Exception as exc:
                 failed(key, exc)
         samples = interleaved(replays, rounds=rounds, min_run_time=min_run_time, on_error=failed)

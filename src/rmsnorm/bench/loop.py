@@ -14,7 +14,7 @@ import torch
 
 from .. import _validate
 from . import DEVICES, Row, check_device, format_gbps, make_row
-from .measure import interleaved
+from .measure import cuda_graph_replay, interleaved
 from .providers import providers_for, random_inputs, timed_fn
 
 __all__ = ["Item", "Setup", "Timer", "DryTimer", "measure"]
@@ -84,17 +84,7 @@ class Timer:
 
     def graph_ms(self, fn: Callable, calls: int = 50) -> float:
         """Device time per call replayed from a CUDA graph holding ``calls`` calls."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-        return self.median_ms(graph.replay) / calls
+        return self.median_ms(cuda_graph_replay(fn, calls)) / calls
 
 
 class DryTimer(Timer):

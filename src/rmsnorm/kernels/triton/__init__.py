@@ -229,35 +229,15 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
 
 
 @_split_fallback
-def rms_norm_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    stats: bool = True,  # the kernels write the statistics anyway (a cached GPU allocation)
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`)."""
+def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+    """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`). The kernels write the statistics
+    also with ``stats=False`` (a cached GPU allocation)."""
     y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
     return y, rstd
 
 
 @_split_fallback
-def add_rms_norm_fwd(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
     """Fused residual add + RMSNorm (:func:`rmsnorm.reference.add_rms_norm_fwd`)."""
     return _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k)
 
@@ -313,20 +293,9 @@ def _zero_grads(dw, db, need_dw, need_db):
 
 @_split_fallback
 def rms_norm_bwd(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    rstd: torch.Tensor,
-    dresidual: torch.Tensor | None,
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    input_dtype: torch.dtype,
-    need_weight_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
+    need_weight_grad=True,
+):  # fmt: skip
     """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
@@ -373,13 +342,7 @@ def rms_norm_bwd(
 # LayerNorm
 # ----------------------------------------------------------------------------------------------
 @_split_fallback
-def layer_norm_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """LayerNorm forward (:func:`rmsnorm.reference.layer_norm_fwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
@@ -408,15 +371,7 @@ def layer_norm_fwd(
 
 
 @_split_fallback
-def layer_norm_bwd(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    need_weight_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     """LayerNorm backward (:func:`rmsnorm.reference.layer_norm_bwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
