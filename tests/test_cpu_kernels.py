@@ -218,7 +218,7 @@ def test_a_broken_numba_warns_once_and_falls_back():
 def test_this_process_runs_the_compiled_kernels():
     # the suite would otherwise pass on the reference fallback without noticing
     assert cpu.warmup()["available"]
-    assert cpu._launchers().__name__ == "rmsnorm.kernels.cpu.launchers"
+    assert cpu._load_launchers().__name__ == "rmsnorm.kernels.cpu.launchers"
 
 
 # ----------------------------------------------------------------------------------------------

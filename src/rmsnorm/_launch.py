@@ -9,16 +9,21 @@ directly when the dispatcher has nothing to add (eager calls on plain tensors).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import _backend
 from .reference import param_vector
 
+if TYPE_CHECKING:
+    from ._contract import Backend
+
 _below_views = torch._C._AutoDispatchBelowADInplaceOrView
 
 
-def _launchers(x: torch.Tensor):
+def backend_for(x: torch.Tensor) -> Backend:
+    """The backend that runs ops on x's device under the current choice."""
     return _backend.launchers("cpu" if x.is_cpu else x.device.type)
 
 
@@ -64,7 +69,7 @@ def _param_grad(g: torch.Tensor, p: torch.Tensor | None) -> torch.Tensor:
 
 
 def rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    y, rstd = _launchers(x).rms_norm_fwd(
+    y, rstd = backend_for(x).rms_norm_fwd(
         _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), eps, eps_mode,
         casting_mode, offset, k,
     )  # fmt: skip
@@ -72,7 +77,7 @@ def rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset
 
 
 def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    y, h, rstd = _launchers(x).add_rms_norm_fwd(
+    y, h, rstd = backend_for(x).add_rms_norm_fwd(
         _as_rows(x, norm_dims), _as_rows(residual, norm_dims), param_vector(weight),
         param_vector(bias), eps, eps_mode, casting_mode, offset, k,
     )  # fmt: skip
@@ -84,7 +89,7 @@ def rms_norm_bwd(
     input_dtype, need_weight_grad,
 ):  # fmt: skip
     dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
-    dx, dw, db = _launchers(x).rms_norm_bwd(
+    dx, dw, db = backend_for(x).rms_norm_bwd(
         _as_rows(dy, norm_dims), _as_rows(x, norm_dims), param_vector(weight), param_vector(bias),
         _flat(rstd), dr, eps, eps_mode, casting_mode, offset, k, input_dtype, need_weight_grad,
     )  # fmt: skip
@@ -92,14 +97,14 @@ def rms_norm_bwd(
 
 
 def layer_norm_fwd(x, norm_dims, weight, bias, eps):
-    y, mean, rstd = _launchers(x).layer_norm_fwd(
+    y, mean, rstd = backend_for(x).layer_norm_fwd(
         _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), eps
     )
     return _shaped(y, x), mean, rstd
 
 
 def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
-    dx, dw, db = _launchers(x).layer_norm_bwd(
+    dx, dw, db = backend_for(x).layer_norm_bwd(
         _as_rows(dy, norm_dims), _as_rows(x, norm_dims), param_vector(weight), param_vector(bias),
         _flat(mean), _flat(rstd), need_weight_grad,
     )  # fmt: skip

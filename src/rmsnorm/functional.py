@@ -26,8 +26,9 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from . import _autograd, _backend, _dtensor, _launch, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
+from . import _autograd, _dtensor, _launch, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
 from . import reference as ref
+from ._launch import backend_for
 from .reference import CASTING_MODES, EPS_MODES, default_eps, partial_size
 
 __all__ = ["rms_norm", "add_rms_norm", "layer_norm"]
@@ -227,10 +228,6 @@ def _subclass() -> int:
     return _OP
 
 
-def _launchers(input: torch.Tensor):
-    return _backend.launchers("cpu" if input.is_cpu else input.device.type)
-
-
 def _like(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     """out (computed contiguous) in the memory format torch's rms_norm gives it: a channels_last
     (or channels_last_3d) input gets a channels_last output; any other layout a contiguous one."""
@@ -420,7 +417,7 @@ def rms_norm(
     path = _path(input, weight, bias)
     if path == _LAUNCH:
         if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
-            return _launchers(input).rms_norm_fwd(
+            return backend_for(input).rms_norm_fwd(
                 input, weight, bias, eps, eps_mode, casting_mode, offset, k, False
             )[0]
         y, _ = _launch.rms_norm_fwd(
@@ -571,7 +568,7 @@ def layer_norm(
     path = _path(input, weight, bias)
     if path == _LAUNCH:
         if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
-            return _launchers(input).layer_norm_fwd(input, weight, bias, eps, False)[0]
+            return backend_for(input).layer_norm_fwd(input, weight, bias, eps, False)[0]
         y, _, _ = _launch.layer_norm_fwd(input, norm_dims, weight, bias, eps)
     elif path == _FUNCTION:
         y = _autograd.LayerNormFunction.apply(input, weight, bias, norm_dims, eps)
