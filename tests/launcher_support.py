@@ -180,10 +180,6 @@ def param_layout(t: torch.Tensor | None, layout: str) -> torch.Tensor | None:
     return torch.cat([nan, t])[3:]
 
 
-def f64(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach().to(torch.float64)
-
-
 def bitwise_equal(a, b) -> bool:
     """The tensors of a and b hold the same bits, pairwise."""
     pairs = zip(a, b, strict=True)

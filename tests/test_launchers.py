@@ -138,9 +138,6 @@ RMS_FACTORS = {
     "casting": R.CASTING_MODES,
     "offset": (0.0, 1.0),
     "partial": (None, 0.29),
-    # add_rms_norm with a residual in x's dtype, fp32, or the other 16-bit dtype
-    "residual": ("none", "same", "fp32", "other_half"),
-    "dresidual": (False, True),  # the gradient reaching h directly
     "need_wgrad": (True, False),
     # (M, N): N off powers of two; N = 1; M = 1; M past the CPU backward's first block of rows
     # (55 at N = 300), ragged end; rows in several Triton tiles, ragged end (40 in tiles of 16)
@@ -148,15 +145,21 @@ RMS_FACTORS = {
     "layout": ("contiguous", "strided", "every_other_row"),
     "params": ("contiguous", "strided", "expanded", "offset"),
 }
+# add_rms_norm: the same options with a residual in x's dtype, fp32 or the other 16-bit dtype, and
+# with or without a gradient reaching h directly; (45, 200) rows, contiguous parameters.
+ADD_FACTORS = {
+    **{k: v for k, v in RMS_FACTORS.items() if k not in ("shape", "params")},
+    "residual": ("same", "fp32", "other_half"),
+    "dresidual": (False, True),
+}
 
 
 def _rms_valid(c: dict) -> bool:
-    if c.get("offset", 0.0) != 0.0 and c.get("weight") == "none":
-        return False  # an offset needs a weight
-    return not (c.get("dresidual") and c.get("residual") == "none")
+    return not (c.get("offset", 0.0) != 0.0 and c.get("weight") == "none")  # offset needs γ
 
 
 RMS_CASES = pairwise(RMS_FACTORS, _rms_valid)
+ADD_CASES = pairwise(ADD_FACTORS, _rms_valid)
 
 
 def _dtype(kind: str, dt: torch.dtype) -> torch.dtype | None:
@@ -165,52 +168,53 @@ def _dtype(kind: str, dt: torch.dtype) -> torch.dtype | None:
     return {"none": None, "same": dt, "fp32": torch.float32}[kind]
 
 
-def _rms_inputs(c: dict, device: str):
-    (m, n), dt, lay = c["shape"], c["dtype"], c["params"]
-    x = relayout(randn(m, n, dtype=dt, device=device, scale=2.0, shift=0.5), c["layout"])
+def test_rms_tables_cover_every_pair():
+    assert uncovered(RMS_FACTORS, RMS_CASES, _rms_valid) == []
+    assert uncovered(ADD_FACTORS, ADD_CASES, _rms_valid) == []
+
+
+def _check_rms_case(backend, c: dict) -> None:
+    (m, n), dt, dev, lay = c.get("shape", (45, 200)), c["dtype"], backend.device, c["layout"]
+    x = relayout(randn(m, n, dtype=dt, device=dev, scale=2.0, shift=0.5), lay)
     wdt = _dtype(c["weight"], dt)
-    w = None if wdt is None else randn(n, dtype=wdt, device=device)
+    w = None if wdt is None else randn(n, dtype=wdt, device=dev)
     if w is not None and c["offset"]:
         w = w * 0.1  # Gemma-style γ near 0 with offset 1
-    b = randn(n, dtype=dt, device=device) if c["bias"] else None
-    rdt = _dtype(c["residual"], dt)
-    res = (
-        None
-        if rdt is None
-        else relayout(randn(m, n, dtype=rdt, device=device, scale=3.0), c["layout"])
+    b = randn(n, dtype=dt, device=dev) if c["bias"] else None
+    w, b = (
+        param_layout(w, c.get("params", "contiguous")),
+        param_layout(b, c.get("params", "contiguous")),
     )
-    return x, res, param_layout(w, lay), param_layout(b, lay)
+    k = R.partial_size(n, c["partial"])
+    opts = (EPS, c["eps_mode"], c["casting"], c["offset"], k)
+    mod = backend.mod
+    if "residual" not in c:
+        (y, rstd), eager, exact = check_launcher(mod, "rms_norm_fwd", x, w, b, *opts)
+        xin, dres = x, None
+    else:
+        rdt = _dtype(c["residual"], dt)
+        res = relayout(randn(m, n, dtype=rdt, device=dev, scale=3.0), lay)
+        (y, h, rstd), eager, exact = check_launcher(mod, "add_rms_norm_fwd", x, res, w, b, *opts)
+        xin = eager[1]
+        dres = relayout(randn(m, n, dtype=rdt, device=dev), lay) if c["dresidual"] else None
+        if backend.bitwise:  # h is one add rounded to the residual's dtype: the spec's exactly
+            assert h.dtype == rdt and torch.equal(h, xin)
+    if backend.bitwise:  # the element-wise part rounds where the spec rounds
+        assert torch.equal(y, R.rms_norm_apply(xin, rstd, w, b, c["casting"], c["offset"], dt))
 
-
-def test_rms_table_covers_every_pair():
-    assert uncovered(RMS_FACTORS, RMS_CASES, _rms_valid) == []
+    dy = relayout(randn(m, n, dtype=y.dtype, device=dev), lay)
+    rstd = exact[-1].to(eager[-1].dtype)
+    check_launcher(mod, "rms_norm_bwd", dy, xin, w, b, rstd, dres, *opts, dt, c["need_wgrad"])
 
 
 @pytest.mark.parametrize("case", RMS_CASES, ids=case_id)
 def test_rms_norm(backend, case):
-    x, res, w, b = _rms_inputs(case, backend.device)
-    m, n = x.shape
-    k = R.partial_size(n, case["partial"])
-    opts = (EPS, case["eps_mode"], case["casting"], case["offset"], k)
-    mod = backend.mod
-    if res is None:
-        (y, rstd), eager, exact = check_launcher(mod, "rms_norm_fwd", x, w, b, *opts)
-        xin, dres = x, None
-    else:
-        (y, h, rstd), eager, exact = check_launcher(mod, "add_rms_norm_fwd", x, res, w, b, *opts)
-        xin = eager[1]
-        dres = relayout(randn(m, n, dtype=res.dtype, device=x.device), case["layout"])
-        dres = dres if case["dresidual"] else None
-        if backend.bitwise:  # h is one add rounded to the residual's dtype: the spec's exactly
-            assert h.dtype == res.dtype and torch.equal(h, xin)
-    if backend.bitwise:  # the element-wise part rounds where the spec rounds
-        want = R.rms_norm_apply(xin, rstd, w, b, case["casting"], case["offset"], x.dtype)
-        assert torch.equal(y, want)
+    _check_rms_case(backend, case)
 
-    dy = relayout(randn(m, n, dtype=y.dtype, device=x.device), case["layout"])
-    rstd = exact[-1].to(eager[-1].dtype)
-    check_launcher(mod, "rms_norm_bwd", dy, xin, w, b, rstd, dres, *opts, x.dtype,
-                   case["need_wgrad"])  # fmt: skip
+
+@pytest.mark.parametrize("case", ADD_CASES, ids=case_id)
+def test_add_rms_norm(backend, case):
+    _check_rms_case(backend, case)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,7 +327,7 @@ def test_parameters_are_read_with_their_stride(backend, dtype):
     """A strided, offset or expanded (stride 0) weight or bias gives the bits of its contiguous
     copy, in every launcher (in a casting mode per layout, with an offset in one)."""
     mod, dev = backend.mod, backend.device
-    m, n = 70, 96
+    m, n = 33, 96
     x, dy = randn(m, n, device=dev), randn(m, n, device=dev)
     base = randn(n, dtype=dtype, device=dev)
     for layout, cast, off in (("strided", "gemma", 0.0), ("offset", "none", 1.0),
@@ -334,6 +338,8 @@ def test_parameters_are_read_with_their_stride(backend, dtype):
         opts = (1e-6, "mean_square", cast, off, n)
         y, rstd = mod.rms_norm_fwd(x, w, b, *opts)
         assert torch.equal(y, mod.rms_norm_fwd(x, wc, bc, *opts)[0]), layout
+        got = mod.add_rms_norm_fwd(x, dy, w, b, *opts)
+        assert bitwise_equal(got, mod.add_rms_norm_fwd(x, dy, wc, bc, *opts)), layout
         got = mod.rms_norm_bwd(dy, x, w, b, rstd, None, *opts, x.dtype, True)
         want = mod.rms_norm_bwd(dy, x, wc, bc, rstd, None, *opts, x.dtype, True)
         assert bitwise_equal(got, want), layout
