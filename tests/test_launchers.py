@@ -63,6 +63,23 @@ def test_a_departure_from_the_contract_is_named():
     )
 
 
+def test_the_three_way_check_notices_a_wrong_output():
+    off = types.ModuleType("off")
+    x, w = torch.randn(8, 32), torch.randn(32)
+    opts = (1e-6, "mean_square", "gemma", 0.0, 32)
+    check_launcher(R, "rms_norm_fwd", x, w, None, *opts)
+    off.rms_norm_fwd = lambda *args: (R.rms_norm_fwd(*args)[0], None)
+    check_launcher(off, "rms_norm_fwd", x, w, None, *opts, False)  # no statistics asked for
+    with pytest.raises(AssertionError, match="rms_norm_fwd rstd: None"):
+        check_launcher(off, "rms_norm_fwd", x, w, None, *opts)
+    off.rms_norm_fwd = lambda *args: (R.rms_norm_fwd(*args)[0] * 1.001, R.rms_norm_fwd(*args)[1])
+    with pytest.raises(AssertionError, match="rms_norm_fwd y: max abs error"):
+        check_launcher(off, "rms_norm_fwd", x, w, None, *opts)
+    off.rms_norm_fwd = lambda *args: (R.rms_norm_fwd(*args)[0].bfloat16(), None)
+    with pytest.raises(AssertionError, match="dtype torch.bfloat16 != expected torch.float32"):
+        check_launcher(off, "rms_norm_fwd", x, w, None, *opts)
+
+
 def test_launchers_take_rows_in_their_own_shape(backend):
     """Rows (*, N) contiguous of any rank, or (M, N) with strided rows; outputs in x's shape as
     tensors of their own; statistics (M,); row tensors of different ranks in one call."""
