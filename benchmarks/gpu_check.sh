@@ -6,10 +6,11 @@
 # 0. records the GPU, driver, python, torch and triton, and imports the Triton kernels (which refuse
 #    a triton older than they support, with the version found);
 # 1. installs Liger-Kernel from .whl/ when a wheel is there (pip download liger-kernel --no-deps -d .whl);
-# 2. runs the GPU tests (tests/test_triton_kernels.py and every test marked gpu, among them > 2^31
-#    elements, N up to 2^20, CUDA graphs, torch.compile, bitwise d weight) in $SHARDS parallel pytest
-#    processes while $SHARDS more processes compile the benchmark's kernels once each, filling
-#    Triton's and inductor's on-disk caches (compiling is most of the wall time);
+# 2. runs the GPU tests (tests/test_launchers.py, tests/test_triton_kernels.py, tests/test_overflow.py
+#    and every test marked gpu, among them > 2^31 elements, N up to 2^20, CUDA graphs,
+#    torch.compile, bitwise d weight) in $SHARDS parallel pytest processes while $SHARDS more
+#    processes compile the benchmark's kernels once each, filling Triton's and inductor's on-disk
+#    caches (compiling is most of the wall time);
 # 3. runs the split-layout contention test alone (split rows on two streams beside a matmul loop):
 #    a deadlock ends at its timeout and is reported as one;
 # 4. times eager and CUDA-graph calls at decoding shapes (benchmarks/gpu_decode.py);
@@ -63,7 +64,7 @@ fi
 
 # 2. Tests in shards, cache-warming benchmark shards alongside.
 {
-  "$PY" -m pytest tests/test_triton_kernels.py tests/test_overflow.py --collect-only -q -p no:cacheprovider 2>/dev/null
+  "$PY" -m pytest tests/test_launchers.py tests/test_triton_kernels.py tests/test_overflow.py --collect-only -q -p no:cacheprovider 2>/dev/null
   "$PY" -m pytest tests -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null
 } | grep '::' | grep -v contention | sort -u >"$LOG/test_ids.txt"
 stamp "$(wc -l <"$LOG/test_ids.txt") tests in $SHARDS shards; warming benchmark kernels in $SHARDS more processes"

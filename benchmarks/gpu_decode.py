@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import rmsnorm
+from rmsnorm.bench.measure import cuda_graph_replay
 
 N = 4096
 ROWS = (1, 8, 32, 128)
@@ -32,22 +33,13 @@ def _eager_us(fn, calls: int = 2000) -> float:
 
 
 def _graph_us(fn, per_graph: int = 20, replays: int = 50) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(per_graph):
-            fn()
-    graph.replay()
+    replay = cuda_graph_replay(fn, per_graph)
+    replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
     for _ in range(replays):
-        graph.replay()
+        replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / (replays * per_graph)

@@ -93,7 +93,7 @@ def main() -> None:
         for kind in ("fwd", "bwd", "ln_fwd", "ln_bwd", "add_fwd", "add_bwd"):
             add = kind.startswith("add_")
             kind = kind.removeprefix("add_")
-            cfg = _config._gpu_config(kind, n, dtype.itemsize, args.sms)
+            cfg = _config.gpu_config(kind, n, dtype.itemsize, args.sms)
             m = 4
             x = torch.randn(m, n, dtype=dtype)
             w = torch.randn(n, dtype=dtype)

@@ -3,8 +3,6 @@ backward), forward-mode AD, the torch.func transforms (jvp, vjp, vmap, grad, jac
 hessian, per-sample gradients), inference-mode inputs. Each is compared with torch's own op where
 torch has one, and with the spec otherwise."""
 
-import importlib.util
-
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -12,20 +10,9 @@ import torch.nn.functional as F
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import rmsnorm
-from rmsnorm import _backend
+from launcher_support import AVAILABLE as BACKENDS
 from rmsnorm import reference as ref
 
-
-def _backends():
-    names = ["reference"]
-    if _backend.cpu_kernels_available():
-        names.append("cpu")
-    if _backend.triton_installed() and importlib.util.find_spec("rmsnorm.kernels.triton"):
-        names.append("triton")  # interpreted on CPU tensors: keep shapes tiny
-    return names
-
-
-BACKENDS = _backends()
 N = 8
 
 # (name, our function of (x, w, b), the same computed by torch's op or the spec in torch ops).

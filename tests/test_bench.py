@@ -131,9 +131,11 @@ def test_run_loop_budget_skips_and_failures_are_logged(monkeypatch):
     setup = cpu.setup(dry_run=True)
     setup.plan, setup.strict = setup.plan[:1], False
     logs.clear()
-    real = loop._providers
+    real = loop.providers_for
     monkeypatch.setattr(
-        loop, "_providers", lambda op, liger, compile: {**real(op, liger, compile), "bad": broken}
+        loop,
+        "providers_for",
+        lambda op, liger, compile: {**real(op, liger, compile), "bad": broken},
     )
     rows = loop._run(setup, variants=False, log=logs.append)
     assert "bad" not in {r.provider for r in rows} and "rmsnorm" in {r.provider for r in rows}
@@ -181,7 +183,7 @@ def test_variant_configs_include_the_defaults():
         assert cfg.split * cfg.block_n >= n or cfg.loop
         assert cfg.split == 1 or cfg.programs <= sms
     for kind, n in {(k, n) for k, n, _, _ in variants}:
-        default = _config._gpu_config(kind, n, 2, sms)
+        default = _config.gpu_config(kind, n, 2, sms)
         assert any(c == default for k, m, _, c in variants if (k, m) == (kind, n))
 
 

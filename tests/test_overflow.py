@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rmsnorm.reference as R
-from rmsnorm.kernels import cpu
+from launcher_support import target, triton_layouts
 from rmsnorm.testing import max_abs_error
 
 # One ordinary row, then rows whose fp32 Σx² overflows although no 16-column chunk's does
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings(
 EPS = 1e-5
 
 
-def _rows(dtype):
+def _overflowing_rows(dtype):
     """(M, N) rows: random signs × uniform(0.5, 1) × the row's scale, and the scales (M, 1)."""
     g = torch.Generator().manual_seed(7)
     mag = torch.rand(len(SCALES), N, generator=g, dtype=torch.float64) * 0.5 + 0.5
@@ -52,18 +52,6 @@ def _check(actual, exact, name, c=None, rows=1):
     assert err <= tol, f"{name}: error {err:.3e} > {tol:.3e}"
 
 
-def _triton_layouts():
-    triton = pytest.importorskip("triton")  # noqa: F841
-    from rmsnorm.kernels.triton import Config
-
-    split = -(-N // 16)
-    return {
-        "single": Config(2, 64, 4, programs=2),
-        "loop": Config(2, 16, 4, loop=True, programs=3),
-        "split": Config(2, 16, 4, split=split, programs=2 * split),
-    }
-
-
 BACKENDS = ["reference", "cpu", "triton-single", "triton-loop", "triton-split", "triton-default"]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -72,26 +60,21 @@ def _backend(name):
     """(launcher module, context manager forcing its layout, device of its tensors)."""
     import contextlib
 
-    if name == "reference":
-        return R, contextlib.nullcontext(), DEVICE
-    if name == "cpu":
-        if not cpu.available():
-            pytest.skip("numba is not installed")
-        return cpu, contextlib.nullcontext(), "cpu"
-    pytest.importorskip("triton")
-    import rmsnorm.kernels.triton as T
-
-    layout = name.split("-")[1]
-    if layout == "default":
-        if DEVICE == "cpu":
+    backend = target(name.split("-")[0])
+    layout = name.partition("-")[2]
+    if name == "reference":  # the spec runs on any device: on the GPU where there is one
+        return backend.mod, contextlib.nullcontext(), DEVICE
+    if layout in ("", "default"):
+        if layout and backend.device == "cpu":
             pytest.skip("the interpreter's default config is the single-tile one, tested above")
-        return T, contextlib.nullcontext(), DEVICE
-    cfg = _triton_layouts()[layout]
-    return T, T.override(fwd=cfg, bwd=cfg, ln_fwd=cfg, ln_bwd=cfg), DEVICE
+        return backend.mod, contextlib.nullcontext(), backend.device
+    cfg = triton_layouts(N)[layout]
+    forced = backend.mod.override(fwd=cfg, bwd=cfg, ln_fwd=cfg, ln_bwd=cfg)
+    return backend.mod, forced, backend.device
 
 
 def _inputs(dtype, device):
-    x, c = _rows(dtype)
+    x, c = _overflowing_rows(dtype)
     w = (torch.rand(N, generator=torch.Generator().manual_seed(1)) + 0.5).to(dtype)
     bias = torch.full((N,), 0.25, dtype=dtype)
     dy = torch.randn(x.shape[0], N, generator=torch.Generator().manual_seed(2)).to(dtype)
@@ -154,7 +137,7 @@ def test_layer_norm_rows_whose_statistics_overflow(backend, dtype):
 
 def test_torch_returns_zeros_where_the_spec_rescales():
     """The documented difference: torch's rms_norm gives 0 for such a row, the spec its value."""
-    x, _ = _rows(torch.float32)
+    x, _ = _overflowing_rows(torch.float32)
     y_torch = torch.nn.functional.rms_norm(x, (N,), eps=EPS)
     y, _ = R.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, N)
     assert not y_torch[1:].any() and y[1:].abs().min() > 0.4

@@ -1,4 +1,8 @@
-"""The Triton kernels against the spec (rmsnorm.reference) with the shared tolerance rule.
+"""What only the Triton backend has: its kernel layouts (one tile, a looped row, a row split over
+cooperating programs; persistent grids) forced at small N, d weight summed over many programs,
+float64 accumulation, the launch configs, the FLAGS bits, the version floor, and the tests that need
+a GPU. The launchers' results against the spec in every option, shape and row layout are checked
+with every backend's in test_launchers.py.
 
 Without a GPU every test runs on CPU tensors under TRITON_INTERPRET=1 (set by conftest), with small
 shapes and few programs; with a GPU the same tests run natively on CUDA tensors, plus the tests
@@ -16,15 +20,14 @@ import torch
 
 import rmsnorm
 import rmsnorm.reference as R
-from rmsnorm.testing import assert_close_to_reference
+from launcher_support import EPS, HAS_CUDA, check_all_ops, param_layout, triton_layouts
+from rmsnorm.testing import assert_close_to_reference, check_launcher
 
 triton = pytest.importorskip("triton")
 T = pytest.importorskip("rmsnorm.kernels.triton")
 from rmsnorm.kernels.triton import Config, _config, override  # noqa: E402
 
-HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-EPS = 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -46,223 +49,8 @@ def _rand(*shape, dtype=torch.float32, scale=1.0, shift=0.0):
 
 
 # ----------------------------------------------------------------------------------------------
-# Every RMSNorm option, chosen pairwise (all pairs of values of any two options appear together in
-# some case) instead of the full cross product: 12–14 cases instead of ~3,500.
+# Kernel layouts forced at small N
 # ----------------------------------------------------------------------------------------------
-_FACTORS = {
-    "dtype": (torch.float32, torch.bfloat16, torch.float16, torch.float64),
-    "eps_mode": ("mean_square", "rms"),
-    "casting": ("gemma", "llama", "none"),
-    "weight": ("same", "fp32", None),  # γ in x's dtype, in fp32, or absent
-    "offset": (0.0, 1.0),
-    "bias": (False, True),
-    "partial": (None, 0.3),
-    "residual": (None, "same", "fp32"),  # add_rms_norm with a residual in x's dtype or fp32
-    "need_wgrad": (True, False),
-}
-
-
-def _valid(case: dict) -> bool:
-    return not (case["offset"] != 0.0 and case["weight"] is None)
-
-
-def _pairwise(factors: dict, valid) -> list[dict]:
-    """A deterministic greedy covering array: repeatedly take the valid case covering the most
-    value pairs not yet covered (AETG-style, over the full product, which is small here)."""
-    names = list(factors)
-    every = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*factors.values())]
-    every = [c for c in every if valid(c)]
-
-    def pairs(c):
-        return {((a, repr(c[a])), (b, repr(c[b]))) for a, b in itertools.combinations(names, 2)}
-
-    covers = [pairs(c) for c in every]
-    todo = set().union(*covers)
-    chosen = []
-    while todo:
-        i = max(range(len(every)), key=lambda i: len(covers[i] & todo))
-        chosen.append(every[i])
-        todo -= covers[i]
-    return chosen
-
-
-_CASES = _pairwise(_FACTORS, _valid)
-
-
-def _case_id(c: dict) -> str:
-    return "-".join(
-        [str(c["dtype"])[6:], c["eps_mode"], c["casting"], f"w{c['weight']}", f"o{c['offset']:g}",
-         "b" if c["bias"] else "nob", f"p{c['partial']}", f"r{c['residual']}",
-         "wg" if c["need_wgrad"] else "nowg"]
-    )  # fmt: skip
-
-
-def test_pairwise_table_covers_all_pairs():
-    names = list(_FACTORS)
-    for a, b in itertools.combinations(names, 2):
-        seen = {(repr(c[a]), repr(c[b])) for c in _CASES}
-        for va, vb in itertools.product(_FACTORS[a], _FACTORS[b]):
-            if _valid({**{n: _FACTORS[n][0] for n in names}, a: va, b: vb}):
-                assert (repr(va), repr(vb)) in seen, (a, va, b, vb)
-
-
-def _rms_inputs(c: dict, m: int, n: int):
-    dt = c["dtype"]
-    x = _rand(m, n, dtype=dt)
-    wdt = {"same": dt, "fp32": torch.float32, None: None}[c["weight"]]
-    w = None if wdt is None else _rand(n, dtype=wdt, scale=0.5, shift=0.5 - c["offset"])
-    b = _rand(n, dtype=w.dtype if w is not None else dt, scale=0.1) if c["bias"] else None
-    rdt = {"same": dt, "fp32": torch.float32, None: None}[c["residual"]]
-    res = None if rdt is None else _rand(m, n, dtype=rdt)
-    return x, w, b, res
-
-
-@pytest.mark.parametrize("c", _CASES, ids=[_case_id(c) for c in _CASES])
-def test_rms_norm_options(c):
-    """Forward (y, h, rstd) and backward (dx, dw, db) of the launchers for one option combination,
-    at a non-power-of-two N."""
-    m, n = 11, 67
-    x, w, b, res = _rms_inputs(c, m, n)
-    k = R.partial_size(n, c["partial"])
-    opts = (EPS, c["eps_mode"], c["casting"], c["offset"], k)
-    if res is None:
-        y, rstd = T.rms_norm_fwd(x, w, b, *opts)
-        y_e, rstd_e = R.rms_norm_fwd(x, w, b, *opts)
-        y_x, rstd_x = R.rms_norm_fwd(_d(x), _d(w), _d(b), *opts)
-        xin, dres = x, None
-    else:
-        y, h, rstd = T.add_rms_norm_fwd(x, res, w, b, *opts)
-        y_e, h_e, rstd_e = R.add_rms_norm_fwd(x, res, w, b, *opts)
-        y_x, h_x, rstd_x = R.add_rms_norm_fwd(_d(x), _d(res), _d(w), _d(b), *opts)
-        _close(h, h_x, h_e, "h")
-        xin, dres = h_e, _rand(m, n, dtype=res.dtype)
-    _close(y, y_x, y_e, "y")
-    _close(rstd, rstd_x, rstd_e, "rstd")
-
-    # Backward from the spec's own saved tensors, so only the backward's error is measured.
-    dy = _rand(m, n, dtype=y_e.dtype)
-    r_in = rstd_x.to(rstd_e.dtype)
-    args = (xin, w, b, r_in, dres, *opts, x.dtype, c["need_wgrad"])
-    got = T.rms_norm_bwd(dy, *args)
-    eager = R.rms_norm_bwd(dy, *args)
-    exact = R.rms_norm_bwd(
-        _d(dy), _d(xin), _d(w), _d(b), _d(r_in), _d(dres), *opts, torch.float64,
-        c["need_wgrad"],
-    )  # fmt: skip
-    _close(got[0], exact[0], eager[0], "dx")
-    _close(got[1], exact[1], eager[1], "dweight", rows=m)
-    _close(got[2], exact[2], eager[2], "dbias", rows=m)
-
-
-# ----------------------------------------------------------------------------------------------
-# Shapes and layouts
-# ----------------------------------------------------------------------------------------------
-def _check_all_ops(x, w, b, *, eps_mode="mean_square", k=None, res=None, dtype_in=None):
-    """rms_norm / add_rms_norm / layer_norm forward + backward launchers on x vs the spec."""
-    m, n = x.shape
-    k = n if k is None else k
-    opts = (EPS, eps_mode, "gemma", 0.0, k)
-    if res is None:
-        y, rstd = T.rms_norm_fwd(x, w, b, *opts)
-        y_e, rstd_e = R.rms_norm_fwd(x, w, b, *opts)
-        y_x, rstd_x = R.rms_norm_fwd(_d(x), _d(w), _d(b), *opts)
-        xin, dres = x, None
-    else:
-        y, h, rstd = T.add_rms_norm_fwd(x, res, w, b, *opts)
-        y_e, h_e, rstd_e = R.add_rms_norm_fwd(x, res, w, b, *opts)
-        y_x, h_x, rstd_x = R.add_rms_norm_fwd(_d(x), _d(res), _d(w), _d(b), *opts)
-        _close(h, h_x, h_e, "h")
-        xin, dres = h_e, _rand(m, n, dtype=res.dtype)
-    _close(y, y_x, y_e, "y")
-    _close(rstd, rstd_x, rstd_e, "rstd")
-    dy = _rand(m, n, dtype=y.dtype)
-    r_in = rstd_x.to(rstd_e.dtype)
-    args = (xin, w, b, r_in, dres, *opts, x.dtype, True)
-    got, eager = T.rms_norm_bwd(dy, *args), R.rms_norm_bwd(dy, *args)
-    exact = R.rms_norm_bwd(_d(dy), _d(xin), _d(w), _d(b), _d(r_in), _d(dres), *opts,
-                           torch.float64, True)  # fmt: skip
-    for a, e, g, name in zip(got, exact, eager, ("dx", "dweight", "dbias"), strict=True):
-        _close(a, e, g, name, rows=m if name != "dx" else 1)
-
-    y, mean, rstd = T.layer_norm_fwd(x, w, b, EPS)
-    y_e, mean_e, rstd_e = R.layer_norm_fwd(x, w, b, EPS)
-    y_x, mean_x, rstd_x = R.layer_norm_fwd(_d(x), _d(w), _d(b), EPS)
-    for a, e, g, name in ((y, y_x, y_e, "ln y"), (mean, mean_x, mean_e, "ln mean"),
-                          (rstd, rstd_x, rstd_e, "ln rstd")):  # fmt: skip
-        _close(a, e, g, name)
-    dy = _rand(m, n, dtype=x.dtype)
-    mu_in, r_in = mean_x.to(mean_e.dtype), rstd_x.to(rstd_e.dtype)
-    got = T.layer_norm_bwd(dy, x, w, b, mu_in, r_in, True)
-    eager = R.layer_norm_bwd(dy, x, w, b, mu_in, r_in, True)
-    exact = R.layer_norm_bwd(_d(dy), _d(x), _d(w), _d(b), _d(mu_in), _d(r_in), True)
-    for a, e, g, name in zip(got, exact, eager, ("ln dx", "ln dweight", "ln dbias"), strict=True):
-        _close(a, e, g, name, rows=m if name != "ln dx" else 1)
-
-
-@pytest.mark.parametrize(
-    "m, n",
-    [
-        (1, 1),  # a single element: rstd of one value, N below any vector width
-        (1, 4096),  # one decoding row
-        (3, 1000),  # non-power-of-two N, masked tail inside one tile
-        (2, 129),  # N just past a power of two (128): a mostly-empty second half of the tile
-        (130, 16),  # more row blocks than programs: the persistent loop runs several times
-    ],
-)
-def test_shapes(m, n):
-    x = _rand(m, n, dtype=torch.bfloat16)
-    w = _rand(n, dtype=torch.bfloat16, shift=1.0)
-    b = _rand(n, dtype=torch.bfloat16, scale=0.1)
-    _check_all_ops(x, w, b)
-
-
-@pytest.mark.parametrize(
-    "has_w, has_b, need",
-    [(False, False, True), (True, False, True), (False, True, True), (True, True, False)],
-)
-def test_layer_norm_optional_affine(has_w, has_b, need):
-    """LayerNorm with each of weight / bias optional, and without parameter gradients."""
-    m, n = 9, 40
-    x = _rand(m, n, dtype=torch.bfloat16, shift=3.0)
-    w = _rand(n, dtype=torch.bfloat16, shift=1.0) if has_w else None
-    b = _rand(n, dtype=torch.bfloat16) if has_b else None
-    y, mean, rstd = T.layer_norm_fwd(x, w, b, EPS)
-    y_e, mean_e, rstd_e = R.layer_norm_fwd(x, w, b, EPS)
-    _close(y, R.layer_norm_fwd(_d(x), _d(w), _d(b), EPS)[0], y_e, "y")
-    dy = _rand(m, n, dtype=torch.bfloat16)
-    got = T.layer_norm_bwd(dy, x, w, b, mean_e, rstd_e, need)
-    eager = R.layer_norm_bwd(dy, x, w, b, mean_e, rstd_e, need)
-    exact = R.layer_norm_bwd(_d(dy), _d(x), _d(w), _d(b), _d(mean_e), _d(rstd_e), need)
-    for a, e, g, name in zip(got, exact, eager, ("dx", "dweight", "dbias"), strict=True):
-        assert a.shape == g.shape and a.dtype == g.dtype, name
-        _close(a, e, g, name, rows=m if name != "dx" else 1)
-
-
-def test_zero_rows():
-    """M = 0 launches nothing; d weight / d bias of no rows are zeros."""
-    x = _rand(0, 32)
-    w, b = _rand(32), _rand(32)
-    y, rstd = T.rms_norm_fwd(x, w, b, EPS, "mean_square", "gemma", 0.0, 32)
-    assert y.shape == (0, 32) and rstd.shape == (0,)
-    y, h, rstd = T.add_rms_norm_fwd(x, x, w, b, EPS, "mean_square", "gemma", 0.0, 32)
-    assert y.shape == h.shape == (0, 32)
-    dx, dw, db = T.rms_norm_bwd(x, x, w, b, rstd, None, EPS, "mean_square", "gemma", 0.0, 32,
-                                x.dtype, True)  # fmt: skip
-    assert dx.shape == (0, 32) and torch.equal(dw, torch.zeros_like(w))
-    assert torch.equal(db, torch.zeros_like(b))
-    y, mean, rstd = T.layer_norm_fwd(x, w, b, EPS)
-    dx, dw, db = T.layer_norm_bwd(x, x, w, b, mean, rstd, True)
-    assert torch.equal(dw, torch.zeros_like(w)) and torch.equal(db, torch.zeros_like(b))
-
-
-def _loop(block_n):
-    return Config(2, block_n, 4, loop=True, programs=3)
-
-
-def _split(block_n, n):
-    return Config(2, block_n, 4, split=-(-n // block_n), programs=2 * -(-n // block_n))
-
-
 @pytest.mark.parametrize(
     "layout, n",
     [
@@ -276,14 +64,14 @@ def test_wide_row_layouts(layout, n):
     """The looped and split paths (used on GPU for rows longer than a register tile) forced at
     small N, with a residual in fp32, the "rms" eps placement, partial k across block edges, and a
     large mean (LayerNorm's block-wise variance merge must stay exact)."""
-    cfg = _loop(16) if layout == "loop" else _split(16, n)
+    cfg = triton_layouts(n)[layout]
     m = 7
     x = _rand(m, n, dtype=torch.bfloat16, shift=50.0)
     w = _rand(n, dtype=torch.bfloat16, shift=1.0)
     b = _rand(n, dtype=torch.bfloat16, scale=0.1)
     res = _rand(m, n, dtype=torch.float32)
     with override(fwd=cfg, bwd=cfg, ln_fwd=cfg, ln_bwd=cfg):
-        _check_all_ops(x, w, b, eps_mode="rms", k=n // 2 + 3, res=res)
+        check_all_ops(T, x, w, b, eps_mode="rms", k=n // 2 + 3, res=res)
 
 
 def test_one_row_block_per_program():
@@ -295,29 +83,7 @@ def test_one_row_block_per_program():
     w = _rand(n, dtype=torch.float16, shift=1.0)
     b = _rand(n, dtype=torch.float16, scale=0.1)
     with override(fwd=cfg, bwd=cfg, ln_fwd=cfg, ln_bwd=cfg):
-        _check_all_ops(x, w, b, res=_rand(m, n, dtype=torch.float16))
-
-
-def test_strided_rows():
-    """Row-strided inputs (a column slice of a wider tensor) are read in place."""
-    base = _rand(9, 100, dtype=torch.float16)
-    x = base[:, 10:74]  # (9, 64) with row stride 100
-    assert x.stride() == (100, 1)
-    w = _rand(64, dtype=torch.float16, shift=1.0)
-    b = _rand(64, dtype=torch.float16, scale=0.1)
-    res_base = _rand(9, 80, dtype=torch.float16)
-    _check_all_ops(x, w, b, res=res_base[:, :64])
-
-
-def _param_layout(t, layout):
-    """The same (N,) values as t, laid out as a strided view (every other element), an expanded
-    scalar (stride 0; t's first value repeated) or a view at a storage offset."""
-    if layout == "strided":
-        return torch.stack([t, torch.full_like(t, float("nan"))], dim=1).reshape(-1)[::2]
-    if layout == "expanded":
-        return t[:1].expand(t.shape[0])
-    assert layout == "offset"
-    return torch.cat([torch.full((5,), float("nan"), dtype=t.dtype, device=t.device), t])[5:]
+        check_all_ops(T, x, w, b, res=_rand(m, n, dtype=torch.float16))
 
 
 @pytest.mark.parametrize("layout", ["single", "loop", "split"])
@@ -327,14 +93,14 @@ def test_parameter_layouts(param, layout):
     their values, by every launcher in every layout (NaN sits where a unit-stride read from the
     view's first element would land)."""
     m, n = 5, 33
-    cfg = {"single": Config(2, 64, 4, programs=2), "loop": _loop(16), "split": _split(16, n)}
+    cfg = triton_layouts(n)
     x = _rand(m, n, dtype=torch.bfloat16)
-    w = _param_layout(_rand(n, dtype=torch.float32, shift=1.0), param)
-    b = _param_layout(_rand(n, dtype=torch.float32, scale=0.1), param)
+    w = param_layout(_rand(n, dtype=torch.float32, shift=1.0), param)
+    b = param_layout(_rand(n, dtype=torch.float32, scale=0.1), param)
     assert param != "strided" or w.stride() == (2,)
     with override(fwd=cfg[layout], bwd=cfg[layout], ln_fwd=cfg[layout], ln_bwd=cfg[layout]):
-        _check_all_ops(x, w, b, res=_rand(m, n, dtype=torch.bfloat16))
-        _check_all_ops(x, w, b)
+        check_all_ops(T, x, w, b, res=_rand(m, n, dtype=torch.bfloat16))
+        check_all_ops(T, x, w, b)
 
 
 def test_weight_gradient_many_rows():
@@ -346,13 +112,8 @@ def test_weight_gradient_many_rows():
     b = _rand(n, dtype=torch.bfloat16)
     dy = _rand(m, n, dtype=torch.bfloat16)
     _, rstd = R.rms_norm_fwd(_d(x), _d(w), None, EPS, "mean_square", "gemma", 0.0, n)
-    rstd = rstd.float()
-    args = (x, w, b, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True)
-    got, eager = T.rms_norm_bwd(dy, *args), R.rms_norm_bwd(dy, *args)
-    exact = R.rms_norm_bwd(_d(dy), _d(x), _d(w), _d(b), _d(rstd), None, *args[5:10],
-                           torch.float64, True)  # fmt: skip
-    _close(got[1], exact[1], eager[1], "dweight", rows=m)
-    _close(got[2], exact[2], eager[2], "dbias", rows=m)
+    args = (x, w, b, rstd.float(), None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True)
+    check_launcher(T, "rms_norm_bwd", dy, *args)
 
 
 def test_deterministic():
@@ -375,94 +136,9 @@ def test_deterministic():
         assert torch.equal(a, b_)
 
 
-def test_row_offsets_are_int64():
-    """Row r starts at r · stride computed in int64: rows 2 · (2^31 − 64) elements apart address
-    correctly although every scalar argument fits int32 (an int32 product would wrap to a negative
-    offset). The storage is 8 GB of untouched virtual memory; only the 3 rows' pages are used.
-    x starts 1024 elements into it, so a wrapped offset (−128) reads the padding (1e4s) and fails
-    the comparison instead of crashing the process."""
-    n, stride, pad = 8, 2**31 - 64, 1024
-    if HAS_CUDA:
-        pytest.skip("covered natively by test_more_than_2_31_elements; 8 GB is not free on a GPU")
-    store = torch.empty(pad + 2 * stride + n, dtype=torch.float16)
-    store[:pad] = 1e4
-    x = store[pad:].as_strided((3, n), (stride, 1))
-    x.copy_(torch.randn(3, n))
-    dy = torch.randn(3, n, dtype=torch.float16)
-    xc = x.clone()
-    y, rstd = T.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, n)
-    y_e, rstd_e = R.rms_norm_fwd(xc, None, None, EPS, "mean_square", "gemma", 0.0, n)
-    _close(y, R.rms_norm_fwd(_d(xc), None, None, EPS, "mean_square", "gemma", 0.0, n)[0], y_e, "y")
-    dx, _, _ = T.rms_norm_bwd(dy, x, None, None, rstd_e, None, EPS, "mean_square", "gemma", 0.0,
-                              n, x.dtype, True)  # fmt: skip
-    dx_e, _, _ = R.rms_norm_bwd(dy, xc, None, None, rstd_e, None, EPS, "mean_square", "gemma",
-                                0.0, n, x.dtype, True)  # fmt: skip
-    dx_x, _, _ = R.rms_norm_bwd(_d(dy), _d(xc), None, None, _d(rstd_e), None, EPS, "mean_square",
-                                "gemma", 0.0, n, torch.float64, True)  # fmt: skip
-    _close(dx, dx_x, dx_e, "dx")
-    y, mean, rstd = T.layer_norm_fwd(x, None, None, EPS)
-    y_e, _, _ = R.layer_norm_fwd(xc, None, None, EPS)
-    _close(y, R.layer_norm_fwd(_d(xc), None, None, EPS)[0], y_e, "ln y")
-
-
 # ----------------------------------------------------------------------------------------------
-# The public API (custom ops + autograd) on the Triton backend
+# The public API in float64 on the Triton backend
 # ----------------------------------------------------------------------------------------------
-def _grads(fn, inputs, gouts=None):
-    """(outputs, input gradients) of fn; output gradients random in the outputs' dtypes unless
-    given (converted to each output's dtype)."""
-    out = fn(*inputs)
-    out = out if isinstance(out, tuple) else (out,)
-    if gouts is None:
-        gouts = [_rand(*o.shape, dtype=o.dtype) for o in out]
-    torch.autograd.backward(out, [g.to(o.dtype) for g, o in zip(gouts, out, strict=True)])
-    return [o.detach() for o in out], [None if i.grad is None else i.grad for i in inputs], gouts
-
-
-def _leaf(t):
-    return None if t is None else t.detach().clone().requires_grad_(True)
-
-
-def _compare_api(fn, inputs, rows):
-    """fn on the Triton backend vs the reference backend in the same dtype and in float64."""
-    outs, grads, gouts = _grads(fn, [_leaf(t) for t in inputs])
-    with rmsnorm.use_backend("reference"):
-        outs_e, grads_e, _ = _grads(fn, [_leaf(t) for t in inputs], gouts)
-        outs_x, grads_x, _ = _grads(fn, [_leaf(_d(t)) for t in inputs], gouts)
-    for i, (a, e, g) in enumerate(zip(outs, outs_x, outs_e, strict=True)):
-        _close(a, e, g, f"output {i}")
-    for i, (a, e, g) in enumerate(zip(grads, grads_x, grads_e, strict=True)):
-        if a is not None:
-            _close(a, e, g, f"grad {i}", rows=rows if inputs[i].dim() == 1 else 1)
-
-
-def test_api_rms_norm_3d_autograd():
-    x = _rand(2, 5, 48, dtype=torch.bfloat16)
-    w = _rand(48, dtype=torch.bfloat16, shift=1.0)
-    _compare_api(lambda x, w: rmsnorm.rms_norm(x, (48,), w, 1e-6), (x, w), rows=10)
-
-
-def test_api_add_rms_norm_fp32_residual():
-    """bf16 input with an fp32 residual stream: h in fp32, y in bf16, gradients to both."""
-    x = _rand(6, 40, dtype=torch.bfloat16)
-    res = _rand(6, 40, dtype=torch.float32)
-    w = _rand(40, dtype=torch.bfloat16, shift=1.0)
-    b = _rand(40, dtype=torch.bfloat16, scale=0.1)
-
-    def fn(x, res, w, b):
-        return rmsnorm.add_rms_norm(x, res, 40, w, 1e-6, offset=0.0, bias=b, partial=0.5)
-
-    _compare_api(fn, (x, res, w, b), rows=6)
-
-
-def test_api_layer_norm_strided_autograd():
-    base = _rand(8, 70, dtype=torch.float16)
-    x = base[:, 3:67]
-    w = _rand(64, dtype=torch.float16, shift=1.0)
-    b = _rand(64, dtype=torch.float16)
-    _compare_api(lambda x, w, b: rmsnorm.layer_norm(x, 64, w, b), (x, w, b), rows=8)
-
-
 @pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "layer_norm"])
 def test_gradcheck_float64(op):
     """Analytical vs numerical derivatives in float64: the kernels accumulate in float64 for
@@ -502,7 +178,7 @@ def test_gpu_config_table(kind, dtype):
     sms = 132
     ns = sorted({1, 2, 3} | {2**e + d for e in range(1, 22) for d in (-1, 0, 1)})
     for n in ns:
-        cfg = _config._gpu_config(kind, n, dtype.itemsize, sms)
+        cfg = _config.gpu_config(kind, n, dtype.itemsize, sms)
         assert cfg.block_n & (cfg.block_n - 1) == 0 and cfg.block_m & (cfg.block_m - 1) == 0
         if cfg.split > 1:
             assert cfg.block_n * cfg.split >= n > cfg.block_n * (cfg.split - 1)
@@ -600,9 +276,10 @@ def test_split_launches_are_cooperative(monkeypatch):
     """On a GPU a split layout's programs wait for each other: the launch asks the driver to make
     them co-resident (or refuse), never to hope they are."""
     monkeypatch.setattr(T.flag, "INTERPRETED", False)
-    split = T._launches(_split(16, 64), 0, {})
+    layouts = triton_layouts(64)
+    split = T._launches(layouts["split"], 0, {})
     assert [kw.get("launch_cooperative_grid") for kw in split] == [True]
-    assert "launch_cooperative_grid" not in T._launches(_loop(16), 0, {})[0]
+    assert "launch_cooperative_grid" not in T._launches(layouts["loop"], 0, {})[0]
 
 
 def test_a_refused_cooperative_launch_falls_back_to_the_looped_layout(monkeypatch):
@@ -624,10 +301,10 @@ def test_a_refused_cooperative_launch_falls_back_to_the_looped_layout(monkeypatc
     y_e, _ = R.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, 40)
     _close(y, R.rms_norm_fwd(_d(x), None, None, EPS, "mean_square", "gemma", 0.0, 40)[0], y_e, "y")
     for n in (65536, 262144, 2**20):  # no split config once refused
-        assert _config._gpu_config("fwd", n, 2, 132).split == 1
+        assert _config.gpu_config("fwd", n, 2, 132).split == 1
     monkeypatch.setattr(_config, "_split_refused", False)
-    _config._gpu_config.cache_clear()
-    assert _config._gpu_config("fwd", 65536, 2, 132).split > 1
+    _config.gpu_config.cache_clear()
+    assert _config.gpu_config("fwd", 65536, 2, 132).split > 1
 
 
 def test_override_is_scoped():
@@ -656,7 +333,7 @@ def test_gpu_large_rows(n, dtype):
     x = _rand(m, n, dtype=dtype)
     w = _rand(n, dtype=dtype, shift=1.0)
     b = _rand(n, dtype=dtype, scale=0.1)
-    _check_all_ops(x, w, b, res=_rand(m, n, dtype=torch.float32) if n == 65536 else None)
+    check_all_ops(T, x, w, b, res=_rand(m, n, dtype=torch.float32) if n == 65536 else None)
 
 
 @pytest.mark.gpu
@@ -664,7 +341,7 @@ def test_gpu_large_rows(n, dtype):
 def test_gpu_qk_norm_shape():
     x = _rand(2**16, 128, dtype=torch.bfloat16)
     w = _rand(128, dtype=torch.bfloat16, shift=1.0)
-    _check_all_ops(x, w, None)
+    check_all_ops(T, x, w, None)
 
 
 @pytest.mark.gpu
@@ -756,8 +433,8 @@ def test_gpu_cuda_graph_capture():
 
 def _split_shape_inputs(m=256, n=65536, dtype=torch.bfloat16):
     """Inputs at a shape whose production config is the split layout (checked)."""
-    assert _config._gpu_config("fwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
-    assert _config._gpu_config("bwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
+    assert _config.gpu_config("fwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
+    assert _config.gpu_config("bwd", n, dtype.itemsize, _config._sm_count(0)).split > 1
     x = _rand(m, n, dtype=dtype)
     w = _rand(n, dtype=dtype, shift=1.0)
     return x, w, _rand(m, n, dtype=dtype)

@@ -28,41 +28,37 @@ def _row_size(x: torch.Tensor, norm_dims: int) -> int:
     return math.prod(x.shape[x.dim() - norm_dims :])
 
 
-def _flat(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    return None if t is None else t.reshape(-1, n)
-
-
-def _vec(p: torch.Tensor | None) -> torch.Tensor | None:
-    return None if p is None else p.reshape(-1)
+def _in_shapes(dx, dw, db, x, weight, bias):
+    """The spec's (dx, d weight, d bias), computed on rows, in the shapes of x and the parameters
+    (an empty gradient stays empty)."""
+    dw = dw.reshape(weight.shape) if dw.numel() else dw
+    db = db.reshape(bias.shape) if db.numel() else db
+    return dx.reshape(x.shape), dw, db
 
 
 def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, params, input_dtype, need_params):
     """The written-out RMSNorm backward as differentiable torch operations of (dy, x, weight)."""
     eps, eps_mode, casting_mode, offset, k = params
     n = _row_size(x, norm_dims)
-    x2 = x.reshape(-1, n)
+    x2 = ref.row_matrix(x, n)
     cd = torch.promote_types(ref.compute_dtype(x.dtype), ref.compute_dtype(input_dtype))
-    rstd = ref._rstd(x2.to(cd), eps, eps_mode, k)  # recomputed: its derivative in x is needed
+    rstd = ref.rms_rstd(x2.to(cd), eps, eps_mode, k)  # recomputed: its derivative in x is needed
+    w, b = ref.param_vector(weight), ref.param_vector(bias)
     dx, dw, db = ref.rms_norm_bwd(
-        dy.reshape(-1, n), x2, _vec(weight), _vec(bias), rstd, _flat(dh, n), eps, eps_mode,
-        casting_mode, offset, k, input_dtype, need_params,
+        ref.row_matrix(dy, n), x2, w, b, rstd, ref.row_matrix(dh, n), eps, eps_mode, casting_mode,
+        offset, k, input_dtype, need_params,
     )  # fmt: skip
-    dw = dw.reshape(weight.shape) if dw.numel() else dw
-    db = db.reshape(bias.shape) if db.numel() else db
-    return dx.reshape(x.shape), dw, db
+    return _in_shapes(dx, dw, db, x, weight, bias)
 
 
 def _spec_ln_backward(dy, x, norm_dims, weight, bias, eps, need_params):
     """The written-out LayerNorm backward as differentiable torch operations of (dy, x, weight)."""
     n = _row_size(x, norm_dims)
-    x2 = x.reshape(-1, n)
+    x2 = ref.row_matrix(x, n)
     _, mean, rstd = ref.layer_norm_fwd(x2, None, None, eps)  # recomputed, differentiable in x
-    dx, dw, db = ref.layer_norm_bwd(
-        dy.reshape(-1, n), x2, _vec(weight), _vec(bias), mean, rstd, need_params
-    )
-    dw = dw.reshape(weight.shape) if dw.numel() else dw
-    db = db.reshape(bias.shape) if db.numel() else db
-    return dx.reshape(x.shape), dw, db
+    w, b = ref.param_vector(weight), ref.param_vector(bias)
+    dx, dw, db = ref.layer_norm_bwd(ref.row_matrix(dy, n), x2, w, b, mean, rstd, need_params)
+    return _in_shapes(dx, dw, db, x, weight, bias)
 
 
 def rms_norm_backward(

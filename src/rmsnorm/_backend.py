@@ -1,10 +1,10 @@
 """The one place that decides which implementation runs a normalization op.
 
-Backends are modules exposing the same five launchers (``rms_norm_fwd``, ``add_rms_norm_fwd``,
-``rms_norm_bwd``, ``layer_norm_fwd``, ``layer_norm_bwd``; see :mod:`rmsnorm.reference` for their
-arguments): ``reference`` (the spec itself), ``cpu`` (the CPU kernels) and ``triton`` (the GPU
-kernels; on CPU tensors they run under the Triton interpreter). ``auto`` picks the fastest one that
-supports the tensor's device. Forced with ``RMSNORM_BACKEND`` or :func:`use_backend`.
+Backends are modules defining the five launchers of the backend contract
+(:class:`rmsnorm._contract.Backend`): ``reference`` (the spec itself), ``cpu`` (the CPU kernels)
+and ``triton`` (the GPU kernels; on CPU tensors they run under the Triton interpreter). ``auto``
+picks the fastest one that supports the tensor's device. Forced with ``RMSNORM_BACKEND`` or
+:func:`use_backend`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,16 @@ import os
 import sys
 import threading
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 # Imported now (cheap: no numba) so that its fork hook is registered before any fork: a process
 # forked from one whose OpenMP runtime ran a team must not hand a shared call to that runtime.
 from .kernels import cpu as _cpu_kernels  # noqa: F401
+
+if TYPE_CHECKING:
+    from ._contract import Backend
 
 BACKENDS = ("auto", "reference", "cpu", "triton")
 ENV_VAR = "RMSNORM_BACKEND"
@@ -187,7 +191,7 @@ def _triton_for(device_type: str) -> ModuleType:
     return _load("triton")
 
 
-def launchers(device_type: str) -> ModuleType:
+def launchers(device_type: str) -> Backend:
     """The backend module that runs ops on tensors of ``device_type`` under the current choice."""
     name = _choice.forced
     if name is None:  # current(), inlined: every op call asks

@@ -9,19 +9,25 @@ directly when the dispatcher has nothing to add (eager calls on plain tensors).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import _backend
+from .reference import param_vector
+
+if TYPE_CHECKING:
+    from ._contract import Backend
 
 _below_views = torch._C._AutoDispatchBelowADInplaceOrView
 
 
-def _launchers(x: torch.Tensor):
+def backend_for(x: torch.Tensor) -> Backend:
+    """The backend that runs ops on x's device under the current choice."""
     return _backend.launchers("cpu" if x.is_cpu else x.device.type)
 
 
-def _rows(t: torch.Tensor, norm_dims: int) -> torch.Tensor:
+def _as_rows(t: torch.Tensor, norm_dims: int) -> torch.Tensor:
     """t as the launchers read rows (*, N): as it is when contiguous (outputs then come back in
     t's own shape, no view needed), else as (M, N) rows with a unit last stride — a view where the
     rows are equally spaced (the launchers read strided rows in place), a copy otherwise."""
@@ -32,10 +38,6 @@ def _rows(t: torch.Tensor, norm_dims: int) -> torch.Tensor:
             t = t.reshape(-1, t.shape[-1])
         return t if t.stride(1) == 1 or t.shape[1] == 1 else t.contiguous()
     return t.reshape(-1, math.prod(t.shape[t.dim() - norm_dims :]))
-
-
-def _vec(p: torch.Tensor | None) -> torch.Tensor | None:
-    return p if p is None or p.dim() == 1 else p.reshape(-1)
 
 
 def _flat(stat: torch.Tensor) -> torch.Tensor:
@@ -67,16 +69,17 @@ def _param_grad(g: torch.Tensor, p: torch.Tensor | None) -> torch.Tensor:
 
 
 def rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    y, rstd = _launchers(x).rms_norm_fwd(
-        _rows(x, norm_dims), _vec(weight), _vec(bias), eps, eps_mode, casting_mode, offset, k
-    )
+    y, rstd = backend_for(x).rms_norm_fwd(
+        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), eps, eps_mode,
+        casting_mode, offset, k,
+    )  # fmt: skip
     return _shaped(y, x), rstd
 
 
 def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    y, h, rstd = _launchers(x).add_rms_norm_fwd(
-        _rows(x, norm_dims), _rows(residual, norm_dims), _vec(weight), _vec(bias),
-        eps, eps_mode, casting_mode, offset, k,
+    y, h, rstd = backend_for(x).add_rms_norm_fwd(
+        _as_rows(x, norm_dims), _as_rows(residual, norm_dims), param_vector(weight),
+        param_vector(bias), eps, eps_mode, casting_mode, offset, k,
     )  # fmt: skip
     return _shaped(y, x), _shaped(h, x), rstd
 
@@ -85,22 +88,24 @@ def rms_norm_bwd(
     dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
     input_dtype, need_weight_grad,
 ):  # fmt: skip
-    dr = None if dresidual is None else _rows(dresidual, norm_dims)
-    dx, dw, db = _launchers(x).rms_norm_bwd(
-        _rows(dy, norm_dims), _rows(x, norm_dims), _vec(weight), _vec(bias), _flat(rstd), dr,
-        eps, eps_mode, casting_mode, offset, k, input_dtype, need_weight_grad,
+    dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
+    dx, dw, db = backend_for(x).rms_norm_bwd(
+        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), param_vector(weight), param_vector(bias),
+        _flat(rstd), dr, eps, eps_mode, casting_mode, offset, k, input_dtype, need_weight_grad,
     )  # fmt: skip
     return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
 
 
 def layer_norm_fwd(x, norm_dims, weight, bias, eps):
-    y, mean, rstd = _launchers(x).layer_norm_fwd(_rows(x, norm_dims), _vec(weight), _vec(bias), eps)
+    y, mean, rstd = backend_for(x).layer_norm_fwd(
+        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), eps
+    )
     return _shaped(y, x), mean, rstd
 
 
 def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
-    dx, dw, db = _launchers(x).layer_norm_bwd(
-        _rows(dy, norm_dims), _rows(x, norm_dims), _vec(weight), _vec(bias),
+    dx, dw, db = backend_for(x).layer_norm_bwd(
+        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), param_vector(weight), param_vector(bias),
         _flat(mean), _flat(rstd), need_weight_grad,
     )  # fmt: skip
     return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)

@@ -318,7 +318,7 @@ def _progress():
     return LogProgress()
 
 
-def _threads(n: int | None) -> None:
+def _set_torch_threads(n: int | None) -> None:
     if n is not None:
         import torch
 
@@ -367,7 +367,7 @@ def simulate(
     from .lab.simulation import simulate as run
 
     _require("simulate", "matplotlib")
-    _threads(threads)
+    _set_torch_threads(threads)
     text_file = text_file or text
     with _reported("simulate", ValueError, OSError):
         cfg = SimulationConfig(
@@ -426,7 +426,7 @@ def inspect(
     from .lab.inspection import inspect_source, render_table
     from .lab.io import write_json
 
-    _threads(threads)
+    _set_torch_threads(threads)
     if text_file is not None:
         text = text_file.read_text(errors="replace")
     with _reported("inspect", ValueError, OSError, ImportError):
@@ -462,7 +462,7 @@ def report(
     from .lab.report import ReportConfig, build_report
 
     _require("report", "matplotlib")
-    _threads(threads)
+    _set_torch_threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
     with _reported("report", ValueError, OSError, ImportError):
         cfg = ReportConfig.from_options(

@@ -26,8 +26,9 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from . import _autograd, _backend, _dtensor, _launch, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
+from . import _autograd, _dtensor, _launch, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
 from . import reference as ref
+from ._launch import backend_for
 from .reference import CASTING_MODES, EPS_MODES, default_eps, partial_size
 
 __all__ = ["rms_norm", "add_rms_norm", "layer_norm"]
@@ -161,7 +162,7 @@ def _real(value: object) -> float | None:
     return None
 
 
-def _check_rms_options(
+def check_rms_options(
     eps_mode: str, casting_mode: str, offset: float, partial: float | None, weight
 ) -> float:
     if eps_mode not in EPS_MODES:
@@ -227,10 +228,6 @@ def _subclass() -> int:
     return _OP
 
 
-def _launchers(input: torch.Tensor):
-    return _backend.launchers("cpu" if input.is_cpu else input.device.type)
-
-
 def _like(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     """out (computed contiguous) in the memory format torch's rms_norm gives it: a channels_last
     (or channels_last_3d) input gets a channels_last output; any other layout a contiguous one."""
@@ -247,14 +244,6 @@ def _like_sum(h: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
         return h
     like = torch.empty_like(input, dtype=h.dtype)  # contiguous unless input is dense
     return h if like.is_contiguous() else like.copy_(h)
-
-
-def _spec_rows(input: torch.Tensor, n: int) -> torch.Tensor:
-    return input.reshape(-1, n)
-
-
-def _spec_vec(p: torch.Tensor | None) -> torch.Tensor | None:
-    return None if p is None else p.reshape(-1)
 
 
 def _autocast_to_fp32(input: torch.Tensor, devices: tuple[str, ...]) -> bool:
@@ -302,7 +291,7 @@ def _rms_arguments(
         or eps_mode != "mean_square"
         or casting_mode != "gemma"
     ):
-        offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight)
+        offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight)
     k = n if partial is None else partial_size(n, float(partial))
     return norm_dims, n, eps, offset, k
 
@@ -428,7 +417,7 @@ def rms_norm(
     path = _path(input, weight, bias)
     if path == _LAUNCH:
         if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
-            return _launchers(input).rms_norm_fwd(
+            return backend_for(input).rms_norm_fwd(
                 input, weight, bias, eps, eps_mode, casting_mode, offset, k, False
             )[0]
         y, _ = _launch.rms_norm_fwd(
@@ -443,10 +432,10 @@ def rms_norm(
             input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
     else:
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, _ = ref.rms_norm_fwd(
-            _spec_rows(input, n), _spec_vec(weight), _spec_vec(bias), eps, eps_mode,
-            casting_mode, offset, k,
-        )  # fmt: skip
+            ref.row_matrix(input, n), w, b, eps, eps_mode, casting_mode, offset, k
+        )
         y = y.reshape(input.shape)
     return _like(y, input)
 
@@ -521,9 +510,10 @@ def add_rms_norm(
             input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
     else:
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, h, _ = ref.add_rms_norm_fwd(
-            _spec_rows(input, n), _spec_rows(residual, n), _spec_vec(weight), _spec_vec(bias),
-            eps, eps_mode, casting_mode, offset, k,
+            ref.row_matrix(input, n), ref.row_matrix(residual, n), w, b, eps, eps_mode,
+            casting_mode, offset, k,
         )  # fmt: skip
         y, h = y.reshape(input.shape), h.reshape(input.shape)
     return _like(y, input), _like_sum(h, input)
@@ -578,13 +568,14 @@ def layer_norm(
     path = _path(input, weight, bias)
     if path == _LAUNCH:
         if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
-            return _launchers(input).layer_norm_fwd(input, weight, bias, eps, False)[0]
+            return backend_for(input).layer_norm_fwd(input, weight, bias, eps, False)[0]
         y, _, _ = _launch.layer_norm_fwd(input, norm_dims, weight, bias, eps)
     elif path == _FUNCTION:
         y = _autograd.LayerNormFunction.apply(input, weight, bias, norm_dims, eps)
     elif path == _OP:
         y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
     else:
-        y, _, _ = ref.layer_norm_fwd(_spec_rows(input, n), _spec_vec(weight), _spec_vec(bias), eps)
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
+        y, _, _ = ref.layer_norm_fwd(ref.row_matrix(input, n), w, b, eps)
         y = y.reshape(input.shape)
     return y  # contiguous whatever the input layout, as torch.nn.functional.layer_norm

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .functional import _check_rms_options, add_rms_norm, layer_norm, rms_norm
+from .functional import add_rms_norm, check_rms_options, layer_norm, rms_norm
 
 __all__ = ["RMSNorm", "AddRMSNorm", "LayerNorm"]
 
@@ -71,7 +71,7 @@ class RMSNorm(nn.RMSNorm):
         partial: float | None = None,
     ) -> None:
         weight_marker = True if elementwise_affine else None
-        offset = _check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
+        offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
         if bias and not elementwise_affine:
             raise ValueError("bias=True needs elementwise_affine=True (no parameters otherwise)")
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)

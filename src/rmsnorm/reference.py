@@ -1,13 +1,10 @@
 """The spec: plain-PyTorch RMSNorm / LayerNorm forward and written-out backward, correct in float64.
 
 Every kernel, benchmark and fallback in this package is compared against this module, and it is also
-a backend of its own (``RMSNORM_BACKEND=reference``): its launcher functions (``*_fwd``, ``*_bwd``)
-are the contract every backend implements. They take rows x of shape (*, N) — a contiguous tensor
-of any rank whose last dim is the row, or (M, N) with a unit last stride and any row stride — and
-(N,) parameters of any stride; they return fresh outputs of x's shape and per-row statistics of
-shape (M,), M the number of rows. The formulas are those of
-``docs/conventions.md`` and ``docs/spec.md``; each function's docstring states the one it
-implements.
+a backend of its own (``RMSNORM_BACKEND=reference``): its five launchers (``*_fwd``, ``*_bwd``) have
+the signatures every backend has (:class:`rmsnorm._contract.Backend`, which says what they take and
+return) and define what every backend computes. The formulas are those of ``docs/conventions.md``
+and ``docs/spec.md``; each function's docstring states the one it implements.
 
 Notation (one row of N elements; M rows, the leading dims (*) flattened): x the row, γ the weight,
 β the bias, k the number of leading elements the RMS is estimated from (k = N unless ``partial``
@@ -41,6 +38,10 @@ __all__ = [
     "output_dtype",
     "overflow_scale",
     "row_stats",
+    "rms_rstd",
+    "rms_norm_apply",
+    "row_matrix",
+    "param_vector",
     "rms_norm",
     "add_rms_norm",
     "layer_norm",
@@ -150,8 +151,9 @@ def _mean_square(xf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(over, ms_s, ms), _ones_but(over, s, ms)
 
 
-def _rstd(xf: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
-    """r per row from the first k elements: ``"mean_square"`` r = 1/sqrt(mean(x²) + ε);
+def rms_rstd(xf: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
+    """r per row of xf (*, N), in its dtype (a compute dtype), from the first k elements of each
+    row: ``"mean_square"`` r = 1/sqrt(mean(x²) + ε);
     ``"rms"`` r = 1/(sqrt(mean(x²)) + ε); for a row whose mean(x²) overflows, the same from s·x:
     r = s/sqrt(mean((s·x)²) + ε·s²) or s/(sqrt(mean((s·x)²)) + ε·s)."""
     ms, sc = _mean_square(xf, k)  # (*), (*)
@@ -170,7 +172,7 @@ def _scale(weight: torch.Tensor | None, offset: float, dtype: torch.dtype) -> to
     return w + offset if offset != 0.0 else w
 
 
-def _rms_norm_apply(
+def rms_norm_apply(
     x: torch.Tensor,  # (*, N), any float dtype
     rstd: torch.Tensor,  # (*), compute dtype
     weight: torch.Tensor | None,  # (N,)
@@ -179,7 +181,8 @@ def _rms_norm_apply(
     offset: float,
     in_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """y from x and r in the chosen casting mode (the table in docs/conventions.md)."""
+    """y from x and its per-row r in the chosen casting mode (the table in docs/conventions.md),
+    ``in_dtype`` the input dtype the mode rounds to (x's own, or the forward input's for h)."""
     cd = compute_dtype(in_dtype)
     out_dtype = output_dtype(in_dtype, weight, casting_mode)
     if casting_mode == "gemma":
@@ -212,69 +215,35 @@ def _rms_norm_apply(
     raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
 
-def rms_norm_fwd(
-    x: torch.Tensor,  # (*, N)
-    weight: torch.Tensor | None,  # (N,)
-    bias: torch.Tensor | None,  # (N,)
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
     """RMSNorm forward: y = (offset + γ) ⊙ x · r + β with r from the first k elements.
 
-    Returns (y (*, N) in :func:`output_dtype`, r (M,) in the compute dtype). r is what the backward
-    needs; with ``stats=False`` (a caller that needs no backward) a backend may skip allocating it
-    and return None in its place. The spec always returns it.
+    Returns (y in :func:`output_dtype`, r in the compute dtype); the spec returns r also with
+    ``stats=False``.
     """
     cd = compute_dtype(x.dtype)
-    rstd = _rstd(x.to(cd), eps, eps_mode, k)
-    y = _rms_norm_apply(x, rstd, weight, bias, casting_mode, offset, x.dtype)
+    rstd = rms_rstd(x.to(cd), eps, eps_mode, k)
+    y = rms_norm_apply(x, rstd, weight, bias, casting_mode, offset, x.dtype)
     return y, _flat(rstd)
 
 
-def add_rms_norm_fwd(
-    x: torch.Tensor,  # (*, N)
-    residual: torch.Tensor,  # (*, N), any float dtype (fp32 residual with bf16 x is allowed)
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
     """Fused residual form: h = x + residual (summed in the compute dtype, stored in the residual's
     dtype), y = RMSNorm(h) with x's dtype as the input dtype of the casting mode.
 
-    Returns (y, h, r). r is computed from the stored h, so y is exactly RMSNorm of the h returned;
-    ``stats`` as in :func:`rms_norm_fwd`.
+    Returns (y, h, r). r is computed from the stored h, so y is exactly RMSNorm of the h returned.
     """
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(residual.dtype))
     h = (x.to(cd) + _as(residual, x).to(cd)).to(residual.dtype)  # (*, N)
-    rstd = _rstd(h.to(cd), eps, eps_mode, k)
-    y = _rms_norm_apply(h, rstd, weight, bias, casting_mode, offset, x.dtype)
+    rstd = rms_rstd(h.to(cd), eps, eps_mode, k)
+    y = rms_norm_apply(h, rstd, weight, bias, casting_mode, offset, x.dtype)
     return y, h, _flat(rstd)
 
 
 def rms_norm_bwd(
-    dy: torch.Tensor,  # (*, N)
-    x: torch.Tensor,  # (*, N): the normalized input (h for add_rms_norm)
-    weight: torch.Tensor | None,  # (N,)
-    bias: torch.Tensor | None,  # (N,): only its presence and dtype matter
-    rstd: torch.Tensor,  # (M,)
-    dresidual: torch.Tensor | None,  # (*, N): gradient of h for add_rms_norm, else None
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    input_dtype: torch.dtype,
-    need_weight_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
+    need_weight_grad=True,
+):  # fmt: skip
     """RMSNorm backward, written out. With x̂ = x·r, g = dy ⊙ (offset + γ), S = Σ_i g_i x̂_i over the
     row and m_j = 1 for the first k elements (0 after):
 
@@ -330,19 +299,13 @@ def rms_norm_bwd(
 _RISK_R = 2.0**-100
 
 
-def layer_norm_fwd(
-    x: torch.Tensor,  # (*, N)
-    weight: torch.Tensor | None,  # (N,)
-    bias: torch.Tensor | None,  # (N,)
-    eps: float,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """LayerNorm forward: y = γ ⊙ (x − μ)·r + β with r = 1/sqrt(σ² + ε), σ² the population variance
     (two-pass). Computed in the compute dtype, returned in x's dtype, as ``F.layer_norm``. A row
     whose μ, x − μ or σ² overflows is normalized from s·x (the module docstring): x − μ is then
     s·x − s·μ, r_s = 1/sqrt(σ_s² + ε·s²) normalizes it, and r = s·r_s is returned.
 
-    Returns (y (*, N), μ (M,), r (M,)); ``stats`` as in :func:`rms_norm_fwd`.
+    Returns (y, μ, r); the spec returns the statistics also with ``stats=False``.
     """
     cd = compute_dtype(x.dtype)
     xf = x.to(cd)
@@ -367,15 +330,7 @@ def layer_norm_fwd(
     return y.to(x.dtype), _flat(mean), _flat(rstd)
 
 
-def layer_norm_bwd(
-    dy: torch.Tensor,  # (*, N)
-    x: torch.Tensor,  # (*, N)
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    mean: torch.Tensor,  # (M,)
-    rstd: torch.Tensor,  # (M,)
-    need_weight_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     """LayerNorm backward: x̂ = (x − μ)·r, g = dy ⊙ γ,
     dx = r·(g − mean(g) − x̂·mean(g ⊙ x̂)); dγ = Σ_rows dy ⊙ x̂; dβ = Σ_rows dy.
     Where r < 2^-100 (σ > 1e30, where x − μ may overflow) x̂ = (s·x − s·μ)·(r/s): the same value,
@@ -397,10 +352,18 @@ def layer_norm_bwd(
 
 
 # ----------------------------------------------------------------------------------------------
-# Friendly forms over the last dim of any shape (what tests and the lab call)
+# Tensors of any shape as the launchers take them, and friendly forms over the last dim of any
+# shape (what tests and the lab call)
 # ----------------------------------------------------------------------------------------------
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(-1, x.shape[-1])
+def row_matrix(t: torch.Tensor | None, n: int | None = None) -> torch.Tensor | None:
+    """t (*, n) as its (M, n) rows, n = t's last dim unless given (several trailing dims
+    normalized together); None stays None."""
+    return None if t is None else t.reshape(-1, t.shape[-1] if n is None else n)
+
+
+def param_vector(p: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight or bias of any shape as the (N,) vector the launchers take; None stays None."""
+    return p if p is None or p.dim() == 1 else p.reshape(-1)
 
 
 def rms_norm(
@@ -418,7 +381,7 @@ def rms_norm(
     :func:`default_eps`."""
     eps = default_eps(x.dtype) if eps is None else eps
     k = partial_size(x.shape[-1], partial)
-    y, _ = rms_norm_fwd(_rows(x), weight, bias, eps, eps_mode, casting_mode, offset, k)
+    y, _ = rms_norm_fwd(row_matrix(x), weight, bias, eps, eps_mode, casting_mode, offset, k)
     return y.reshape(x.shape)
 
 
@@ -438,7 +401,7 @@ def add_rms_norm(
     eps = default_eps(x.dtype) if eps is None else eps
     k = partial_size(x.shape[-1], partial)
     y, h, _ = add_rms_norm_fwd(
-        _rows(x), _rows(residual), weight, bias, eps, eps_mode, casting_mode, offset, k
+        row_matrix(x), row_matrix(residual), weight, bias, eps, eps_mode, casting_mode, offset, k
     )
     return y.reshape(x.shape), h.reshape(x.shape)
 
@@ -450,5 +413,5 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """LayerNorm over the last dim of ``x`` (see :func:`layer_norm_fwd`)."""
-    y, _, _ = layer_norm_fwd(_rows(x), weight, bias, eps)
+    y, _, _ = layer_norm_fwd(row_matrix(x), weight, bias, eps)
     return y.reshape(x.shape)

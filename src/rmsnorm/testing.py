@@ -3,7 +3,8 @@
 An implementation's error against the float64 reference may be at most twice the error of eager
 PyTorch (the reference run in the same dtype) plus a small absolute term: one unit of rounding in
 the output dtype and, for reductions over rows (d weight, d bias), the accumulator's rounding
-growing with √rows. Derived once here; no test picks its own tolerance.
+growing with √rows. Derived once here; no test picks its own tolerance. :func:`check_launcher`
+applies it to one call of a backend's launcher.
 """
 
 from __future__ import annotations
@@ -12,9 +13,21 @@ import math
 
 import torch
 
+from . import reference
 from .reference import compute_dtype
 
-__all__ = ["tolerance", "max_abs_error", "assert_close_to_reference"]
+__all__ = ["tolerance", "max_abs_error", "assert_close_to_reference", "check_launcher", "OUTPUTS"]
+
+# The outputs of each launcher of the backend contract (rmsnorm._contract.Backend), in order.
+OUTPUTS = {
+    "rms_norm_fwd": ("y", "rstd"),
+    "add_rms_norm_fwd": ("y", "h", "rstd"),
+    "rms_norm_bwd": ("dx", "dweight", "dbias"),
+    "layer_norm_fwd": ("y", "mean", "rstd"),
+    "layer_norm_bwd": ("dx", "dweight", "dbias"),
+}
+_SUMMED_OVER_ROWS = ("dweight", "dbias")
+_STATS_AT = {"rms_norm_fwd": 8, "add_rms_norm_fwd": 9, "layer_norm_fwd": 4}  # the stats argument
 
 
 def max_abs_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -59,6 +72,8 @@ def assert_close_to_reference(
     """Assert ``actual`` is within :func:`tolerance` of the float64 ``expected``; ``eager`` is the
     reference computed in ``actual``'s dtype. ``rows`` is the number of rows reduced over (d
     weight)."""
+    if actual is None:
+        raise AssertionError(f"{name}: None, expected a {eager.dtype} tensor")
     if actual.dtype != eager.dtype:
         raise AssertionError(f"{name}: dtype {actual.dtype} != expected {eager.dtype}")
     err = max_abs_error(actual, expected)
@@ -68,3 +83,33 @@ def assert_close_to_reference(
             f"{name}: max abs error {err:.3e} > tolerance {tol:.3e} "
             f"(eager {actual.dtype} error {max_abs_error(eager, expected):.3e})"
         )
+
+
+def _float64(arg: object) -> object:
+    if isinstance(arg, torch.Tensor):
+        return arg.detach().to(torch.float64)
+    return torch.float64 if isinstance(arg, torch.dtype) else arg
+
+
+def check_launcher(backend: object, launcher: str, *args: object, label: str = "") -> tuple:
+    """Call ``launcher`` (one of :data:`OUTPUTS`) of ``backend`` (a module of the backend contract)
+    on ``args``, and the spec's (:mod:`rmsnorm.reference`) twice: on the same arguments ("eager")
+    and in float64 (every tensor, and ``input_dtype``, converted). Asserts that each output the
+    backend returns is within :func:`tolerance` of the float64 one, d weight and d bias as sums
+    over the M rows. Returns the three output tuples (backend, eager, float64), so that a
+    backward can be fed the spec's statistics.
+    """
+    spec = getattr(reference, launcher)
+    got = getattr(backend, launcher)(*args)
+    eager = spec(*args)
+    exact = spec(*map(_float64, args))
+    rows = args[0].numel() // max(args[0].shape[-1], 1)  # the rows of x (forward) or dy (backward)
+    prefix = f"{label} {launcher}" if label else launcher
+    at = _STATS_AT.get(launcher)
+    skippable = at is not None and len(args) > at and not args[at]  # stats=False
+    for name, a, g, e in zip(OUTPUTS[launcher], got, eager, exact, strict=True):
+        if a is None and skippable and name in ("rstd", "mean"):
+            continue  # the contract lets a backend skip the statistics
+        summed = rows if name in _SUMMED_OVER_ROWS else 1
+        assert_close_to_reference(a, e, g, name=f"{prefix} {name}", rows=summed)
+    return got, eager, exact

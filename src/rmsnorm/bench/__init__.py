@@ -162,7 +162,8 @@ def read_csv(path: str | os.PathLike) -> list[Row]:
         return [Row(**{k: conv[types[k]](v) for k, v in rec.items()}) for rec in csv.DictReader(f)]
 
 
-def _header(rows: Sequence[Row]) -> str:
+def run_header(rows: Sequence[Row]) -> str:
+    """What the rows were measured on: device, torch, triton, commit and time (a title line)."""
     r = rows[0]
     return (
         f"{r.device_name} ({r.device}) · torch {r.torch} · triton {r.triton} · "
@@ -180,7 +181,8 @@ def _groups(rows: Sequence[Row]) -> dict:
     return out
 
 
-def _gb(gbps: float) -> str:
+def format_gbps(gbps: float) -> str:
+    """A bandwidth in GB/s as printed in the tables."""
     # GPU numbers are in the thousands, CPU numbers in single digits: keep two significant figures
     return f"{gbps:.0f}" if gbps >= 100 else f"{gbps:.1f}"
 
@@ -197,8 +199,10 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> None:
         Path(path).write_text("No measurements.\n")
         return
     groups = _groups(rows)
-    copies = sorted({(r.dtype, r.M * r.N, _gb(r.copy_gbps)) for r in rows if r.copy_gbps > 0})
-    lines = [f"# Benchmark: {_header(rows)}", ""]
+    copies = sorted(
+        {(r.dtype, r.M * r.N, format_gbps(r.copy_gbps)) for r in rows if r.copy_gbps > 0}
+    )
+    lines = [f"# Benchmark: {run_header(rows)}", ""]
     lines.append(
         "Effective GB/s from the bytes model (fwd 2·M·N·elem, bwd 3·M·N·elem; add_rms_norm 4 and "
         "4) and % of the copy bandwidth measured in the same process over the same elements; "
@@ -233,7 +237,9 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> None:
                 if r is None:
                     row.append("–")
                     continue
-                text = f"{r.ms * 1e3:.1f} µs" if lat else f"{_gb(r.gbps)} ({r.pct_copy:.0f}%)"
+                text = (
+                    f"{r.ms * 1e3:.1f} µs" if lat else f"{format_gbps(r.gbps)} ({r.pct_copy:.0f}%)"
+                )
                 row.append(f"**{text}**" if r is best else text)
             lines.append("| " + " | ".join(row) + " |")
     Path(path).write_text("\n".join(lines) + "\n")
@@ -275,7 +281,7 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(f"Effective bandwidth vs copy — {_header(rows)}", fontsize=9)
+    fig.suptitle(f"Effective bandwidth vs copy — {run_header(rows)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -297,7 +303,7 @@ def summary(rows: Sequence[Row], provider: str = "rmsnorm") -> str:
         lat = _is_latency(k[3])
 
         def fmt(r: Row, lat: bool = lat) -> str:
-            return f"{r.ms * 1e3:.1f}us" if lat else f"{_gb(r.gbps)}GB/s {r.pct_copy:.0f}%"
+            return f"{r.ms * 1e3:.1f}us" if lat else f"{format_gbps(r.gbps)}GB/s {r.pct_copy:.0f}%"
 
         best = min(others, key=lambda r: r.ms) if others else None
         other = f"{best.provider} {fmt(best)}" if best else "-"

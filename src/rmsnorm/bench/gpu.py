@@ -19,7 +19,7 @@ import torch
 
 from . import machine
 from .loop import DryTimer, Item, Setup, Timer
-from .providers import _liger
+from .providers import liger_functions
 
 _FULL_NS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 _MN = 2**27
@@ -88,7 +88,7 @@ def setup(quick: bool = False, dry_run: bool = False, warm: tuple[int, int] | No
         timer = _WarmTimer()
     else:
         timer = _DoBench(quick)
-    liger, why = (None, "dry run") if dry_run else _liger()
+    liger, why = (None, "dry run") if dry_run else liger_functions()
     budget_s = 90.0 if quick else 270.0
 
     def variants(meta: dict, timer: Timer, start: float, budget_s: float, log) -> list:

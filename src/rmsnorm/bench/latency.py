@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 import rmsnorm
 
-from . import Row, _header, check_device, machine, make_row
-from .measure import interleaved
+from . import Row, check_device, machine, make_row, run_header
+from .measure import cuda_graph_replay, interleaved
 
 __all__ = [
     "MS",
@@ -181,21 +181,6 @@ def _calls(specs: dict, tensors: tuple, grad: bool, dy, dh) -> dict[tuple[str, s
     return out
 
 
-def _graph_replay(fn: Callable, calls: int = GRAPH_CALLS) -> Callable:
-    """A replay of a CUDA graph holding `calls` calls of fn (warmed up on a side stream first)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph.replay
-
-
 def _schedule(probe_s: float, quick: bool) -> tuple[int, float, int]:
     """(rounds, min_run_time, warm-up calls) for a cell whose F.rms_norm call took `probe_s`.
 
@@ -256,9 +241,9 @@ def run(
     log(f"{meta['device_name']}; torch {meta['torch']}; commit {meta['commit']}")
     liger = None
     if device == "cuda":
-        from .providers import _liger
+        from .providers import liger_functions
 
-        liger, why = _liger()
+        liger, why = liger_functions()
         if liger is None:
             log(f"liger: not available ({why}); its columns are left out")
     if _hf_norm_class() is None:
@@ -349,7 +334,7 @@ def _time_pass(calls, device, graphs, quick, grad, failed) -> tuple[dict, dict]:
             if key[0] == "copy":
                 continue
             try:
-                replays[key] = _graph_replay(fn)
+                replays[key] = cuda_graph_replay(fn, GRAPH_CALLS)
             except Exception as exc:
                 failed(key, exc)
         samples = interleaved(replays, rounds=rounds, min_run_time=min_run_time, on_error=failed)
@@ -676,7 +661,7 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike, note: str = "")
     verdicts = judge(rows)
     by_key = {(v.op, v.provider, v.mode, v.variant, v.dtype, v.M, v.N): v for v in verdicts}
     cells = _cells(rows)
-    lines = [f"# Latency: {_header(rows)}", "", *_intro(rows[0].device, note), ""]
+    lines = [f"# Latency: {run_header(rows)}", "", *_intro(rows[0].device, note), ""]
     lines += _summary_table(verdicts)
     for op in ("rms_norm", "layer_norm", "add_rms_norm"):
         for mode in PASSES:
@@ -735,7 +720,7 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
         ax.set_title(_PASS_TITLE[mode] + (", CUDA graph" if variant == "cuda_graph" else ""))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"Per-call latency against the targets — {_header(rows)}", fontsize=9)
+    fig.suptitle(f"Per-call latency against the targets — {run_header(rows)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _validate
-from . import DEVICES, Row, _gb, check_device, make_row
-from .measure import interleaved
-from .providers import _inputs, _mode_fn, _providers
+from . import DEVICES, Row, check_device, format_gbps, make_row
+from .measure import cuda_graph_replay, interleaved
+from .providers import providers_for, random_inputs, timed_fn
 
 __all__ = ["Item", "Setup", "Timer", "DryTimer", "measure"]
 
@@ -84,17 +84,7 @@ class Timer:
 
     def graph_ms(self, fn: Callable, calls: int = 50) -> float:
         """Device time per call replayed from a CUDA graph holding ``calls`` calls."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-        return self.median_ms(graph.replay) / calls
+        return self.median_ms(cuda_graph_replay(fn, calls)) / calls
 
 
 class DryTimer(Timer):
@@ -169,14 +159,14 @@ def _run(setup: Setup, variants: bool, log: Callable[[str], object]) -> list[Row
     meta, timer = setup.meta, setup.timer
     for note in setup.notes:
         log(note)
-    providers = {op: _providers(op, setup.liger, compile=setup.compile) for op in OPS}
+    providers = {op: providers_for(op, setup.liger, compile=setup.compile) for op in OPS}
     rows: list[Row] = []
     # The copy ceiling first, over the sweep's element count, once per dtype.
     for dtype in (torch.bfloat16, torch.float32):
         gbps, ms = timer.copy_gbps(setup.copy_numel, dtype)
         numel = setup.copy_numel
         rows.append(make_row(meta, "copy", "forward", "torch", dtype, 1, numel, "eager", ms, gbps))
-        log(f"copy {dtype}: {_gb(gbps)} GB/s over {numel:,} elements")
+        log(f"copy {dtype}: {format_gbps(gbps)} GB/s over {numel:,} elements")
 
     for item in setup.plan:
         if time.monotonic() - start > setup.budget_s:
@@ -207,7 +197,7 @@ def _sweep(setup: Setup, item: Item, providers: dict, copy_gbps: float, log) -> 
     """Each mode: the providers take turns for ``setup.rounds`` rounds on the same inputs, so a
     change in the machine's load hits them alike; the median of each one's samples is kept."""
     timer, rows = setup.timer, []
-    inputs = _inputs(item.op, item.m, item.n, item.dtype, grad=True, dev=timer.device)
+    inputs = random_inputs(item.op, item.m, item.n, item.dtype, grad=True, dev=timer.device)
     for mode in item.modes:
 
         def failed(name: str, exc: Exception, mode: str = mode) -> None:
@@ -217,7 +207,7 @@ def _sweep(setup: Setup, item: Item, providers: dict, copy_gbps: float, log) -> 
         fns = {}
         for name, fn in providers.items():
             try:
-                fns[name] = _mode_fn(fn, inputs, mode)
+                fns[name] = timed_fn(fn, inputs, mode)
             except Exception as exc:
                 failed(name, exc)
         samples = interleaved(
@@ -240,13 +230,15 @@ def _decode(setup: Setup, item: Item, providers: dict, copy_gbps: float, log) ->
     timer, rows = setup.timer, []
     for mode in item.modes:
         forward = mode == "forward"
-        inputs = _inputs(item.op, item.m, item.n, item.dtype, grad=not forward, dev=timer.device)
+        inputs = random_inputs(
+            item.op, item.m, item.n, item.dtype, grad=not forward, dev=timer.device
+        )
         for name, fn in providers.items():
             timed = {}
             try:
                 with torch.no_grad() if forward else nullcontext():
                     call = (
-                        (lambda fn=fn, x=inputs: fn(*x)) if forward else _mode_fn(fn, inputs, mode)
+                        (lambda fn=fn, x=inputs: fn(*x)) if forward else timed_fn(fn, inputs, mode)
                     )
                     timed["eager"] = timer.per_call_ms(call)
                     if forward and setup.graphs:

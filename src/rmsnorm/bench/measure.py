@@ -1,7 +1,7 @@
 """The one loop that times a call, used by ``rmsnorm bench``, the report's timing and ``rmsnorm
 compare``'s norm-only timing: ``torch.utils.benchmark``'s ``blocked_autorange`` at the process's
 torch thread count, with the callables taking turns so that a change in the machine's load hits
-all of them alike."""
+all of them alike; and the one capture of calls in a CUDA graph that the GPU timings replay."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from .._validate import positive_int
 
-__all__ = ["per_call_s", "interleaved"]
+__all__ = ["per_call_s", "interleaved", "cuda_graph_replay"]
 
 
 def per_call_s(fn: Callable[[], object], min_run_time: float = 0.05) -> float:
@@ -79,3 +79,20 @@ def interleaved(
         if on_round is not None:
             on_round()
     return samples
+
+
+def cuda_graph_replay(fn: Callable[[], object], calls: int) -> Callable[[], None]:
+    """The replay of a CUDA graph holding ``calls`` back-to-back calls of ``fn``, captured after
+    three warm-up calls on a side stream (compilation, allocator pools); time a replay and divide
+    by ``calls`` for the device time per call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay

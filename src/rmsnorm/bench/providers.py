@@ -28,7 +28,7 @@ def _hf_llama_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w * h.to(dtype)
 
 
-def _liger():
+def liger_functions():
     """Liger-Kernel's autograd Functions, or the reason they are unavailable."""
     try:
         from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
@@ -56,7 +56,10 @@ def _compile(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False)
 
 
-def _providers(op: str, liger, compile: bool = True) -> dict[str, Callable]:
+def providers_for(op: str, liger, compile: bool = True) -> dict[str, Callable]:
+    """{provider name: function of ``op``'s tensors} for this library and its peers; ``liger`` is
+    :func:`liger_functions`' first value (None: no Liger), ``compile`` adds the reference as
+    ``torch.compile`` compiles it."""
     if op == "rms_norm":
         p = {
             "rmsnorm": lambda x, w: rmsnorm.rms_norm(x, (x.shape[-1],), w, EPS),
@@ -94,7 +97,7 @@ def _providers(op: str, liger, compile: bool = True) -> dict[str, Callable]:
     raise ValueError(op)
 
 
-def _inputs(
+def random_inputs(
     op: str, m: int, n: int, dtype: torch.dtype, grad: bool, dev: str = "cuda"
 ) -> list[torch.Tensor]:
     """Random inputs (never zeros): x, [residual], weight, [bias]."""
@@ -113,7 +116,7 @@ def _as_tuple(out) -> tuple:
     return out if isinstance(out, tuple) else (out,)
 
 
-def _mode_fn(fn: Callable, inputs: list, mode: str) -> Callable:
+def timed_fn(fn: Callable, inputs: list, mode: str) -> Callable:
     """The timed callable: forward only, backward only (graph kept), or both."""
     if mode == "forward":
         return lambda: fn(*inputs)

@@ -64,7 +64,7 @@ def variant_configs(sms: int) -> list[tuple[str, int, str, Config]]:
             out.append(("bwd", 4096, f"w{warps}.x{per_sm}", cfg))
     # Every group also times the default config, in the same conditions as its alternatives.
     for kind, n in dict.fromkeys((k, n) for k, n, _, _ in out):
-        default = _config._gpu_config(kind, n, 2, sms)
+        default = _config.gpu_config(kind, n, 2, sms)
         if not any(c == default for k, m, _, c in out if (k, m) == (kind, n)):
             out.append((kind, n, "default", default))
     return out
@@ -107,7 +107,7 @@ def run_variants(
         except Exception as exc:
             log(f"variant {kind} N={n} {label}: failed: {type(exc).__name__}: {exc}"[:300])
             continue
-        default = _config._gpu_config(kind, n, dtype.itemsize, sms)
+        default = _config.gpu_config(kind, n, dtype.itemsize, sms)
         name = f"rmsnorm[{label}{'*' if cfg == default else ''}]"
         row = make_row(meta, "rms_norm", mode, name, dtype, m, n, "eager", ms, copy_gbps)
         rows.append(row)

@@ -758,24 +758,16 @@ def patch(model: nn.Module) -> list[str]:
 
     Example::
 
+        >>> import types
         >>> from rmsnorm.integrations import hf
-        >>> class Norm(torch.nn.Module):  # computes as Llama's RMSNorm
-        ...     def __init__(self, n):
-        ...         super().__init__()
-        ...         self.weight = torch.nn.Parameter(torch.ones(n))
-        ...         self.variance_epsilon = 1e-6
-        ...     def forward(self, x):
-        ...         h = x.float()
-        ...         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        ...         return self.weight * h.to(x.dtype)
-        >>> hf.register(Norm, "llama")
-        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), Norm(8))
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+        >>> model.config = types.SimpleNamespace(model_type="gpt2")  # as in a GPT-2 model
         >>> x = torch.randn(4, 8)
         >>> before = model(x)
         >>> hf.patch(model)
         ['1']
         >>> hf.is_patched(model[1]), type(model[1]).__name__
-        (True, 'Norm')
+        (True, 'LayerNorm')
         >>> torch.allclose(model(x), before, atol=1e-6)
         True
     """
@@ -969,6 +961,13 @@ def _expand(item: type | str) -> list[tuple[type, Convention]]:
     return found
 
 
+def _expand_all(classes: Iterable[type | str]) -> list[tuple[type, Convention]]:
+    """:func:`_expand` of each item of a list of classes, class names and model names."""
+    if isinstance(classes, (str, type)):
+        raise TypeError("classes must be a list of classes or names (or None), not one")
+    return [pair for item in classes for pair in _expand(item)]
+
+
 def patch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
     """Swap the ``forward`` of whole classes, so models built afterwards use this library's ops.
 
@@ -990,15 +989,11 @@ def patch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
     Example::
 
         >>> from rmsnorm.integrations import hf
-        >>> class Norm(torch.nn.Module):  # computes as Llama's RMSNorm
+        >>> class Norm(torch.nn.Module):  # its forward as Llama's RMSNorm (left out here)
         ...     def __init__(self, n):
         ...         super().__init__()
         ...         self.weight = torch.nn.Parameter(torch.ones(n))
         ...         self.variance_epsilon = 1e-6
-        ...     def forward(self, x):
-        ...         h = x.float()
-        ...         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        ...         return self.weight * h.to(x.dtype)
         >>> hf.register(Norm, "llama")
         >>> [name.rsplit(".", 1)[-1] for name in hf.patch_classes([Norm])]
         ['Norm']
@@ -1010,9 +1005,7 @@ def patch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
     if classes is None:
         resolved = _recognised_classes(_modeling_module_names(), skip_missing=True)
     else:
-        if isinstance(classes, (str, type)):
-            raise TypeError("classes must be a list of classes or names (or None), not one")
-        resolved = [pair for c in classes for pair in _expand(c)]
+        resolved = _expand_all(classes)
     done = []
     for cls, conv in resolved:
         if cls not in _class_originals:
@@ -1048,12 +1041,7 @@ def unpatch_classes(classes: Iterable[type | str] | None = None) -> list[str]:
         >>> hf.is_patched(Norm(8))
         False
     """
-    if classes is None:
-        targets = list(_class_originals)
-    else:
-        if isinstance(classes, (str, type)):
-            raise TypeError("classes must be a list of classes or names (or None), not one")
-        targets = [cls for c in classes for cls, _ in _expand(c)]
+    targets = list(_class_originals) if classes is None else [c for c, _ in _expand_all(classes)]
     done = []
     for cls in targets:
         original = _class_originals.pop(cls, None)

@@ -70,7 +70,7 @@ class RowStats:
         return predicted_cosine(self.mean, self.std)
 
 
-def _as_rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
+def _validated_rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point torch.Tensor, got {type(x).__name__}")
     if x.dim() == 0 or x.shape[-1] == 0:
@@ -81,7 +81,7 @@ def _as_rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
 def row_stats(x: torch.Tensor) -> RowStats:
     """μ, σ (two-pass, never from the identity) and RMS of every row of ``x`` over its last dim,
     in float64; leading dims are flattened, so the result has one entry per row (token)."""
-    mean, std, rms = _row_stats(_as_rows(x))
+    mean, std, rms = _row_stats(_validated_rows(x))
     return RowStats(mean, std, rms)
 
 
@@ -206,7 +206,7 @@ def measured_divergence(
     ``layer_norm`` and ``rms_norm`` (γ = 1, β = 0, the same ε), computed in ``x``'s dtype; pass
     float64 rows for a comparison with the predictions at 1e-6 or better."""
     eps = _check_eps(eps, eps_mode)
-    rows = _as_rows(x)
+    rows = _validated_rows(x)
     d = rows.shape[-1]
     ln = functional.layer_norm(rows, (d,), eps=eps).to(torch.float64)
     rms = functional.rms_norm(rows, (d,), eps=eps, eps_mode=eps_mode).to(torch.float64)

@@ -1,4 +1,5 @@
-"""The CPU backend: numba kernels behind the five launchers of :mod:`rmsnorm.reference`.
+"""The CPU backend: numba kernels behind the five launchers of the backend contract
+(:class:`rmsnorm._contract.Backend`).
 
 Importing this package is cheap: numba is imported, and the kernels loaded from numba's on-disk
 cache (or compiled, once per machine, saying so), on the first launcher call or :func:`warmup`.
@@ -51,7 +52,7 @@ def available() -> bool:
     return _available
 
 
-def _launchers() -> ModuleType:
+def _load_launchers() -> ModuleType:
     global _impl, _available
     if _impl is None:
         try:
@@ -80,18 +81,20 @@ def warmup() -> dict:
     t0 = time.perf_counter()
     status = {"available": False, "compiled": False, "cached_in": None}
     if available():
-        status.update(getattr(_launchers(), "STATUS", {}))  # none: numba failed to import
+        status.update(getattr(_load_launchers(), "STATUS", {}))  # none: numba failed to import
         status["available"] = _available is not False
     status["seconds"] = time.perf_counter() - t0
     return status
 
 
 def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
-    return _launchers().rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats)
+    return _load_launchers().rms_norm_fwd(
+        x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats
+    )
 
 
 def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
-    return _launchers().add_rms_norm_fwd(
+    return _load_launchers().add_rms_norm_fwd(
         x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats
     )
 
@@ -100,15 +103,15 @@ def rms_norm_bwd(
     dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
     need_weight_grad=True,
 ):  # fmt: skip
-    return _launchers().rms_norm_bwd(
+    return _load_launchers().rms_norm_bwd(
         dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
         input_dtype, need_weight_grad,
     )  # fmt: skip
 
 
 def layer_norm_fwd(x, weight, bias, eps, stats=True):
-    return _launchers().layer_norm_fwd(x, weight, bias, eps, stats)
+    return _load_launchers().layer_norm_fwd(x, weight, bias, eps, stats)
 
 
 def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
-    return _launchers().layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
+    return _load_launchers().layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)

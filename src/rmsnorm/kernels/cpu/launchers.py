@@ -1,7 +1,6 @@
-"""Launchers for the CPU kernels: the five functions of :mod:`rmsnorm.reference` with the same
-arguments and return tuples. Each takes rows (*, N) — contiguous, or (M, N) with a unit last stride
-(strided rows are read in place, nothing is copied) — and (N,) parameters of any stride, allocates
-the outputs in x's shape, hands the kernel addresses and sizes, and returns fresh tensors.
+"""The five launchers of the backend contract (:class:`rmsnorm._contract.Backend`) for the CPU
+kernels: each reads the rows and parameters in place (nothing is copied), allocates the outputs,
+and hands the kernel their addresses, strides and sizes.
 
 float64 anywhere but in a parameter (input, residual, the output of a "llama" product with a float64
 weight) and empty tensors go to the reference: the kernels compute in float32. Importing this module
@@ -376,7 +375,7 @@ def _rms_fwd_plan(key: tuple) -> tuple:
     plan = _REFERENCE
     if _kernel_dtypes(xdt, rdt, out, params=(wdt, bdt)):
         cin, cout = _CODES[xdt], _CODES[out]
-        # rounding points as in reference._rms_norm_apply: "gemma" rounds once at the store;
+        # rounding points as in reference.rms_norm_apply: "gemma" rounds once at the store;
         # "llama" rounds x·r to the input dtype and the products to the output dtype; "none"
         # rounds the input, r and every product to the input dtype. The parameters are rounded to
         # the dtype their product is taken in.
@@ -465,7 +464,7 @@ def _ln_fwd_plan(key: tuple) -> tuple:
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
 def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
-    """RMSNorm forward; see :func:`rmsnorm.reference.rms_norm_fwd`."""
+    """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`)."""
     key = (
         x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
         None, casting_mode, eps_mode,
@@ -505,7 +504,7 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=
 
 
 def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
-    """Residual add + RMSNorm forward; see :func:`rmsnorm.reference.add_rms_norm_fwd`."""
+    """Residual add + RMSNorm forward (:func:`rmsnorm.reference.add_rms_norm_fwd`)."""
     key = (
         x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
         residual.dtype, casting_mode, eps_mode,
@@ -581,7 +580,7 @@ def rms_norm_bwd(
     dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
     need_weight_grad=True,
 ):  # fmt: skip
-    """RMSNorm backward; see :func:`rmsnorm.reference.rms_norm_bwd`."""
+    """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
     key = (
         dy.dtype, x.dtype, None if weight is None else weight.dtype,
         None if bias is None else bias.dtype, None if dresidual is None else dresidual.dtype,
@@ -600,7 +599,7 @@ def rms_norm_bwd(
 # LayerNorm
 # ----------------------------------------------------------------------------------------------
 def layer_norm_fwd(x, weight, bias, eps, stats=True):
-    """LayerNorm forward; see :func:`rmsnorm.reference.layer_norm_fwd`."""
+    """LayerNorm forward (:func:`rmsnorm.reference.layer_norm_fwd`)."""
     key = (x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
     out, flags = _ln_fwd_plans.get(key) or _ln_fwd_plan(key)
     n = x.shape[-1]
@@ -638,7 +637,7 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
 
 
 def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
-    """LayerNorm backward; see :func:`rmsnorm.reference.layer_norm_bwd`."""
+    """LayerNorm backward (:func:`rmsnorm.reference.layer_norm_bwd`)."""
     key = (
         dy.dtype, x.dtype, None if weight is None else weight.dtype,
         None if bias is None else bias.dtype, mean.dtype, rstd.dtype,

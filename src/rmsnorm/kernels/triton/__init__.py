@@ -1,9 +1,8 @@
 """Triton kernels for CUDA (and ROCm) tensors; on CPU tensors they run under Triton's interpreter.
 
-The five launchers have the signatures and return tuples of :mod:`rmsnorm.reference`: they take
-rows (*, N) — contiguous, or (M, N) with a unit last stride (strided rows are read in place,
-nothing is copied) — allocate the outputs in x's shape, pick a cached launch config
-(``_config.py``) and launch. No autograd, no torch.library.
+The five launchers of the backend contract (:class:`rmsnorm._contract.Backend`) read the rows in
+place (nothing is copied), allocate the outputs, pick a cached launch config (``_config.py``) and
+launch. No autograd, no torch.library.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def _check_mode(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"casting_mode must be one of {tuple(_CAST)}, got {casting_mode!r}")
 
 
-def _vec(t: torch.Tensor | None) -> torch.Tensor | None:
+def _unit_stride(t: torch.Tensor | None) -> torch.Tensor | None:
     """A (N,) or (M,) vector as the kernels read it, with unit stride. A strided, expanded
     (stride 0) or sliced weight is copied (N elements, nothing next to the M·N of a launch); a
     contiguous one is returned as is (~0.05 µs). Cheaper than a stride argument per vector, which
@@ -93,17 +92,17 @@ def _acc(*dtypes: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
 # Launch plans: everything about a launch that depends only on the call's signature (N, dtypes,
 # options, device), computed once. A call then allocates, looks up its plan and launches.
 # ----------------------------------------------------------------------------------------------
-_plans: dict = {}
+_launch_plans: dict = {}
 
 
-def _plan(key: tuple, build):
+def _launch_plan(key: tuple, build):
     """The cached plan for `key`, built by `build()` on a miss; not cached while a test or a
     benchmark overrides configs."""
-    plan = _plans.get(key)
+    plan = _launch_plans.get(key)
     if plan is None or _config.overridden():
         plan = build()
         if not _config.overridden():
-            _plans[key] = plan
+            _launch_plans[key] = plan
     return plan
 
 
@@ -167,7 +166,7 @@ def _split_fallback(fn):
                 stacklevel=2,
             )
             _config.refuse_split()
-            _plans.clear()
+            _launch_plans.clear()
             return fn(*args, **kwargs)
 
     return launcher
@@ -211,8 +210,8 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
         y_dtype = output_dtype(x.dtype, weight, casting_mode)
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc
 
-    cfg, launches, y_dtype, acc = _plan(key, build)
-    weight, bias = _vec(weight), _vec(bias)
+    cfg, launches, y_dtype, acc = _launch_plan(key, build)
+    weight, bias = _unit_stride(weight), _unit_stride(bias)
     y = torch.empty_like(x, dtype=y_dtype)
     h = None if rdt is None else torch.empty_like(x, dtype=rdt)
     rstd = torch.empty((m,), dtype=acc, device=dev)
@@ -230,37 +229,16 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
 
 
 @_split_fallback
-def rms_norm_fwd(
-    x: torch.Tensor,  # (*, N)
-    weight: torch.Tensor | None,  # (N,)
-    bias: torch.Tensor | None,  # (N,)
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    stats: bool = True,  # the kernels write the statistics anyway (a cached GPU allocation)
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm forward (see :func:`rmsnorm.reference.rms_norm_fwd`): returns (y, rstd)."""
+def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+    """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`). The kernels write the statistics
+    also with ``stats=False`` (a cached GPU allocation)."""
     y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
     return y, rstd
 
 
 @_split_fallback
-def add_rms_norm_fwd(
-    x: torch.Tensor,  # (*, N)
-    residual: torch.Tensor,  # (*, N)
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused residual add + RMSNorm (see :func:`rmsnorm.reference.add_rms_norm_fwd`):
-    returns (y, h, rstd)."""
+def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+    """Fused residual add + RMSNorm (:func:`rmsnorm.reference.add_rms_norm_fwd`)."""
     return _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k)
 
 
@@ -315,21 +293,10 @@ def _zero_grads(dw, db, need_dw, need_db):
 
 @_split_fallback
 def rms_norm_bwd(
-    dy: torch.Tensor,  # (*, N)
-    x: torch.Tensor,  # (*, N): x, or h for add_rms_norm
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    rstd: torch.Tensor,  # (M,)
-    dresidual: torch.Tensor | None,  # (*, N)
-    eps: float,
-    eps_mode: str,
-    casting_mode: str,
-    offset: float,
-    k: int,
-    input_dtype: torch.dtype,
-    need_weight_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """RMSNorm backward (see :func:`rmsnorm.reference.rms_norm_bwd`): returns (dx, dw, db)."""
+    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
+    need_weight_grad=True,
+):  # fmt: skip
+    """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -354,12 +321,12 @@ def rms_norm_bwd(
         extra = {"IN": _TL[input_dtype], "ACC": acc_tl}
         return cfg, _launches(cfg, option_flags, extra), acc, acc_tl
 
-    cfg, launches, acc, acc_tl = _plan(key, build)
+    cfg, launches, acc, acc_tl = _launch_plan(key, build)
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
     ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
-    weight, rstd = _vec(weight), _vec(rstd)
+    weight, rstd = _unit_stride(weight), _unit_stride(rstd)
     dres = x if dresidual is None else dresidual
     args = (
         dy, x, weight if has_w else x, rstd, dres, dx, part, ws, cnt,
@@ -375,14 +342,8 @@ def rms_norm_bwd(
 # LayerNorm
 # ----------------------------------------------------------------------------------------------
 @_split_fallback
-def layer_norm_fwd(
-    x: torch.Tensor,  # (*, N)
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm forward (see :func:`rmsnorm.reference.layer_norm_fwd`): returns (y, mean, rstd)."""
+def layer_norm_fwd(x, weight, bias, eps, stats=True):
+    """LayerNorm forward (:func:`rmsnorm.reference.layer_norm_fwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -394,8 +355,8 @@ def layer_norm_fwd(
         cfg = _config.choose("ln_fwd", n, x.dtype, x.device)
         return cfg, _launches(cfg, flag.flags(w=has_w, b=has_b), {"ACC": acc_tl}), acc
 
-    cfg, launches, acc = _plan(key, build)
-    weight, bias = _vec(weight), _vec(bias)
+    cfg, launches, acc = _launch_plan(key, build)
+    weight, bias = _unit_stride(weight), _unit_stride(bias)
     y = torch.empty_like(x)
     mean = torch.empty((m,), dtype=acc, device=x.device)
     rstd = torch.empty((m,), dtype=acc, device=x.device)
@@ -410,16 +371,8 @@ def layer_norm_fwd(
 
 
 @_split_fallback
-def layer_norm_bwd(
-    dy: torch.Tensor,  # (*, N)
-    x: torch.Tensor,  # (*, N)
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    mean: torch.Tensor,  # (M,)
-    rstd: torch.Tensor,  # (M,)
-    need_weight_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm backward (see :func:`rmsnorm.reference.layer_norm_bwd`): returns (dx, dw, db)."""
+def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
+    """LayerNorm backward (:func:`rmsnorm.reference.layer_norm_bwd`)."""
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -435,12 +388,12 @@ def layer_norm_bwd(
         option_flags = flag.flags(w=has_w, dw=need_dw, db=need_db)
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), acc, acc_tl
 
-    cfg, launches, acc, acc_tl = _plan(key, build)
+    cfg, launches, acc, acc_tl = _launch_plan(key, build)
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
     ws, cnt, part = _bwd_buffers(cfg, m, n, need_dw, need_db, acc, x)
-    weight, mean, rstd = _vec(weight), _vec(mean), _vec(rstd)
+    weight, mean, rstd = _unit_stride(weight), _unit_stride(mean), _unit_stride(rstd)
     args = (
         dy, x, weight if has_w else x, mean, rstd, dx, part, ws, cnt, dys, xs, m, n,
     )  # fmt: skip

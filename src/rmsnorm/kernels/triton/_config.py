@@ -66,7 +66,7 @@ def refuse_split() -> None:
     """No split layouts from now on in this process (the driver refused a cooperative launch)."""
     global _split_refused
     _split_refused = True
-    _gpu_config.cache_clear()
+    gpu_config.cache_clear()
 
 
 def _split_allowed() -> bool:
@@ -90,7 +90,9 @@ def _wide(n: int, elem: int, chunk_units: int, sms: int) -> Config:
 
 
 @functools.lru_cache(maxsize=512)
-def _gpu_config(kind: str, n: int, elem: int, sms: int) -> Config:
+def gpu_config(kind: str, n: int, elem: int, sms: int) -> Config:
+    """The config of kernel ``kind`` for rows of n elements of ``elem`` bytes on a GPU of ``sms``
+    SMs (what :func:`choose` gives on CUDA; benchmarks and tests ask for other GPUs' too)."""
     bn = _pow2(n)
     units = bn * elem // 2
     if kind in ("fwd", "ln_fwd"):
@@ -143,7 +145,7 @@ def choose(kind: str, n: int, dtype: torch.dtype, device: torch.device) -> Confi
     elem = dtype.itemsize
     if device.type != "cuda":
         return _interpreter_config(kind, n, elem)
-    return _gpu_config(kind, n, elem, _sm_count(device.index or 0))
+    return gpu_config(kind, n, elem, _sm_count(device.index or 0))
 
 
 @contextlib.contextmanager
