@@ -106,33 +106,25 @@ def test_torch_func_transforms_equal_torch(backend, case):
     _, ours, theirs = case
     x, w, b = _inputs()
 
-    def scalar(fn):
-        return lambda x, w: fn(x, w, b).sin().sum()
-
-    with rmsnorm.use_backend(backend):
-        got = {
-            "grad": grad(scalar(ours), argnums=(0, 1))(x, w),
-            "jacrev": jacrev(lambda x: ours(x, w, b))(x),
-            "jacfwd": jacfwd(lambda w: ours(x, w, b))(w),
-            "hessian": hessian(scalar(ours))(x[:2], w),
-            "vjp": vjp(lambda x: ours(x, w, b), x)[1](torch.ones_like(x)),
-            "vmap": vmap(lambda x: ours(x, w, b))(x.unsqueeze(1)),
+    def transforms(fn):
+        """Every torch.func transform of fn(x, w, b) the test compares."""
+        scalar = lambda x, w: fn(x, w, b).sin().sum()  # noqa: E731
+        return {
+            "grad": grad(scalar, argnums=(0, 1))(x, w),
+            "jacrev": jacrev(lambda x: fn(x, w, b))(x),
+            "jacfwd": jacfwd(lambda w: fn(x, w, b))(w),
+            "hessian": hessian(scalar)(x[:2], w),
+            "vjp": vjp(lambda x: fn(x, w, b), x)[1](torch.ones_like(x)),
+            "vmap": vmap(lambda x: fn(x, w, b))(x.unsqueeze(1)),
             # per-sample gradients of the weight: vmap over grad
-            "per_sample": vmap(grad(lambda w, x: ours(x, w, b).sin().sum()), in_dims=(None, 0))(
+            "per_sample": vmap(grad(lambda w, x: scalar(x, w)), in_dims=(None, 0))(
                 w, x.unsqueeze(1)
             ),
         }
-    expected = {
-        "grad": grad(scalar(theirs), argnums=(0, 1))(x, w),
-        "jacrev": jacrev(lambda x: theirs(x, w, b))(x),
-        "jacfwd": jacfwd(lambda w: theirs(x, w, b))(w),
-        "hessian": hessian(scalar(theirs))(x[:2], w),
-        "vjp": vjp(lambda x: theirs(x, w, b), x)[1](torch.ones_like(x)),
-        "vmap": vmap(lambda x: theirs(x, w, b))(x.unsqueeze(1)),
-        "per_sample": vmap(grad(lambda w, x: theirs(x, w, b).sin().sum()), in_dims=(None, 0))(
-            w, x.unsqueeze(1)
-        ),
-    }
+
+    with rmsnorm.use_backend(backend):
+        got = transforms(ours)
+    expected = transforms(theirs)
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], msg=key)
 
