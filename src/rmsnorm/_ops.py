@@ -92,8 +92,9 @@ def _check_param(op: str, p: torch.Tensor | None, x: torch.Tensor, n: int, name:
         _fail(op, f"{name} is on {p.device} but x is on {x.device}")
 
 
-def _check_stat(op: str, s: torch.Tensor, x: torch.Tensor, norm_dims: int, name: str) -> None:
-    rows = x.numel() // max(1, _check_rows(op, x, norm_dims))
+def _check_stat(op: str, s: torch.Tensor, x: torch.Tensor, n: int, name: str) -> None:
+    """s must hold one float32/float64 value per row of x (rows of n elements), on x's device."""
+    rows = x.numel() // n
     if s.numel() != rows:
         _fail(op, f"{name} must hold one value per row ({rows}), got {s.numel()}")
     if s.dtype not in (torch.float32, torch.float64):
@@ -148,7 +149,7 @@ def _rms_norm_bwd(
     _check_same("rms_norm_bwd", dresidual, x, "dresidual")
     _check_param("rms_norm_bwd", weight, x, n, "weight")
     _check_param("rms_norm_bwd", bias, x, n, "bias")
-    _check_stat("rms_norm_bwd", rstd, x, norm_dims, "rstd")
+    _check_stat("rms_norm_bwd", rstd, x, n, "rstd")
     _check_rms("rms_norm_bwd", eps, eps_mode, casting_mode, k, n)
     return _launch.rms_norm_bwd(
         dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
@@ -171,8 +172,8 @@ def _layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad
     _check_same("layer_norm_bwd", dy, x, "dy")
     _check_param("layer_norm_bwd", weight, x, n, "weight")
     _check_param("layer_norm_bwd", bias, x, n, "bias")
-    _check_stat("layer_norm_bwd", mean, x, norm_dims, "mean")
-    _check_stat("layer_norm_bwd", rstd, x, norm_dims, "rstd")
+    _check_stat("layer_norm_bwd", mean, x, n, "mean")
+    _check_stat("layer_norm_bwd", rstd, x, n, "rstd")
     return _launch.layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad)
 
 
