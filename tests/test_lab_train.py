@@ -119,3 +119,16 @@ def test_default_activation_is_gelu():
     x = torch.randn(2, 3, 32)
     mlp = m.blocks[0].mlp
     assert torch.equal(mlp(x), mlp.proj(torch.nn.functional.gelu(mlp.fc(x))))
+
+
+def test_window_losses_average_to_the_validation_loss():
+    m, c = model(), corpus()
+    windows: list[float] = []
+    loss = evaluate(m, c, 3, 4, seed=1, windows=windows)
+    assert len(windows) == 12
+    assert sum(windows) / 12 == pytest.approx(loss, rel=1e-6)
+    cfg = TrainConfig(steps=4, batch_size=4, warmup=1, eval_interval=2, eval_batches=3)
+    hist = train(m, c, TrainConfig(**{**cfg.__dict__, "val_parts": 2}))
+    assert [len(w) for w in hist.val_windows] == [12, 12]  # the last evaluation's
+    for part, windows in zip(hist.val_loss_parts, hist.val_windows, strict=True):
+        assert sum(windows) / 12 == pytest.approx(part[-1], rel=1e-6)

@@ -70,6 +70,9 @@ class TrainHistory:
     grad_norm: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     val_loss_parts: list[list[float]] = field(default_factory=list)  # [part][evaluation]
+    # [part][window]: the loss of each validation window at the last evaluation, which says how
+    # much of a difference between two models is the sampling of the windows
+    val_windows: list[list[float]] = field(default_factory=list)
     diverged_at: int | None = None
 
     def to_dict(self) -> dict:
@@ -77,9 +80,17 @@ class TrainHistory:
 
 
 @torch.no_grad()
-def evaluate(model: Transformer, corpus: Corpus, batches: int, batch_size: int, seed: int) -> float:
+def evaluate(
+    model: Transformer,
+    corpus: Corpus,
+    batches: int,
+    batch_size: int,
+    seed: int,
+    windows: list[float] | None = None,
+) -> float:
     """Mean next-byte cross-entropy (nats) over ``batches`` fixed validation windows (drawn with
-    a generator seeded from ``seed``: the same windows for every model)."""
+    a generator seeded from ``seed``: the same windows for every model). ``windows``, if given,
+    receives the mean loss of each window (``batches × batch_size`` values, in order)."""
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed + 1_000_003)
@@ -89,6 +100,9 @@ def evaluate(model: Transformer, corpus: Corpus, batches: int, batch_size: int, 
         x, y = corpus.batch("val", batch_size, model.cfg.seq_len, gen)
         logits = model(x.to(device))
         total += F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten()).item()
+        if windows is not None:
+            per_byte = F.cross_entropy(logits.transpose(1, 2), y.to(device), reduction="none")
+            windows += per_byte.mean(dim=1).tolist()
     model.train(was_training)
     return total / batches
 
@@ -160,19 +174,14 @@ class Trainer:
         if self.step_index % cfg.eval_interval == 0 or self.step_index == cfg.steps:
             eval_seed = cfg.seed if cfg.eval_seed is None else cfg.eval_seed
             hist.val_steps.append(self.step_index)
-            if cfg.val_parts == 1:
-                hist.val_loss.append(
-                    evaluate(model, self.corpus, cfg.eval_batches, cfg.batch_size, eval_seed)
-                )
-                hist.val_loss_parts[0].append(hist.val_loss[-1])
-            else:
-                losses = [
-                    evaluate(model, part, cfg.eval_batches, cfg.batch_size, eval_seed)
-                    for part in self.val_corpora
-                ]
-                for part_losses, value in zip(hist.val_loss_parts, losses, strict=True):
-                    part_losses.append(value)
-                hist.val_loss.append(sum(losses) / len(losses))
+            hist.val_windows = [[] for _ in self.val_corpora]
+            losses = [
+                evaluate(model, part, cfg.eval_batches, cfg.batch_size, eval_seed, windows)
+                for part, windows in zip(self.val_corpora, hist.val_windows, strict=True)
+            ]
+            for part_losses, value in zip(hist.val_loss_parts, losses, strict=True):
+                part_losses.append(value)
+            hist.val_loss.append(losses[0] if len(losses) == 1 else sum(losses) / len(losses))
         return hist.train_loss[-1]
 
 
