@@ -88,9 +88,18 @@ def test_stop_on_divergence():
     hist = trainer.history
     assert hist.diverged_at is not None and hist.diverged_at < 49
     assert len(hist.train_loss) == hist.diverged_at + 1
-    assert not math.isfinite(hist.train_loss[-1])
+    # stopped at the first step whose loss or gradient norm is not finite
+    assert not (math.isfinite(hist.train_loss[-1]) and math.isfinite(hist.grad_norm[-1]))
+    assert all(map(math.isfinite, hist.train_loss[:-1] + hist.grad_norm[:-1]))
     with pytest.raises(RuntimeError, match="diverged"):
         trainer.step()
+
+
+def test_min_lr_ratio_sets_the_floor_of_the_cosine():
+    cfg = TrainConfig(steps=101, lr=1.0, warmup=1, min_lr_ratio=0.0)
+    assert cfg.lr_at(0) == 1.0 and cfg.lr_at(51) == pytest.approx(0.5)
+    assert cfg.lr_at(101) == pytest.approx(0.0, abs=1e-12)
+    assert TrainConfig(steps=101, lr=1.0, warmup=1).lr_at(101) == pytest.approx(0.1)  # default
 
 
 def test_bad_config_names_the_field():
@@ -98,6 +107,8 @@ def test_bad_config_names_the_field():
         TrainConfig(val_parts=0)
     with pytest.raises(ValueError, match="warmup"):
         TrainConfig(warmup=-1)
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        TrainConfig(min_lr_ratio=1.5)
     with pytest.raises(ValueError, match="activation"):
         TransformerConfig(activation="tanh")
 

@@ -19,13 +19,15 @@ from .transformer import Transformer
 
 @dataclass
 class TrainConfig:
-    """AdamW, linear warm-up then cosine decay to 10% of ``lr``; data order fixed by ``seed``."""
+    """AdamW, linear warm-up then cosine decay to ``min_lr_ratio`` (10%) of ``lr``; data order
+    fixed by ``seed``."""
 
     steps: int = 200
     batch_size: int = 16
     lr: float = 3e-3
     weight_decay: float = 0.1
     warmup: int = 20
+    min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     eval_interval: int = 50
     eval_batches: int = 4
@@ -37,8 +39,9 @@ class TrainConfig:
     # ``eval_batches`` fixed windows of its own (``TrainHistory.val_loss_parts``): one part to
     # choose a setting on, another to report, with no byte in common. ``val_loss`` is their mean.
     val_parts: int = 1
-    # Stop a run at its first non-finite training loss (``TrainHistory.diverged_at``) instead of
-    # stepping on with NaN weights; off by default, so a run always has ``steps`` entries.
+    # Stop a run at its first non-finite training loss or gradient norm
+    # (``TrainHistory.diverged_at``) instead of stepping on with inf or NaN weights; off by
+    # default, so a run always has ``steps`` entries.
     stop_on_divergence: bool = False
 
     def __post_init__(self) -> None:
@@ -46,21 +49,24 @@ class TrainConfig:
             positive_int(name, getattr(self, name))
         positive_number("lr", self.lr)
         non_negative_int("warmup", self.warmup)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
 
     def lr_at(self, step: int) -> float:
         """The learning rate of step ``step`` (0-based)."""
         if step < self.warmup:
             return self.lr * (step + 1) / self.warmup
         progress = (step - self.warmup) / max(1, self.steps - self.warmup)
-        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+        floor = self.min_lr_ratio
+        return self.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 @dataclass
 class TrainHistory:
     """Per step: training loss, step time, global gradient L2 norm before clipping, learning
     rate. Per evaluation: the step count, the validation loss (mean over parts) and the loss of
-    each part of the held-out split. ``diverged_at``: the step whose training loss was not
-    finite (with ``stop_on_divergence``), or None."""
+    each part of the held-out split. ``diverged_at``: the step whose training loss or gradient
+    norm was not finite (with ``stop_on_divergence``), or None."""
 
     train_loss: list[float] = field(default_factory=list)  # one per step
     step_time_s: list[float] = field(default_factory=list)
@@ -168,7 +174,8 @@ class Trainer:
         hist.grad_norm.append(grad_norm.item())
         hist.lr.append(lr)
         self.step_index += 1
-        if cfg.stop_on_divergence and not math.isfinite(hist.train_loss[-1]):
+        finite = math.isfinite(hist.train_loss[-1]) and math.isfinite(hist.grad_norm[-1])
+        if cfg.stop_on_divergence and not finite:
             hist.diverged_at = step
             return hist.train_loss[-1]
         if self.step_index % cfg.eval_interval == 0 or self.step_index == cfg.steps:

@@ -41,14 +41,14 @@ PRESETS: dict[str, dict[str, dict]] = {
     "cpu": {
         "model": dict(n_layers=4, d_model=128, n_heads=4, seq_len=64),
         "train": dict(steps=100, batch_size=16, lr=3e-3, warmup=10, eval_interval=20,
-                      eval_batches=8),
+                      eval_batches=4),
         "design": dict(variants=DEFAULT_VARIANTS, seeds=3, lrs=(3e-3,), workers=1),
     },
     "full": {
         "model": dict(n_layers=2, d_model=512, n_heads=8, seq_len=64),
-        "train": dict(steps=250, batch_size=8, lr=3e-3, warmup=25, eval_interval=25,
+        "train": dict(steps=200, batch_size=8, lr=1e-3, warmup=20, eval_interval=20,
                       eval_batches=4),
-        "design": dict(variants=VARIANTS, seeds=8, lrs=(1e-3, 3e-3, 1e-2), workers=2),
+        "design": dict(variants=VARIANTS, seeds=8, lrs=(3e-4, 1e-3, 3e-3), workers=2),
     },
     "gpu": {
         "model": dict(n_layers=8, d_model=512, n_heads=8, seq_len=256),
@@ -251,8 +251,11 @@ def compare_config(
     divisible("d_model", model_kw["d_model"], "n_heads", model_kw["n_heads"])
     train_kw["warmup"] = min(train_kw["warmup"], max(1, train_kw["steps"] // 10))
     # Two disjoint halves of the held-out bytes: the first chooses each variant's learning rate,
-    # the second is reported; a diverged run stops and is reported as diverged.
-    train_kw |= dict(val_parts=2, stop_on_divergence=True)
+    # the second is reported; a diverged run stops and is reported as diverged. The rate decays
+    # to 0, so a run ends with its validation loss flat (at a fixed budget of steps, the schedule
+    # is what flattens it: 2-layer d_model 512, 1e-3, 220 steps: the last 20% of the steps
+    # lowered the loss by 0.5% with a floor of 0, by 1.4% with a floor of 10%).
+    train_kw |= dict(val_parts=2, stop_on_divergence=True, min_lr_ratio=0.0)
     workers = design["workers"] if workers is None else positive_int("workers", workers)
     if threads is None and workers > 1:
         threads = 1  # one thread per worker: two workers of two threads on two cores stall

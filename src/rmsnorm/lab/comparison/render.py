@@ -200,10 +200,68 @@ def render_markdown(results: dict) -> str:
         "table: at 95% each, about one in twenty intervals misses its true value.",
         "",
     ]
+    lines += _power_section(results)
     lines += _sweep_section(results) + _stability_section(results) + _flat_section(results)
     lines += _speed_section(results, nt, sv, base)
     lines += _setup_section(results, cfg, m, mc, tc, corpus, summ)
     return "\n".join(lines)
+
+
+def _power_section(results: dict) -> list[str]:
+    """What the design can and cannot detect, from the paired comparisons with finite runs."""
+    summ = results["summary"]
+    sv = summ["variants"]
+    n = len(summ["seeds"])
+    rows = []
+    for v, s in sv.items():
+        if v == BASELINE:
+            continue
+        for setting in ("at_shared_rate", "at_own_rate"):
+            c = s[setting]
+            p = c["paired"]
+            if p["mde"] is None:
+                continue
+            base = [x for x in c["baseline_losses"] if x is not None and math.isfinite(x)]
+            se = p["sd"] / math.sqrt(n)
+            rows.append(
+                (
+                    s["label"],
+                    p["sd"],
+                    p["mde"],
+                    p["mde"] / statistics.fmean(base),
+                    se,
+                    c.get("window_standard_error"),
+                )
+            )
+    lines = ["## What this design can and cannot detect", ""]
+    if not rows:
+        return lines + [
+            "No comparison has every run finite and two or more seeds: no interval.",
+            "",
+        ]
+    sds, mdes, rels = [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
+    window = [(r[5], r[4]) for r in rows if r[5] is not None and r[4] > 0]
+    lines.append(
+        f"With {n} paired seeds the per-seed differences spread by {min(sds):.4f}–{max(sds):.4f} "
+        f"nats/byte (sd), so the smallest true differences detected with {POWER:.0%} power are "
+        f"{min(mdes):.4f}–{max(mdes):.4f} nats/byte ({min(rels):.1%}–{max(rels):.1%} of "
+        "LayerNorm's loss). A smaller difference is not excluded by an interval that contains 0; "
+        "the interval's bound is all it says. The MDE falls as 1/√seeds: four times the seeds "
+        "halve it."
+    )
+    if window:
+        ratio = max(w / se for w, se in window)
+        lines.append(
+            f"The validation windows are the same for every run, so their own sampling error is "
+            f"not in the seed spread: it adds at most {ratio:.0%} of the seed standard error to a "
+            "mean difference here (the window s.e. column), "
+            + (
+                "small enough to leave the intervals as they are."
+                if ratio < 0.5
+                else "not small: more validation windows (--eval-batches) would tighten the answer."
+            )
+        )
+    return lines + [""]
 
 
 def _sweep_section(results: dict) -> list[str]:
@@ -294,14 +352,17 @@ def _key(value) -> float:
 
 def _flat_section(results: dict) -> list[str]:
     summ = results["summary"]
-    steps = results["config"]["train"]["steps"]
+    tc, mc = results["config"]["train"], results["config"]["model"]
+    steps = tc["steps"]
     lines = [
         "## Has the validation loss flattened?",
         "",
         f"Criterion: over the last {FLAT_WINDOW:.0%} of the steps the mean (over seeds) validation "
-        f"loss falls by at most {FLAT_TOLERANCE:.0%} of its final value. With the cosine schedule "
-        "the rate ends at 10% of its peak, so this is a loss flattened at the end of a fixed "
-        f"budget of {steps} steps, not a model trained to convergence.",
+        f"loss falls by at most {FLAT_TOLERANCE:.0%} of its final value. The cosine schedule "
+        f"takes the rate down to {tc.get('min_lr_ratio', 0.1):.0%} of its peak at the last step, "
+        f"so this is a loss flattened at the end of a fixed budget of {steps} steps "
+        f"({steps * tc['batch_size'] * mc['seq_len']:,} bytes), not a model trained to "
+        "convergence: more steps would lower every loss.",
         "",
         "| variant | lr | from step | loss then | final | drop | relative | flat |",
         "|---|---|---|---|---|---|---|---|",
@@ -404,7 +465,8 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
         f"{tc['batch_size'] * mc['seq_len']:,} bytes/step "
         f"({tc['steps'] * tc['batch_size'] * mc['seq_len']:,} bytes per run), AdamW (β = 0.9, "
         f"0.95, weight decay {tc['weight_decay']} on matrices), {tc['warmup']} warm-up steps then "
-        f"cosine to 10% of the peak rate, gradient clip {tc['grad_clip']}; peak rates "
+        f"cosine to {tc.get('min_lr_ratio', 0.1):.0%} of the peak rate, gradient clip "
+        f"{tc['grad_clip']}; peak rates "
         f"{', '.join(map(lr_key, summ['lrs']))}.",
         f"- Validation: every {tc['eval_interval']} steps, on {tc['eval_batches']} × "
         f"{tc['batch_size']} fixed windows of {mc['seq_len']} bytes in each half of the held-out "

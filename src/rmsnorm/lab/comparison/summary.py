@@ -349,7 +349,32 @@ def verdicts(variant: str, s: dict, base: dict, summary: dict) -> dict[str, str 
                 f"{_rate_text(comparison['baseline_rates'])[3:]})"
             )
         out[name] = f"**{where}**: " + conclusion(s["label"], comparison, base_loss)
+    edges = {
+        label: _edge(chosen, summary["lrs"])
+        for label, chosen in ((s["label"], s["chosen_rates"]), ("LayerNorm", base["chosen_rates"]))
+    }
+    notes = [
+        f"{label}'s chosen rate is the {edge} of the sweep" for label, edge in edges.items() if edge
+    ]
+    if sweep and notes:
+        out["edge"] = (
+            "; ".join(notes).capitalize() + ": the best rate may lie beyond it, so an own-rate "
+            "comparison is a bound on what tuning gives, not its optimum."
+        )
     return out
+
+
+def _edge(chosen: dict[str, str], lrs: Sequence[float]) -> str | None:
+    """``"highest"`` / ``"lowest"`` when the rate chosen for most seeds is an end of the sweep."""
+    if len(lrs) < 2:
+        return None
+    counts: dict[str, int] = {}
+    for key in chosen.values():
+        counts[key] = counts.get(key, 0) + 1
+    mode = float(max(counts, key=lambda k: (counts[k], -float(k))))
+    if mode == max(lrs):
+        return "highest"
+    return "lowest" if mode == min(lrs) else None
 
 
 SUMMARY_COLUMNS = (
