@@ -17,7 +17,7 @@ from rmsnorm.lab.comparison import (
     stability,
     summarize,
 )
-from rmsnorm.lab.comparison.summary import flattening
+from rmsnorm.lab.comparison.summary import failed, final_loss, flattening
 
 
 def test_paired_matches_scipy():
@@ -87,6 +87,17 @@ def test_rate_choice_leaves_the_reported_seed_out():
     assert choose_rates(by_lr, [0, 1, 2]) == {0: "0.003", 1: "0.01", 2: "0.01"}
     by_lr["0.01"][2]["diverged_at"] = 5
     assert choose_rates(by_lr, [0, 1, 2]) == {0: "0.003", 1: "0.003", 2: "0.01"}
+
+
+def test_a_run_that_ends_above_chance_has_failed():
+    """Finite but above ln 256 on either half: a model that did not learn counts as diverged."""
+    chance = math.log(256)
+    ok = {"val_loss": [6.0, 2.1], "val_loss_select": [6.1, 2.2], "diverged_at": None}
+    assert not failed(ok, chance) and final_loss(ok, ceiling=chance) == 2.1
+    blown = {"val_loss": [3.0, 72.0], "val_loss_select": [3.1, 2.2], "diverged_at": None}
+    assert failed(blown, chance) and final_loss(blown, "val_loss_select", chance) == math.inf
+    stopped = {"val_loss": [3.0], "val_loss_select": [3.1], "diverged_at": 17}
+    assert failed(stopped) and final_loss(stopped) == math.inf
 
 
 def test_stability_counts_after_warmup():
@@ -163,7 +174,7 @@ def test_summary_verdicts_come_from_the_paired_interval():
     assert "within" in pv and "cannot tell" in pv and "seeds" in pv
     assert v["prmsnorm"]["at_shared_rate"]["paired"]["detected"] is False
     none = v["none"]
-    assert "diverged in 8 of 8" in none["verdicts"]["shared"]
+    assert "in 8 of 8 seeds" in none["verdicts"]["shared"]
     assert none["chosen_rates"] == {str(i): "0.001" for i in range(8)}
     own = none["at_own_rate"]["paired"]
     assert own["mean"] == pytest.approx(0.01) and "own rate" in none["verdicts"]["own"]

@@ -46,9 +46,9 @@ PRESETS: dict[str, dict[str, dict]] = {
     },
     "full": {
         "model": dict(n_layers=2, d_model=512, n_heads=8, seq_len=64),
-        "train": dict(steps=200, batch_size=8, lr=1e-3, warmup=20, eval_interval=20,
+        "train": dict(steps=200, batch_size=8, lr=3e-4, warmup=20, eval_interval=20,
                       eval_batches=4),
-        "design": dict(variants=VARIANTS, seeds=8, lrs=(3e-4, 1e-3, 3e-3), workers=2),
+        "design": dict(variants=VARIANTS, seeds=8, lrs=(1e-4, 3e-4, 1e-3), workers=2),
     },
     "gpu": {
         "model": dict(n_layers=8, d_model=512, n_heads=8, seq_len=256),

@@ -155,15 +155,13 @@ def render_markdown(results: dict) -> str:
     for v, s in sv.items():
         if v == BASELINE:
             continue
-        lines.append(f"- {s['verdicts']['shared']}")
-        if sweep:
-            lines.append(f"- {s['verdicts']['own']}")
+        lines += [f"- {text}" for text in s["verdicts"].values() if text]
     lines += [""]
     if not sweep:
         lines += [
-            'With one learning rate, "LayerNorm\'s rate" and "its own rate" are the same rate, '
-            "so one sentence per variant. Differences between norms can come from the rate suiting "
-            "one norm better than another; `--lrs` (or `--full`) sweeps it.",
+            "With one learning rate a difference can come from the rate suiting one norm better "
+            "than another; `--lrs` (or `--full`) sweeps it and compares each norm at its own best "
+            "rate too.",
             "",
         ]
     lines += [f"**Warning**: {w}\n" for w in results.get("warnings", [])]
@@ -251,14 +249,16 @@ def _power_section(results: dict) -> list[str]:
     )
     if window:
         ratio = max(w / se for w, se in window)
+        lines.append("")
         lines.append(
-            f"The validation windows are the same for every run, so their own sampling error is "
-            f"not in the seed spread: it adds at most {ratio:.0%} of the seed standard error to a "
-            "mean difference here (the window s.e. column), "
+            "The validation windows are the same for every run, so their own sampling error is "
+            "not in the seed spread: the intervals are for these windows. Drawn anew, the windows "
+            f"would move a mean difference by a standard error of up to {ratio:.0%} of the seeds' "
+            "(the window s.e. column): "
             + (
-                "small enough to leave the intervals as they are."
+                "small beside the seed spread."
                 if ratio < 0.5
-                else "not small: more validation windows (--eval-batches) would tighten the answer."
+                else "not small; more validation windows (--eval-batches) would pin it down."
             )
         )
     return lines + [""]
@@ -274,7 +274,7 @@ def _sweep_section(results: dict) -> list[str]:
         f"Selection: {summ['selection']}",
         "",
         "| variant | lr | final val loss, report half (mean ± sd) | selection half (mean) "
-        "| Δ vs LayerNorm at this rate [95% CI] | diverged | chosen for seeds |",
+        "| Δ vs LayerNorm at this rate [95% CI] | diverged or above chance | chosen for seeds |",
         "|---|---|---|---|---|---|---|",
     ]
     for s in sv.values():
@@ -308,8 +308,9 @@ def _stability_section(results: dict) -> list[str]:
         f"seed, and at which step), the steps whose training loss was above ln {mc['vocab_size']} "
         f"= {chance:.2f} (chance; summed over seeds, with the worst seed), the gradient norm "
         f"before clipping (largest over seeds; median of the per-seed medians) and the share of "
-        f"steps it was clipped at {tc['grad_clip']:g}. A run whose loss turns non-finite stops "
-        "there and counts as diverged.",
+        f"steps it was clipped at {tc['grad_clip']:g}. A run whose loss or gradient norm turns "
+        "non-finite stops there; it, and a run whose final validation loss is above chance, "
+        "counts as diverged.",
         "",
         "| variant | lr | max train loss (seed, step) | steps > ln V (worst seed) "
         "| max grad norm | median grad norm | clipped | diverged (step) |",
@@ -578,9 +579,9 @@ def _plot_shared_curves(results: dict, path: str | os.PathLike) -> None:
             for a, b in zip(runs, base, strict=True):
                 va = a["val_loss"][j] if j < len(a["val_loss"]) else None
                 vb = b["val_loss"][j] if j < len(b["val_loss"]) else None
-                if va is not None and vb is not None and math.isfinite(va) and math.isfinite(vb):
+                if va is not None and vb is not None and max(va, vb) <= chance:
                     diffs.append(va - vb)
-            if len(diffs) == n:  # every seed finite at this evaluation
+            if len(diffs) == n:  # every seed below chance (so finite) at this evaluation
                 mean = statistics.fmean(diffs)
                 half = stats.t.ppf(0.975, n - 1) * statistics.stdev(diffs) / math.sqrt(n)
                 dx.append(step + (vi - 2) * tc["steps"] / 150)  # side by side, not on top
@@ -655,6 +656,14 @@ def _plot_sweep(results: dict, path: str | os.PathLike) -> None:
     ax_l, ax_d = fig.subplots(1, 2)
     lrs = summ["lrs"]
     deltas: list[float] = []
+    every = [
+        f
+        for s in summ["variants"].values()
+        for r in s["by_lr"].values()
+        for f in r["final_val_loss_per_seed"]
+        if f is not None and math.isfinite(f)
+    ]
+    top = max(every, default=math.log(mc["vocab_size"]))  # where "all diverged" is written
     for vi, (v, s) in enumerate(summ["variants"].items()):
         color, label = COLORS[v], LABELS[v]
         shift = 1.05 ** (vi - 1.5)  # the variants side by side along the log axis
@@ -667,7 +676,7 @@ def _plot_sweep(results: dict, path: str | os.PathLike) -> None:
             if r["diverged"]:
                 ax_l.annotate(
                     f"{r['diverged']}/{n}\ndiverged",
-                    (lr * shift, max(finite, default=0)),
+                    (lr * shift, max(finite, default=top)),
                     textcoords="offset points",
                     xytext=(0, 8),
                     ha="center",

@@ -33,14 +33,25 @@ def lr_key(lr: float) -> str:
     return f"{lr:g}"
 
 
-def final_loss(run: dict, part: str = "val_loss") -> float:
-    """The run's last validation loss on ``part`` (``val_loss``: the report half,
-    ``val_loss_select``: the selection half); inf for a diverged run."""
+def _last(run: dict, part: str) -> float:
     values = run.get(part) or []
-    if run.get("diverged_at") is not None or not values:
-        return math.inf
-    value = values[-1]
+    value = values[-1] if values else None
     return value if value is not None and math.isfinite(value) else math.inf
+
+
+def failed(run: dict, ceiling: float = math.inf) -> bool:
+    """A run that stopped at a non-finite loss or gradient, or whose final validation loss on
+    either half of the held-out bytes is above ``ceiling`` (ln vocab: worse than guessing
+    uniformly, a model that did not learn)."""
+    if run.get("diverged_at") is not None:
+        return True
+    return any(_last(run, part) > ceiling for part in ("val_loss", "val_loss_select"))
+
+
+def final_loss(run: dict, part: str = "val_loss", ceiling: float = math.inf) -> float:
+    """The run's last validation loss on ``part`` (``val_loss``: the report half,
+    ``val_loss_select``: the selection half); inf for a run that :func:`failed`."""
+    return math.inf if failed(run, ceiling) else _last(run, part)
 
 
 def stability(run: dict, warmup: int, vocab_size: int, grad_clip: float) -> dict:
@@ -67,11 +78,11 @@ def stability(run: dict, warmup: int, vocab_size: int, grad_clip: float) -> dict
     }
 
 
-def flattening(seed_runs: Sequence[dict], steps: int) -> dict | None:
+def flattening(seed_runs: Sequence[dict], steps: int, ceiling: float = math.inf) -> dict | None:
     """How much the mean (over seeds) report-half validation loss fell over the last
     :data:`FLAT_WINDOW` of the steps, absolute and relative to its final value; None when a run
-    diverged or there is no evaluation before the window."""
-    if any(r.get("diverged_at") is not None for r in seed_runs):
+    :func:`failed` or there is no evaluation before the window."""
+    if any(failed(r, ceiling) for r in seed_runs):
         return None
     val_steps = seed_runs[0]["val_steps"]
     start = (1 - FLAT_WINDOW) * steps
@@ -92,30 +103,31 @@ def flattening(seed_runs: Sequence[dict], steps: int) -> dict | None:
     }
 
 
-def choose_rates(by_lr: dict[str, list[dict]], seeds: Sequence[int]) -> dict[int, str]:
+def choose_rates(
+    by_lr: dict[str, list[dict]], seeds: Sequence[int], ceiling: float = math.inf
+) -> dict[int, str]:
     """Per seed, the rate key with the lowest mean selection-half final loss over the other
     seeds (all seeds when there is only one: then the choice has seen the reported seed). A rate
-    where any of those runs diverged scores inf; ties go to the smaller rate."""
+    where any of those runs :func:`failed` scores inf; ties go to the smaller rate."""
     chosen = {}
     for i, seed in enumerate(seeds):
         others = [j for j in range(len(seeds)) if j != i] or [i]
         scores = {
-            key: statistics.fmean(final_loss(runs[j], "val_loss_select") for j in others)
+            key: statistics.fmean(final_loss(runs[j], "val_loss_select", ceiling) for j in others)
             for key, runs in by_lr.items()
         }
         chosen[seed] = min(scores, key=lambda k: (scores[k], float(k)))
     return chosen
 
 
-def window_error(a: Sequence[dict], b: Sequence[dict]) -> float | None:
+def window_error(a: Sequence[dict], b: Sequence[dict], ceiling: float = math.inf) -> float | None:
     """Standard error of the mean paired difference that comes from which validation windows were
     scored: the per-window differences (a − b, averaged over seeds) spread by s over W windows,
-    so s/√W. None when a run diverged or has no window losses."""
+    so s/√W. None when a run :func:`failed` or has no window losses."""
     diffs = None
     for ra, rb in zip(a, b, strict=True):
         wa, wb = ra.get("val_windows"), rb.get("val_windows")
-        diverged = ra.get("diverged_at") is not None or rb.get("diverged_at") is not None
-        if not wa or not wb or diverged:
+        if not wa or not wb or failed(ra, ceiling) or failed(rb, ceiling):
             return None
         d = [x - y for x, y in zip(wa, wb, strict=True)]
         diffs = d if diffs is None else [p + q for p, q in zip(diffs, d, strict=True)]
@@ -131,6 +143,7 @@ def _comparison(
     rates: dict[int, str],
     base_rates: dict[int, str],
     seeds: Sequence[int],
+    ceiling: float,
 ) -> dict:
     """The paired comparison of ``variant`` at ``rates`` (per seed) with LayerNorm at
     ``base_rates``: the per-seed losses, the paired statistics and the seeds a difference of the
@@ -138,18 +151,20 @@ def _comparison(
     pos = {s: i for i, s in enumerate(seeds)}
     a = [runs[variant][rates[s]][pos[s]] for s in seeds]
     b = [runs[BASELINE][base_rates[s]][pos[s]] for s in seeds]
-    stats = paired([final_loss(r) for r in a], [final_loss(r) for r in b])
+    losses = [final_loss(r, ceiling=ceiling) for r in a]
+    base_losses = [final_loss(r, ceiling=ceiling) for r in b]
+    stats = paired(losses, base_losses)
     need = None
     if stats.mean is not None and stats.sd is not None:
         need = seeds_needed(stats.mean, stats.sd)
     return {
         "rates": {str(s): rates[s] for s in seeds},
         "baseline_rates": {str(s): base_rates[s] for s in seeds},
-        "losses": [final_loss(r) for r in a],
-        "baseline_losses": [final_loss(r) for r in b],
+        "losses": losses,
+        "baseline_losses": base_losses,
         "paired": stats.to_dict(),
         "seeds_to_detect_observed": need,
-        "window_standard_error": window_error(a, b),
+        "window_standard_error": window_error(a, b, ceiling),
     }
 
 
@@ -177,14 +192,15 @@ def summarize(results: dict) -> dict:
         for v, rs in results["runs"].items()
     }
     seeds = [r["seed"] for r in runs[BASELINE][keys[0]]]
-    chosen = {v: choose_rates(by_lr, seeds) for v, by_lr in runs.items()}
+    chance = math.log(mc["vocab_size"])  # a run that ends above it has failed
+    chosen = {v: choose_rates(by_lr, seeds, chance) for v, by_lr in runs.items()}
     shared = chosen[BASELINE]
     out: dict[str, dict] = {}
     for variant, by_lr in runs.items():
         all_runs = [r for rs in by_lr.values() for r in rs]
         per_rate = {}
         for key, seed_runs in by_lr.items():
-            finals = [final_loss(r) for r in seed_runs]
+            finals = [final_loss(r, ceiling=chance) for r in seed_runs]
             finite = [f for f in finals if math.isfinite(f)]
             base = runs[BASELINE][key]
             per_rate[key] = {
@@ -193,19 +209,20 @@ def summarize(results: dict) -> dict:
                 "final_val_loss_mean": statistics.fmean(finite) if finite else None,
                 "final_val_loss_std": statistics.stdev(finite) if len(finite) > 1 else None,
                 "select_val_loss_mean": statistics.fmean(
-                    final_loss(r, "val_loss_select") for r in seed_runs
+                    final_loss(r, "val_loss_select", chance) for r in seed_runs
                 ),
-                "diverged": sum(r.get("diverged_at") is not None for r in seed_runs),
+                # stopped at a non-finite value, or ended above chance
+                "diverged": sum(failed(r, chance) for r in seed_runs),
                 "chosen_for_seeds": sum(c == key for c in chosen[variant].values()),
                 "paired_vs_layernorm": (
                     None
                     if variant == BASELINE
-                    else paired(finals, [final_loss(r) for r in base]).to_dict()
+                    else paired(finals, [final_loss(r, ceiling=chance) for r in base]).to_dict()
                 ),
                 "stability": [
                     stability(r, warmup, mc["vocab_size"], tc["grad_clip"]) for r in seed_runs
                 ],
-                "flattening": flattening(seed_runs, steps),
+                "flattening": flattening(seed_runs, steps, chance),
                 "mean_val_curve": _mean_curve(seed_runs),
             }
         step_median = _step_time_median(all_runs)
@@ -230,8 +247,11 @@ def summarize(results: dict) -> dict:
             "norm_share_of_step": None if norm is None else n_norms * norm / step_median,
         }
         if variant != BASELINE:
-            out[variant]["at_shared_rate"] = _comparison(runs, variant, shared, shared, seeds)
-            out[variant]["at_own_rate"] = _comparison(runs, variant, chosen[variant], shared, seeds)
+            own = chosen[variant]
+            out[variant]["at_shared_rate"] = _comparison(
+                runs, variant, shared, shared, seeds, chance
+            )
+            out[variant]["at_own_rate"] = _comparison(runs, variant, own, shared, seeds, chance)
     base = out[BASELINE]
     for variant, s in out.items():
         s["step_time_ratio"] = s["step_time_median_s"] / base["step_time_median_s"]
@@ -294,8 +314,8 @@ def conclusion(label: str, comparison: dict, baseline_loss: float | None) -> str
         if n < 2:
             return f"{label}: one seed, no interval ({counts})."
         return (
-            f"{label} diverged in {diverged + both} of {n} seeds"
-            + (f" (LayerNorm too in {both})" if both else "")
+            f"{label} diverged (or ended above chance) in {diverged + both} of {n} seeds"
+            + (f", LayerNorm too in {both}" if both else "")
             + f"; no t interval with a diverged run ({counts}{sign})."
         )
     ci = f"95% CI [{p.ci_low:+.4f}, {p.ci_high:+.4f}]"
@@ -358,8 +378,8 @@ def verdicts(variant: str, s: dict, base: dict, summary: dict) -> dict[str, str 
     ]
     if sweep and notes:
         out["edge"] = (
-            "; ".join(notes).capitalize() + ": the best rate may lie beyond it, so an own-rate "
-            "comparison is a bound on what tuning gives, not its optimum."
+            "; ".join(notes) + ": the best rate may lie beyond it, so an own-rate comparison "
+            "shows what tuning within the sweep gives, not the optimum."
         )
     return out
 
