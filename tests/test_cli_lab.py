@@ -159,3 +159,20 @@ def test_compare_bad_arguments_name_the_option(runner, tmp_path, args, option, m
     flat = " ".join(result.output.replace("│", " ").split())  # rich wraps the error box
     assert option in flat and message in flat, flat
     assert not (tmp_path / "results.json").exists()
+
+
+def test_compare_from_results_rewrites_the_summary_without_training(
+    comparison_run, runner, tmp_path
+):
+    """--from-results: the summary and figures of an earlier run from its results.json alone; the
+    same numbers as the run wrote (its summary is computed afresh from the runs in the JSON)."""
+    out, _, _ = comparison_run
+    again = tmp_path / "again"
+    result = runner.invoke(
+        app, ["compare", "--from-results", str(out / "results.json"), "--out", str(again)]
+    )
+    assert result.exit_code == 0, result.output
+    assert (again / "summary.md").read_text() == (out / "summary.md").read_text()
+    assert (again / "lr_sweep.png").stat().st_size > 0
+    bad = runner.invoke(app, ["compare", "--from-results", str(out / "summary.md"), "--out", "x"])
+    assert bad.exit_code == 2 and "--from-results" in bad.output

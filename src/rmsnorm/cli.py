@@ -563,6 +563,13 @@ def compare(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace the results of an earlier run in --out.")
     ] = False,
+    from_results: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the summary and figures of an earlier run from its results.json into "
+            "--out, without training (the statistics of this version)."
+        ),
+    ] = None,
     # The spellings of earlier versions, kept working but out of the help.
     old_text: Annotated[Path | None, typer.Option("--text", hidden=True)] = None,
     old_batch_size: Annotated[
@@ -573,19 +580,26 @@ def compare(
     only the norm changing, and write paired loss differences, stability, speed and a summary."""
     from .lab.comparison import (
         CPU_REFUSE_S,
-        SUMMARY_COLUMNS,
         compare_config,
         estimate_seconds,
         format_duration,
         output_dir,
         run_comparison,
-        summary_rows,
         write_outputs,
     )
 
     _require("compare", "matplotlib", "scipy")
     text_file = text_file or old_text
     finished = 0
+    if from_results is not None:
+        from .lab.comparison import load_results
+
+        with _reported("compare"):
+            results = load_results(from_results)
+            out_dir = output_dir(out, overwrite=overwrite)
+            paths = write_outputs(results, out_dir)
+        _print_comparison(results, paths)
+        return
 
     def save(partial: dict) -> None:  # after each seed: an interrupted run keeps what it finished
         nonlocal finished
@@ -638,6 +652,13 @@ def compare(
             else "no seed had finished, nothing was written"
         )
         raise _fail("compare", f"interrupted; {kept}", code=130) from None
+    _print_comparison(results, paths)
+
+
+def _print_comparison(results: dict, paths: dict) -> None:
+    """The headline table of a comparison, its warnings and the files written."""
+    from .lab.comparison import SUMMARY_COLUMNS, summary_rows
+
     table = Table(title=f"rmsnorm compare ({results['wall_time_s']:.0f} s), nats/byte")
     for column in SUMMARY_COLUMNS:
         table.add_column(column)

@@ -31,6 +31,7 @@ from .models import build_models, fingerprint, norm_parameter_names, shared_para
 from .paired import Paired, minimal_detectable_effect, paired, power, seeds_needed
 from .render import (
     OUTPUT_FILES,
+    load_results,
     output_dir,
     plot_losses,
     render_markdown,
@@ -95,6 +96,7 @@ __all__ = [
     "SUMMARY_COLUMNS",
     "summary_rows",
     "OUTPUT_FILES",
+    "load_results",
     "output_dir",
     "write_outputs",
     "plot_losses",

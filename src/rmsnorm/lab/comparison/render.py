@@ -16,7 +16,14 @@ from pathlib import Path
 from ..io import jsonable
 from .config import BASELINE, LABELS, MODEL_OPTIONS, PRESETS, TRAIN_OPTIONS, ArgumentError
 from .paired import ALPHA, POWER
-from .summary import FLAT_TOLERANCE, FLAT_WINDOW, TIMING_SKIP_STEPS, lr_key, same_rates
+from .summary import (
+    FLAT_TOLERANCE,
+    FLAT_WINDOW,
+    TIMING_SKIP_STEPS,
+    lr_key,
+    same_rates,
+    val_steps,
+)
 
 COLORS = {"layernorm": "C0", "rmsnorm": "C1", "prmsnorm": "C2", "none": "C3"}
 
@@ -567,7 +574,7 @@ def _plot_shared_curves(results: dict, path: str | os.PathLike) -> None:
             med = _median_curve(series)
             ax.plot(range(1, len(med) + 1), med, color=color, linewidth=1.6, label=label)
         curve = summ["variants"][v]["by_lr"][key]["mean_val_curve"]
-        steps = runs[0]["val_steps"]
+        steps = val_steps(runs)
         xs = [s for s, c in zip(steps, curve, strict=True) if c is not None]
         ys = [c for c in curve if c is not None]
         ax_val.plot(xs, ys, "o-", color=color, label=label, markersize=4)
@@ -803,6 +810,31 @@ def _compact_arrays(text: str) -> str:
     """Indented JSON with every array of plain numbers on one line (the per-step logs would
     otherwise take a line per number)."""
     return _NUMBER_ARRAY.sub(lambda m: "[" + " ".join(m.group(0)[1:-1].split()) + "]", text)
+
+
+def load_results(path: str | os.PathLike) -> dict:
+    """An earlier run's ``results.json`` with its summary and warnings computed afresh from the
+    runs it holds (the training is not repeated): the figures and the summary of this version of
+    the library for a run trained by any ``rmsnorm.compare/2`` version."""
+    import json
+
+    from .run import busy_machine_warnings
+    from .summary import summarize
+
+    path = Path(path)
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArgumentError("from_results", f"cannot read {str(path)!r}: {exc}") from exc
+    if not isinstance(results, dict) or results.get("schema") != "rmsnorm.compare/2":
+        raise ArgumentError(
+            "from_results",
+            f"{str(path)!r} is not the results.json of an `rmsnorm compare` run of this version "
+            "(schema rmsnorm.compare/2)",
+        )
+    results["warnings"] = busy_machine_warnings(results)
+    results["summary"] = summarize(results)
+    return results
 
 
 def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:

@@ -280,11 +280,16 @@ def summarize(results: dict) -> dict:
     return summary
 
 
+def val_steps(seed_runs: Sequence[dict]) -> list[int]:
+    """The evaluation steps of the runs that went furthest (a diverged run stopped early)."""
+    return max((r["val_steps"] for r in seed_runs), key=len)
+
+
 def _mean_curve(seed_runs: Sequence[dict]) -> list[float | None]:
     """Mean report-half validation loss over the seeds at each evaluation (None where a run had
     diverged by then)."""
     curve = []
-    for j in range(len(seed_runs[0]["val_steps"])):
+    for j in range(len(val_steps(seed_runs))):
         values = [r["val_loss"][j] if j < len(r["val_loss"]) else None for r in seed_runs]
         ok = all(v is not None and math.isfinite(v) for v in values)
         curve.append(statistics.fmean(values) if ok else None)
