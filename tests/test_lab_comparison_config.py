@@ -83,5 +83,6 @@ def test_training_flops_counts_the_matrix_products():
     d, tokens = m.d_model, t.batch_size * m.seq_len
     weights = m.n_layers * 12 * d * d + m.vocab_size * d  # qkv 3d², proj d², MLP 8d²; head
     forward = tokens * (2 * weights + m.n_layers * 2 * m.seq_len * d)
-    evals = (t.steps // t.eval_interval + 1) * t.eval_batches * 2  # both halves of the held-out
+    batches = (t.steps // t.eval_interval + 1) * t.eval_batches + t.final_eval_batches
+    evals = batches * 2  # both halves of the held-out bytes
     assert training_flops(cfg) == 2 * 2 * (3 * t.steps + evals) * forward  # 2 variants × 2 rates

@@ -5,6 +5,7 @@ too), a diverging run stops and is kept, any text file trains, a busy machine is
 import math
 from dataclasses import replace
 
+import pytest
 import torch
 
 from rmsnorm.lab.comparison import busy_machine_warnings, compare_config, run_comparison
@@ -35,7 +36,9 @@ def test_results_hold_every_run_and_timing(comparison_run):
             assert r["val_steps"] == [10, 20, 30]
             assert len(r["val_loss"]) == len(r["val_loss_select"]) == 3
             assert r["val_loss"] != r["val_loss_select"]  # two disjoint halves of the bytes
-            assert len(r["val_windows"]) == 2 * 8  # eval_batches × batch of the tiny preset
+            assert len(r["val_windows"]) == 4 * 8  # final_eval_batches × batch (tiny preset)
+            assert r["final_val_loss"] == pytest.approx(sum(r["val_windows"]) / 32, rel=1e-5)
+            assert r["final_val_loss_select"] is not None
     for key in ("cpu", "cpu_cores", "torch", "commit", "backend", "workers"):
         assert key in results["machine"]
     cases = results["norm_timing"]["cases"]

@@ -143,3 +143,23 @@ def test_window_losses_average_to_the_validation_loss():
     assert [len(w) for w in hist.val_windows] == [12, 12]  # the last evaluation's
     for part, windows in zip(hist.val_loss_parts, hist.val_windows, strict=True):
         assert sum(windows) / 12 == pytest.approx(part[-1], rel=1e-6)
+
+
+def test_a_larger_final_evaluation_keeps_the_curve_on_the_same_windows():
+    """final_eval_batches scores more windows once, after the last step; the curve's last point
+    is still on the eval_batches windows of every earlier point, which are the final set's first
+    windows (one window generator)."""
+    c = corpus()
+    base = dict(steps=4, batch_size=4, warmup=1, eval_interval=2, eval_batches=2, val_parts=2)
+    plain = train(model(), c, TrainConfig(**base))
+    more = train(model(), c, TrainConfig(**base, final_eval_batches=5))
+    assert more.val_loss_parts == plain.val_loss_parts  # the curve is unchanged
+    assert plain.final_val_loss_parts == []
+    assert [len(w) for w in more.val_windows] == [20, 20]
+    for i in range(2):
+        assert more.val_windows[i][:8] == pytest.approx(plain.val_windows[i], rel=1e-6)
+        assert more.final_val_loss_parts[i] == pytest.approx(
+            sum(more.val_windows[i]) / 20, rel=1e-6
+        )
+    with pytest.raises(ValueError, match="final_eval_batches"):
+        TrainConfig(final_eval_batches=0)

@@ -551,6 +551,10 @@ def compare(
     eval_batches: Annotated[
         int | None, _override("Batches per validation loss, in each half of the held-out bytes")
     ] = None,
+    final_eval_batches: Annotated[
+        int | None,
+        _override("Batches per half scored once more after the last step: the compared loss"),
+    ] = None,
     workers: Annotated[
         int | None,
         typer.Option(
@@ -634,6 +638,7 @@ def compare(
                 seq_len=seq_len,
                 eval_interval=eval_interval,
                 eval_batches=eval_batches,
+                final_eval_batches=final_eval_batches,
                 threads=threads,
             )
             out_dir = output_dir(out, overwrite=overwrite)

@@ -39,6 +39,10 @@ class TrainConfig:
     # ``eval_batches`` fixed windows of its own (``TrainHistory.val_loss_parts``): one part to
     # choose a setting on, another to report, with no byte in common. ``val_loss`` is their mean.
     val_parts: int = 1
+    # Batches of each part scored once more after the last step (None: no extra evaluation):
+    # more windows where the final number is what is compared, the curve staying on the same
+    # ``eval_batches`` windows throughout (``TrainHistory.final_val_loss_parts``).
+    final_eval_batches: int | None = None
     # Stop a run at its first non-finite training loss or gradient norm
     # (``TrainHistory.diverged_at``) instead of stepping on with inf or NaN weights; off by
     # default, so a run always has ``steps`` entries.
@@ -47,6 +51,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_interval", "eval_batches", "val_parts"):
             positive_int(name, getattr(self, name))
+        if self.final_eval_batches is not None:
+            positive_int("final_eval_batches", self.final_eval_batches)
         positive_number("lr", self.lr)
         non_negative_int("warmup", self.warmup)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -76,9 +82,12 @@ class TrainHistory:
     grad_norm: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     val_loss_parts: list[list[float]] = field(default_factory=list)  # [part][evaluation]
-    # [part][window]: the loss of each validation window at the last evaluation, which says how
-    # much of a difference between two models is the sampling of the windows
+    # [part][window]: the loss of each validation window at the last evaluation (the final one
+    # with ``final_eval_batches``), which says how much of a difference between two models is the
+    # sampling of the windows
     val_windows: list[list[float]] = field(default_factory=list)
+    # [part]: the loss on ``final_eval_batches`` batches after the last step (empty without)
+    final_val_loss_parts: list[float] = field(default_factory=list)
     diverged_at: int | None = None
 
     def to_dict(self) -> dict:
@@ -178,8 +187,8 @@ class Trainer:
         if cfg.stop_on_divergence and not finite:
             hist.diverged_at = step
             return hist.train_loss[-1]
+        eval_seed = cfg.seed if cfg.eval_seed is None else cfg.eval_seed
         if self.step_index % cfg.eval_interval == 0 or self.step_index == cfg.steps:
-            eval_seed = cfg.seed if cfg.eval_seed is None else cfg.eval_seed
             hist.val_steps.append(self.step_index)
             hist.val_windows = [[] for _ in self.val_corpora]
             losses = [
@@ -189,6 +198,12 @@ class Trainer:
             for part_losses, value in zip(hist.val_loss_parts, losses, strict=True):
                 part_losses.append(value)
             hist.val_loss.append(losses[0] if len(losses) == 1 else sum(losses) / len(losses))
+        if self.step_index == cfg.steps and cfg.final_eval_batches is not None:
+            hist.val_windows = [[] for _ in self.val_corpora]
+            hist.final_val_loss_parts = [
+                evaluate(model, part, cfg.final_eval_batches, cfg.batch_size, eval_seed, windows)
+                for part, windows in zip(self.val_corpora, hist.val_windows, strict=True)
+            ]
         return hist.train_loss[-1]
 
 

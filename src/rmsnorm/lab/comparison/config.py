@@ -41,30 +41,30 @@ PRESETS: dict[str, dict[str, dict]] = {
     "cpu": {
         "model": dict(n_layers=4, d_model=128, n_heads=4, seq_len=64),
         "train": dict(steps=100, batch_size=16, lr=3e-3, warmup=10, eval_interval=20,
-                      eval_batches=4),
+                      eval_batches=4, final_eval_batches=16),
         "design": dict(variants=DEFAULT_VARIANTS, seeds=3, lrs=(3e-3,), workers=1),
     },
     "full": {
         "model": dict(n_layers=2, d_model=512, n_heads=8, seq_len=64),
         "train": dict(steps=200, batch_size=8, lr=3e-4, warmup=20, eval_interval=20,
-                      eval_batches=4),
+                      eval_batches=4, final_eval_batches=32),
         "design": dict(variants=VARIANTS, seeds=8, lrs=(1e-4, 3e-4, 1e-3), workers=2),
     },
     "gpu": {
         "model": dict(n_layers=8, d_model=512, n_heads=8, seq_len=256),
         "train": dict(steps=2000, batch_size=32, lr=1e-3, warmup=100, eval_interval=100,
-                      eval_batches=16),
+                      eval_batches=16, final_eval_batches=64),
         "design": dict(variants=VARIANTS, seeds=8, lrs=(3e-4, 1e-3, 3e-3), workers=1),
     },
     "tiny": {
         "model": dict(n_layers=2, d_model=32, n_heads=2, seq_len=16),
         "train": dict(steps=40, batch_size=8, lr=3e-3, warmup=4, eval_interval=10,
-                      eval_batches=2),
+                      eval_batches=2, final_eval_batches=4),
         "design": dict(variants=DEFAULT_VARIANTS, seeds=3, lrs=(3e-3,), workers=1),
     },
 }  # fmt: skip
 MODEL_OPTIONS = ("n_layers", "d_model", "n_heads", "seq_len")
-TRAIN_OPTIONS = ("steps", "batch_size", "lr", "eval_interval", "eval_batches")
+TRAIN_OPTIONS = ("steps", "batch_size", "lr", "eval_interval", "eval_batches", "final_eval_batches")
 
 
 @dataclass
@@ -164,7 +164,8 @@ def training_flops(cfg: CompareConfig) -> float:
     per_token = 2 * weights + n_layers * 2 * seq * d  # forward; QKᵀ and AV at half of T×T each
     tokens = t.batch_size * seq
     train = t.steps * 3 * per_token * tokens
-    evals = (t.steps // t.eval_interval + 1) * t.eval_batches * t.val_parts * per_token * tokens
+    batches = (t.steps // t.eval_interval + 1) * t.eval_batches + (t.final_eval_batches or 0)
+    evals = batches * t.val_parts * per_token * tokens
     return float(cfg.runs_per_seed * cfg.seeds * (train + evals))
 
 
@@ -225,7 +226,7 @@ def compare_config(
     ``"tiny"``) and overrides: ``variants``, ``seeds``, ``lrs`` (the learning rates swept per
     variant), ``workers``, and ``n_layers``, ``d_model``, ``n_heads``, ``seq_len``, ``steps``,
     ``batch_size``, ``lr`` (one rate: the same as ``lrs=[lr]``), ``eval_interval``,
-    ``eval_batches``. ``None`` keeps the preset's value. Bad values raise
+    ``eval_batches``, ``final_eval_batches``. ``None`` keeps the preset's value. Bad values raise
     :class:`ArgumentError` naming the option."""
     if preset not in PRESETS:
         raise ArgumentError("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")

@@ -96,8 +96,10 @@ def _comparison_row(label: str, setting: str, c: dict) -> str:
     p = c["paired"]
     rates = _rates_text(c["rates"])
     base_rates = _rates_text(c["baseline_rates"])
+    w = c.get("with_windows")
+    wide = "—" if w is None else f"[{w['ci_low']:+.4f}, {w['ci_high']:+.4f}]"
     if p["mean"] is None:
-        delta = ci = "—"
+        ci = "—"
         diverged = sum(d is None or d == math.inf for d in p["diffs"])
         delta = f"diverged in {diverged}/{p['n']}" if diverged else "—"
     else:
@@ -106,7 +108,7 @@ def _comparison_row(label: str, setting: str, c: dict) -> str:
     need = c.get("seeds_to_detect_observed")
     we = c.get("window_standard_error")
     return (
-        f"| {label} | {setting} | {rates} / {base_rates} | {delta} | {ci} "
+        f"| {label} | {setting} | {rates} / {base_rates} | {delta} | {ci} | {wide} "
         f"| {_num(p['sd'])} | {_p(p['t_p'])} | {_p(p['wilcoxon_p'])} "
         f"| {p['worse']}/{p['better']} ({_p(p['sign_p'])}) | {_num(p['mde'])} "
         f"| {'—' if need is None else need} | {_num(we)} |"
@@ -175,18 +177,28 @@ def render_markdown(results: dict) -> str:
     lines += [
         "## Paired differences in final validation loss",
         "",
-        "Final validation loss on the report half of the held-out bytes. Δ = variant − "
+        "Final validation loss on the report half of the held-out bytes"
+        + (
+            f" ({cfg['train']['final_eval_batches'] * cfg['train']['batch_size']} windows of "
+            f"{mc['seq_len']} bytes)"
+            if cfg["train"].get("final_eval_batches")
+            else ""
+        )
+        + ". Δ = variant − "
         f"LayerNorm per seed; CI: {1 - ALPHA:.0%} t interval of the mean Δ over {seeds} seeds; "
         "sd: of the per-seed Δ; t p: paired t test; Wilcoxon p: signed-rank (exact for small "
         "n); sign: seeds worse/better (exact two-sided binomial p). MDE: the smallest true |Δ| "
         f"the paired t test detects with {POWER:.0%} power at α = {ALPHA:g}, given this sd and n. "
         "Seeds: how many a true Δ of the observed size would need. Window s.e.: the part of the "
         "mean Δ's error that comes from which validation windows were scored (fixed for every "
-        "run, so not in the seed spread).",
+        "run, so not in the seed spread); the CI with windows adds it to the seeds' standard "
+        "error (in quadrature, with the seeds' degrees of freedom) and is the interval for "
+        "new text of the same kind.",
         "",
-        "| variant | rate setting | rate (variant / LN) | Δ mean | 95% CI | sd | t p | Wilcoxon p "
-        "| sign worse/better (p) | MDE | seeds | window s.e. |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| variant | rate setting | rate (variant / LN) | Δ mean | 95% CI (seeds) "
+        "| 95% CI (seeds + windows) | sd | t p | Wilcoxon p | sign worse/better (p) | MDE | seeds "
+        "| window s.e. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v, s in sv.items():
         if v == BASELINE:
@@ -259,13 +271,14 @@ def _power_section(results: dict) -> list[str]:
         lines.append("")
         lines.append(
             "The validation windows are the same for every run, so their own sampling error is "
-            "not in the seed spread: the intervals are for these windows. Drawn anew, the windows "
-            f"would move a mean difference by a standard error of up to {ratio:.0%} of the seeds' "
-            "(the window s.e. column): "
+            "not in the seed spread: the intervals over seeds are for these windows. Drawn anew, "
+            f"the windows would move a mean difference by a standard error of up to {ratio:.1f}× "
+            "the seeds' (the window s.e. column): "
             + (
                 "small beside the seed spread."
                 if ratio < 0.5
-                else "not small; more validation windows (--eval-batches) would pin it down."
+                else "not small, so the verdicts use the interval with the windows' error added; "
+                "more validation windows (--eval-batches) would narrow it."
             )
         )
     return lines + [""]
@@ -478,8 +491,15 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
         f"{', '.join(map(lr_key, summ['lrs']))}.",
         f"- Validation: every {tc['eval_interval']} steps, on {tc['eval_batches']} × "
         f"{tc['batch_size']} fixed windows of {mc['seq_len']} bytes in each half of the held-out "
-        f"bytes ({corpus['val_parts']['bytes_each']:,} bytes each): the selection half chooses "
-        "rates, the report half is reported. The same windows for every seed, rate and variant.",
+        f"bytes ({corpus['val_parts']['bytes_each']:,} bytes each)"
+        + (
+            f", and after the last step on {tc['final_eval_batches']} × {tc['batch_size']} "
+            "windows (the first of them the curve's): the final loss that is compared"
+            if tc.get("final_eval_batches")
+            else ""
+        )
+        + ". The selection half chooses rates, the report half is reported. The same windows for "
+        "every seed, rate and variant.",
         f"- Data: {corpus['name']}, {corpus['train_bytes']:,} training bytes, "
         f"{corpus['val_bytes']:,} held-out bytes (the last 10%), {len(corpus['sources'])} source "
         "file(s).",

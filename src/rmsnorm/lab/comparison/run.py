@@ -163,7 +163,10 @@ def _train_seed(cfg: CompareConfig, corpus, seed: int, advance: Callable[[int], 
                 "val_steps": hist.val_steps,
                 "val_loss": report,
                 "val_loss_select": select,
-                # the report half's windows at the last evaluation
+                # after the last step, on final_eval_batches windows of each half (None without)
+                "final_val_loss": (hist.final_val_loss_parts or [None, None])[1],
+                "final_val_loss_select": (hist.final_val_loss_parts or [None, None])[0],
+                # the report half's windows at the last (final) evaluation
                 "val_windows": _rounded(hist.val_windows[-1], 6) if hist.val_steps else [],
             }
         )

@@ -34,8 +34,12 @@ def lr_key(lr: float) -> str:
 
 
 def _last(run: dict, part: str) -> float:
-    values = run.get(part) or []
-    value = values[-1] if values else None
+    """The final loss on a half: the larger final evaluation where the run has one, else the last
+    point of the curve; inf where there is none or it is not finite."""
+    value = run.get(f"final_{part}")
+    if value is None:
+        values = run.get(part) or []
+        value = values[-1] if values else None
     return value if value is not None and math.isfinite(value) else math.inf
 
 
@@ -120,10 +124,12 @@ def choose_rates(
     return chosen
 
 
-def window_error(a: Sequence[dict], b: Sequence[dict], ceiling: float = math.inf) -> float | None:
-    """Standard error of the mean paired difference that comes from which validation windows were
-    scored: the per-window differences (a − b, averaged over seeds) spread by s over W windows,
-    so s/√W. None when a run :func:`failed` or has no window losses."""
+def window_error(
+    a: Sequence[dict], b: Sequence[dict], ceiling: float = math.inf
+) -> tuple[float, int] | None:
+    """The standard error of the mean paired difference that comes from which validation windows
+    were scored, and the number of windows W: the per-window differences (a − b, averaged over
+    seeds) spread by s, so s/√W. None when a run :func:`failed` or has no window losses."""
     diffs = None
     for ra, rb in zip(a, b, strict=True):
         wa, wb = ra.get("val_windows"), rb.get("val_windows")
@@ -134,7 +140,37 @@ def window_error(a: Sequence[dict], b: Sequence[dict], ceiling: float = math.inf
     if not diffs or len(diffs) < 2:
         return None
     mean_over_seeds = [d / len(a) for d in diffs]
-    return statistics.stdev(mean_over_seeds) / math.sqrt(len(mean_over_seeds))
+    return statistics.stdev(mean_over_seeds) / math.sqrt(len(diffs)), len(diffs)
+
+
+def with_windows(stats: Paired, window: tuple[float, int] | None) -> dict | None:
+    """The paired interval widened by the windows' own sampling error: the seeds' and the
+    windows' standard errors added in quadrature, with the seeds' n − 1 degrees of freedom, so it
+    is never narrower than the interval over seeds (conservative twice: the seed-by-window
+    interaction is in both errors). None without both."""
+    from scipy import stats as sp
+
+    if window is None or stats.mean is None or stats.sd is None:
+        return None
+    se_w, w = window
+    se_s = stats.sd / math.sqrt(stats.n)
+    se = math.hypot(se_s, se_w)
+    if se == 0:
+        return None
+    df = stats.n - 1
+    half = float(sp.t.ppf(0.5 + stats.confidence / 2, df)) * se
+    lo, hi = stats.mean - half, stats.mean + half
+    return {
+        "window_se": se_w,
+        "windows": w,
+        "seed_se": se_s,
+        "se": se,
+        "df": df,
+        "ci_low": lo,
+        "ci_high": hi,
+        "detected": lo > 0 or hi < 0,
+        "bound": max(abs(lo), abs(hi)),
+    }
 
 
 def _comparison(
@@ -157,6 +193,7 @@ def _comparison(
     need = None
     if stats.mean is not None and stats.sd is not None:
         need = seeds_needed(stats.mean, stats.sd)
+    window = window_error(a, b, ceiling)
     return {
         "rates": {str(s): rates[s] for s in seeds},
         "baseline_rates": {str(s): base_rates[s] for s in seeds},
@@ -164,7 +201,8 @@ def _comparison(
         "baseline_losses": base_losses,
         "paired": stats.to_dict(),
         "seeds_to_detect_observed": need,
-        "window_standard_error": window_error(a, b, ceiling),
+        "window_standard_error": None if window is None else window[0],
+        "with_windows": with_windows(stats, window),
     }
 
 
@@ -307,7 +345,9 @@ def _rate_text(rates: dict[str, str]) -> str:
 
 
 def conclusion(label: str, comparison: dict, baseline_loss: float | None) -> str:
-    """One sentence on a paired comparison, written from its confidence interval alone."""
+    """The verdict on a paired comparison, written from its confidence intervals alone: over
+    seeds (for the validation windows scored), and with the windows' own sampling error added
+    (for new text of the same kind), which decides where the two disagree."""
     p = Paired(**{k: v for k, v in comparison["paired"].items() if k not in ("detected", "bound")})
     n = p.n
     ties = f", {p.ties} tied" if p.ties else ""
@@ -323,23 +363,32 @@ def conclusion(label: str, comparison: dict, baseline_loss: float | None) -> str
             + (f", LayerNorm too in {both}" if both else "")
             + f"; no t interval with a diverged run ({counts}{sign})."
         )
-    ci = f"95% CI [{p.ci_low:+.4f}, {p.ci_high:+.4f}]"
-    rel = f", {p.mean / baseline_loss:+.1%} of LayerNorm's loss" if baseline_loss else ""
+    rel = f" ({p.mean / baseline_loss:+.2%} of LayerNorm's loss)" if baseline_loss else ""
+    w = comparison.get("with_windows")
+    ci = f"95% CI over seeds [{p.ci_low:+.4f}, {p.ci_high:+.4f}]"
+    if w is not None:
+        ci += f", with the windows' sampling error [{w['ci_low']:+.4f}, {w['ci_high']:+.4f}]"
+    numbers = f"Δ = {p.mean:+.4f} nats/byte{rel}; {ci}; {counts}{sign}"
+    side = "worse" if p.mean > 0 else "better"
+    if p.detected and (w is None or w["detected"]):
+        return f"{label} is {side} than LayerNorm: {numbers}."
     if p.detected:
-        side = "worse" if p.mean > 0 else "better"
         return (
-            f"{label} is {side} than LayerNorm: Δ = {p.mean:+.4f} nats/byte ({ci}{rel}); "
-            f"{counts}{sign}."
+            f"On these validation windows {label} is {side} than LayerNorm, but the windows' own "
+            f"sampling error (s.e. {w['window_se']:.4f}, {w['window_se'] / w['seed_se']:.1f}× the "
+            "seeds') is as large as the difference, so on new text of this kind we cannot tell: "
+            f"{numbers}. Scoring more validation windows would tell."
         )
+    bound = p.bound if w is None else w["bound"]
     text = (
-        f"{label} is within {p.bound:.4f} nats/byte of LayerNorm at 95% confidence: "
-        f"Δ = {p.mean:+.4f} ({ci}{rel}); {counts}{sign}. We cannot tell them apart"
+        f"{label} is within {bound:.4f} nats/byte of LayerNorm at 95% confidence and we cannot "
+        f"tell them apart: {numbers}"
     )
     if p.mde is not None:
-        text += f"; this design detects |Δ| ≥ {p.mde:.4f} with {POWER:.0%} power"
+        text += f". Over seeds this design detects |Δ| ≥ {p.mde:.4f} with {POWER:.0%} power"
     need = comparison.get("seeds_to_detect_observed")
     if need is not None and abs(p.mean) > 0:
-        text += f", and a true Δ of {abs(p.mean):.4f} would need about {need} seeds"
+        text += f"; a true Δ of {abs(p.mean):.4f} would need about {need} seeds"
     return text + "."
 
 
