@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -187,6 +188,7 @@ _WORKER: dict = {}
 def _worker_init(queue, threads: int) -> None:
     torch.set_num_threads(threads)
     _WORKER["queue"] = queue
+    _WORKER["parent"] = os.getppid()
 
 
 def _worker_seed(cfg: CompareConfig, seed: int) -> dict:
@@ -198,6 +200,10 @@ def _worker_seed(cfg: CompareConfig, seed: int) -> dict:
     def advance(n: int) -> None:  # a message at most every 0.5 s
         pending[0] += n
         if time.monotonic() - pending[1] >= 0.5:
+            if os.getppid() != _WORKER["parent"]:
+                # The parent was killed (SIGTERM, not Ctrl-C, which reaches every process): nobody
+                # will read this seed, so stop rather than train on for up to an hour.
+                os._exit(1)
             queue.put(pending[0])
             pending[:] = [0, time.monotonic()]
 
