@@ -77,9 +77,10 @@ def reproduce_command(cfg: dict) -> str:
         for name in names:
             if name == "lr":
                 continue
-            if cfg[group][name] != preset[group][name]:
+            value = cfg[group].get(name)
+            if value is not None and value != preset[group].get(name):
                 flag = "batch" if name == "batch_size" else name.replace("_", "-")
-                args.append(f"--{flag} {cfg[group][name]}")
+                args.append(f"--{flag} {value}")
     if cfg["text"] is not None:
         args.append(f"--text-file {cfg['text']}")
     return " ".join(args + ["--out DIR"])
@@ -507,7 +508,15 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
         f"{m['torch_threads']} torch thread(s)"
         + (f", GPU {m['gpu']}" if m["gpu"] else "")
         + f"; device {m['device']}; torch {m['torch']}, Python {m['python']}, "
-        f"rmsnorm {m['rmsnorm']} at commit {m['commit']}.",
+        f"rmsnorm {m['rmsnorm']} at commit {m['commit']}"
+        + (
+            f"; this summary and the figures were written again from results.json by rmsnorm "
+            f"{results['summarized_with']['rmsnorm']} at commit "
+            f"{results['summarized_with']['commit']}."
+            if results.get("summarized_with")
+            and results["summarized_with"]["commit"] != m["commit"]
+            else "."
+        ),
         f"- Wall time {results['wall_time_s'] / 60:.1f} min ({results['wall_time_s']:.0f} s; "
         f"training CPU time {results['cpu_time_s'] / 60:.1f} min); load average (1, 5, 15 min) "
         f"at start {load['start']}, at end {load['end']}"
@@ -852,8 +861,11 @@ def load_results(path: str | os.PathLike) -> dict:
             f"{str(path)!r} is not the results.json of an `rmsnorm compare` run of this version "
             "(schema rmsnorm.compare/2)",
         )
+    from ... import __version__, info
+
     results["warnings"] = busy_machine_warnings(results)
     results["summary"] = summarize(results)
+    results["summarized_with"] = {"rmsnorm": __version__, "commit": info.source_commit()}
     return results
 
 
