@@ -534,24 +534,72 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
 
 
 def _log_axis(ax, axis: str = "y") -> None:
-    """A log axis labelled in plain numbers at 1, 2, 3, 5 × 10ⁿ (not 3×10⁰)."""
+    """A log axis labelled in plain numbers at 1, 1.5, 2, 2.5, 3, 4, 5, 7 × 10ⁿ (not 3×10⁰)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     target = ax.yaxis if axis == "y" else ax.xaxis
     (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
-    target.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+    target.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)))
     target.set_minor_locator(NullLocator())
     target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
-def _symlog_deltas(ax, values: list[float]) -> None:
-    """A symmetric-log y axis for differences when they span orders of magnitude (a diverging
-    no-norm run beside norms within 0.01 of each other): linear up to the smaller ones, so they
-    stay readable, logarithmic beyond."""
-    small = sorted(abs(v) for v in values if math.isfinite(v) and v != 0)
-    if len(small) < 2 or small[-1] < 20 * small[len(small) // 2]:
-        return  # one scale fits
-    ax.set_yscale("symlog", linthresh=small[len(small) // 2] * 2, linscale=1.5)
+class _Deltas:
+    """Paired differences from LayerNorm (mean and 95% interval per x) of every variant, drawn on
+    one axis; where the no-norm baseline's differences dwarf the norms' (0.4 against 0.002), an
+    inset shows the norms at their own scale, so neither hides the other."""
+
+    def __init__(self) -> None:
+        self.series: list[tuple[str, str, str, list, list, list, list]] = []
+
+    def add(self, variant, label, xs, means, lows, highs) -> None:
+        if xs:
+            self.series.append((variant, COLORS[variant], label, xs, means, lows, highs))
+
+    def _draw(self, ax, which) -> None:
+        for _, color, label, xs, ys, lo, hi in which:
+            err = [
+                [y - a for y, a in zip(ys, lo, strict=True)],
+                [b - y for y, b in zip(ys, hi, strict=True)],
+            ]
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=err,
+                color=color,
+                marker="o",
+                capsize=3,
+                markersize=4,
+                label=f"{label} − LayerNorm",
+            )
+        ax.axhline(0, color="0.4", linewidth=1)
+
+    def draw(self, ax, log_x: bool = False) -> None:
+        """Every series on ``ax``, with a legend clear of the inset when there is one."""
+        self._draw(ax, self.series)
+        norms = [s for s in self.series if s[0] != "none"]
+        others = [s for s in self.series if s[0] == "none"]
+        # typical sizes (medians: an early interval of two seeds can be wide)
+        size = lambda group: statistics.median([abs(v) for s in group for v in s[5] + s[6]] or [0])
+        small, big = size(norms), size(others)
+        if not norms or not others or small == 0 or big < 5 * small:
+            if self.series:
+                ax.legend(fontsize=8)
+            return
+        ends = [v for s in others for v in s[5] + s[6]]
+        up = abs(max(ends)) >= abs(min(ends))  # the baseline's differences lie above 0
+        top = max(abs(v) for v in ends) * 1.1
+        ax.set_ylim((-1.25 * top, top) if up else (-top, 1.25 * top))
+        inset = ax.inset_axes([0.07, 0.04, 0.6, 0.4] if up else [0.07, 0.56, 0.6, 0.4])
+        self._draw(inset, norms)
+        if log_x:
+            inset.set_xscale("log")
+            inset.set_xticks(ax.get_xticks(), [t.get_text() for t in ax.get_xticklabels()])
+            inset.minorticks_off()
+        inset.set_title("the norms, zoomed", fontsize=8)
+        inset.tick_params(labelsize=7)
+        inset.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right" if up else "upper right")
 
 
 def _runs_at(results: dict, variant: str, key: str) -> list[dict]:
@@ -585,7 +633,7 @@ def _plot_shared_curves(results: dict, path: str | os.PathLike) -> None:
     (ax_tr, ax_val), (ax_d, ax_g) = fig.subplots(2, 2)
     chance = math.log(mc["vocab_size"])
     variants = list(summ["variants"])
-    deltas: list[float] = []
+    deltas = _Deltas()
     base = _runs_at(results, BASELINE, key)
     for vi, v in enumerate(variants):
         color, label = COLORS[v], LABELS[v]
@@ -623,19 +671,14 @@ def _plot_shared_curves(results: dict, path: str | os.PathLike) -> None:
                 dx.append(step + (vi - 2) * tc["steps"] / 150)  # side by side, not on top
                 dy.append(mean)
                 de.append(half)
-        if dx:
-            ax_d.errorbar(
-                dx,
-                dy,
-                yerr=de,
-                color=color,
-                marker="o",
-                capsize=3,
-                markersize=4,
-                label=f"{label} − LayerNorm",
-            )
-            deltas += [y + e for y, e in zip(dy, de, strict=True)]
-            deltas += [y - e for y, e in zip(dy, de, strict=True)]
+        deltas.add(
+            v,
+            label,
+            dx,
+            dy,
+            [y - e for y, e in zip(dy, de, strict=True)],
+            [y + e for y, e in zip(dy, de, strict=True)],
+        )
     ax_tr.axhline(chance, color="0.4", linestyle=":", linewidth=1)
     ax_tr.text(
         tc["steps"],
@@ -651,25 +694,21 @@ def _plot_shared_curves(results: dict, path: str | os.PathLike) -> None:
     for ax in (ax_tr, ax_val, ax_g):
         _log_axis(ax)
     ax_g.axhline(tc["grad_clip"], color="0.4", linestyle=":", linewidth=1)
-    ax_d.axhline(0, color="0.4", linewidth=1)
-    _symlog_deltas(ax_d, deltas)
+    deltas.draw(ax_d)
     ax_tr.set_title("Training loss per step (thin: each seed; thick: median; × diverged)")
     ax_val.set_title("Validation loss (report half), mean over seeds")
     ax_d.set_title(f"Paired Δ validation loss vs LayerNorm: mean, 95% t interval ({n} seeds)")
     ax_g.set_title("Gradient norm before clipping (thin: each seed; thick: median)")
     ax_tr.set_ylabel("cross-entropy (nats/byte, log scale)")
     ax_val.set_ylabel("cross-entropy (nats/byte, log scale)")
-    ax_d.set_ylabel(
-        "Δ validation loss, variant − LayerNorm (nats/byte)"
-        + (", symlog" if ax_d.get_yscale() == "symlog" else "")
-    )
+    ax_d.set_ylabel("Δ validation loss, variant − LayerNorm (nats/byte)")
     ax_g.set_ylabel(f"global L2 norm (log scale; dotted: clip at {tc['grad_clip']:g})")
     for ax in (ax_tr, ax_val, ax_d, ax_g):
         ax.set_xlabel(
             "training step" + (" (dashed: end of warm-up)" if ax in (ax_tr, ax_g) else "")
         )
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
+        if ax is not ax_d and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     where = results["machine"]["gpu"] or results["machine"]["cpu"]
     fig.suptitle(
@@ -691,7 +730,7 @@ def _plot_sweep(results: dict, path: str | os.PathLike) -> None:
     fig = Figure(figsize=(13, 5.2), layout="constrained")
     ax_l, ax_d = fig.subplots(1, 2)
     lrs = summ["lrs"]
-    deltas: list[float] = []
+    deltas = _Deltas()
     every = [
         f
         for s in summ["variants"].values()
@@ -705,6 +744,7 @@ def _plot_sweep(results: dict, path: str | os.PathLike) -> None:
         shift = 1.05 ** (vi - 1.5)  # the variants side by side along the log axis
         chosen = Counter(s["chosen_rates"].values()).most_common(1)[0][0]
         xs, means = [], []
+        dx, dy, dlo, dhi = [], [], [], []
         for lr in lrs:
             r = s["by_lr"][lr_key(lr)]
             finite = [f for f in r["final_val_loss_per_seed"] if f is not None and math.isfinite(f)]
@@ -734,15 +774,10 @@ def _plot_sweep(results: dict, path: str | os.PathLike) -> None:
                     )
             pv = r["paired_vs_layernorm"]
             if pv is not None and pv["mean"] is not None:
-                ax_d.errorbar(
-                    [lr * shift],
-                    [pv["mean"]],
-                    yerr=[[pv["mean"] - pv["ci_low"]], [pv["ci_high"] - pv["mean"]]],
-                    color=color,
-                    marker="o",
-                    capsize=3,
-                )
-                deltas += [pv["ci_low"], pv["ci_high"]]
+                dx.append(lr * shift)
+                dy.append(pv["mean"])
+                dlo.append(pv["ci_low"])
+                dhi.append(pv["ci_high"])
             elif pv is not None and r["diverged"]:
                 ax_d.annotate(
                     f"{r['diverged']}/{n} diverged",
@@ -755,7 +790,7 @@ def _plot_sweep(results: dict, path: str | os.PathLike) -> None:
                 )
         ax_l.plot(xs, means, "o-", color=color, label=label)
         if v != BASELINE:
-            ax_d.plot([], [], "o", color=color, label=f"{label} − LayerNorm")
+            deltas.add(v, label, dx, dy, dlo, dhi)
     ax_l.plot(
         [],
         [],
@@ -765,20 +800,16 @@ def _plot_sweep(results: dict, path: str | os.PathLike) -> None:
         markeredgecolor="0.3",
         label="rate chosen for most seeds",
     )
-    ax_d.axhline(0, color="0.4", linewidth=1)
-    _symlog_deltas(ax_d, deltas)
     for ax in (ax_l, ax_d):
         ax.set_xscale("log")
         ax.set_xticks(lrs, [lr_key(lr) for lr in lrs])
         ax.minorticks_off()
         ax.set_xlabel("peak learning rate (log scale)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    deltas.draw(ax_d, log_x=True)
+    ax_l.legend(fontsize=8)
     ax_l.set_ylabel("final validation loss (nats/byte)")
-    ax_d.set_ylabel(
-        "Δ final validation loss (nats/byte)"
-        + (", symlog" if ax_d.get_yscale() == "symlog" else "")
-    )
+    ax_d.set_ylabel("Δ final validation loss, variant − LayerNorm (nats/byte)")
     ax_l.set_title("Final validation loss, report half (line: mean; dots: seeds)")
     ax_d.set_title(f"Paired Δ vs LayerNorm at the same rate, 95% t interval ({n} seeds)")
     fig.suptitle(
