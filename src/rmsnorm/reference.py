@@ -456,7 +456,9 @@ def gated_rms_norm_bwd(
         zf = _as(gate, x).to(cd)
         a = gate_activation(zf, activation)
         da = gate_activation_grad(zf, activation)
-    v = _gated_input(x, gate, activation, casting_mode, input_dtype, cd).to(cd) if gate_first else xf
+    v = xf
+    if gate_first:
+        v = _gated_input(x, gate, activation, casting_mode, input_dtype, cd).to(cd)
     vg = _grouped(v, g)  # (*, G, g)
     r = _lead(rstd.to(cd), vg)  # (*, G)
     vhat = vg * r[..., None]  # (*, G, g)
