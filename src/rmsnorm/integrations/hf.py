@@ -463,8 +463,8 @@ def _match_source(cls: type) -> Convention | str:
             if methods == known_methods:
                 return conv
     return (
-        f"its forward is none of the {len(_KNOWN_FORWARDS)} known normalization forwards "
-        "(if it computes one of the conventions, declare it with hf.register)"
+        "its forward is none of the known normalization forwards (hf._KNOWN_FORWARDS; if it "
+        "computes one of the conventions, declare it with hf.register)"
     )
 
 
