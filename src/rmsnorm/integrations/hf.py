@@ -741,13 +741,24 @@ def _source_methods(cls: type, forward: types.FunctionType) -> dict[str, str] | 
 
 
 def _match_source(cls: type) -> Convention | str:
+    return _match_known(cls)[0]
+
+
+def _known_origin(cls: type) -> str | None:
+    """The class ("model.Class") whose known forward (or known refusal) ``cls``'s code is, or
+    None."""
+    return _match_known(cls)[1]
+
+
+def _match_known(cls: type) -> tuple[Convention | str, str | None]:
+    """(:func:`_match_source`'s decision, the origin of the known forward it matched or None)."""
     forward = inspect.getattr_static(cls, "forward", None)
     if forward is nn.Module.forward:
-        return "it has no forward"
+        return "it has no forward", None
     if forward is nn.LayerNorm.forward:  # a subclass that keeps torch's forward
-        return NAMED_CONVENTIONS["layer_norm"]
+        return NAMED_CONVENTIONS["layer_norm"], None
     if not isinstance(forward, types.FunctionType):
-        return f"its forward is a {type(forward).__name__}, not a plain function"
+        return f"its forward is a {type(forward).__name__}, not a plain function", None
     code = forward.__code__
     inputs = list(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])
     if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
@@ -758,27 +769,27 @@ def _match_source(cls: type) -> Convention | str:
             f"its forward takes {', '.join(inputs) or 'nothing'} besides self; this library's "
             "ops normalize one tensor, or one and its gate (conditioned norms keep their own "
             "forward)"
-        )
+        ), None
     candidates = _known().get(code.co_names)
     if candidates is not None:
         methods = _source_methods(cls, forward)
         if isinstance(methods, str):
-            return methods
-        for known_methods, conv, _ in candidates:
+            return methods, None
+        for known_methods, conv, origin in candidates:
             if methods == known_methods:
                 if isinstance(conv, Convention) and conv.activation_attr is not None:
-                    return _act2fn_problem() or conv
-                return conv
+                    return _act2fn_problem() or conv, origin
+                return conv, origin
     if len(inputs) == 2:
         return (
             f"its forward takes {', '.join(inputs)} besides self and is none of the known gated "
             "normalization forwards (hf._KNOWN_FORWARDS; a gated norm that computes one of the "
             "conventions can be declared with hf.register)"
-        )
+        ), None
     return (
         "its forward is none of the known normalization forwards (hf._KNOWN_FORWARDS; if it "
         "computes one of the conventions, declare it with hf.register)"
-    )
+    ), None
 
 
 # ----------------------------------------------------------------------------------------------
