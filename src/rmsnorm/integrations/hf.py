@@ -258,8 +258,10 @@ NAMED_CONVENTIONS: dict[str, Convention] = {
 # Recognition by code: the known forwards. A class is recognised when its forward (and every
 # method of its own that the forward reaches through ``self``) is one of these, up to local
 # variable names, annotations, docstrings, comments and layout, with the same globals (torch, nn,
-# F). Each entry is written once here, the way transformers 5.24 writes it, with the class it was
-# taken from ("model.Class": transformers.models.<model>.modeling_<model>.<Class>).
+# F, and transformers' ACT2FN in the gated ones). Each entry is written once here, the way
+# transformers 5.24 writes it, with the class it was taken from ("model.Class":
+# transformers.models.<model>.modeling_<model>.<Class>). A gated forward takes (hidden_states,
+# gate); its patched forward takes the same two.
 # ----------------------------------------------------------------------------------------------
 _NORM_HELPER = """
 def _norm(self, x):
@@ -811,7 +813,8 @@ def register(cls: type | str, convention: Convention | str | None) -> None:
         cls (type or str): a ``torch.nn.Module`` subclass or its qualified name.
         convention (Convention or str or None): how it computes; a name is one of
             :data:`NAMED_CONVENTIONS` (``"llama"``, ``"gemma"``, ``"olmo2"``, ``"t5"``,
-            ``"layer_norm"``).
+            ``"layer_norm"``, and the gated ``"qwen3_next_gated"``, ``"kimi_linear_gated"``,
+            ``"mamba2_gated"``, ``"falcon_h1_gated"``).
 
     Example::
 
@@ -1220,8 +1223,9 @@ def patch(model: nn.Module) -> list[str]:
 
     A class is recognised by :func:`register`, by :data:`CONVENTIONS` (``torch.nn.LayerNorm``
     only inside GPT-2 / GPT-NeoX models) or when its forward is one of the known normalization
-    forwards (see :func:`convention_of`). Each such module gets a forward reading the same
-    parameters with the class's convention; nothing else changes (parameters, ``state_dict``,
+    forwards (see :func:`convention_of`), the gated ones (``forward(hidden_states, gate)``)
+    among them. Each such module gets a forward reading the same parameters and attributes with
+    the class's convention; nothing else changes (parameters, ``state_dict``,
     hooks, the class name) and no tensor is modified. The patch survives ``copy.deepcopy``,
     pickling and ``torch.save``. Returns the names of the patched modules. Raises ``ValueError``
     when there is none; warns, with the reason, about norm layers it leaves alone. Undo with
