@@ -436,9 +436,14 @@ def rms_norm(
             input, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
         )
     elif path == _OP:
-        y, _ = torch.ops.rmsnorm.rms_norm_fwd(
-            input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+        if _dtensor.is_dtensor(input):  # plain parameters, sharded normalized dims
+            y = _dtensor.rms_norm(
+                input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
+        else:
+            y, _ = torch.ops.rmsnorm.rms_norm_fwd(
+                input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, _ = ref.rms_norm_fwd(_rows(input, n), w, b, eps, eps_mode, casting_mode, offset, k)
@@ -512,9 +517,14 @@ def add_rms_norm(
             input, residual, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
         )
     elif path == _OP:
-        y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
-            input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+        if _dtensor.is_dtensor(input) or _dtensor.is_dtensor(residual):
+            y, h = _dtensor.add_rms_norm(
+                input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
+        else:
+            y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
+                input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, h, _ = ref.add_rms_norm_fwd(
@@ -578,7 +588,10 @@ def layer_norm(
     elif path == _FUNCTION:
         y = _autograd.LayerNormFunction.apply(input, weight, bias, norm_dims, eps)
     elif path == _OP:
-        y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
+        if _dtensor.is_dtensor(input):
+            y = _dtensor.layer_norm(input, norm_dims, weight, bias, eps)
+        else:
+            y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, _, _ = ref.layer_norm_fwd(ref.row_matrix(input, n), w, b, eps)
