@@ -149,6 +149,19 @@ def test_outputs_and_gradients_have_torchs_layout(backend, path):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_without_gradients_have_torchs_layout(backend):
+    """The eager fast path (no gradient wanted: the launchers called directly)."""
+    for input_name in INPUTS:
+        for name, (ours, theirs) in _cases(INPUTS[input_name][0]).items():
+            x, r, w, b = _leaves(input_name)
+            with torch.no_grad():
+                with rmsnorm.use_backend(backend):
+                    outs = ours(x, r, w, b)
+                outs_t = theirs(x, r, w, b)
+            _compare(f"{name}, {input_name} input, no grad", outs, [], outs_t, [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_double_backward_keeps_torchs_layouts(backend):
     """create_graph=True: d input (computed by the spec's differentiable backward) has torch's
     layout, and so has the second-order gradient through it."""

@@ -426,7 +426,7 @@ def _grouped_gated(
     # contiguous, or channels_last for a channels_last input, as rms_norm (the spec's elementwise
     # operations would keep a permuted input's strides)
     y = _like(y.reshape(shape).contiguous(), input)
-    return y, None if h is None else _like_sum(h.reshape(shape), input)
+    return y, None if h is None else _like_sum(h.reshape(shape), input, residual)
 
 
 # ----------------------------------------------------------------------------------------------
