@@ -537,7 +537,7 @@ def check_dtensor_normalized_dim_sharded(rank: int) -> None:
 def check_dtensor_normalized_dim_low_precision(rank: int) -> None:
     """bfloat16 inputs with a float32 weight (the casting modes differ there) sharded on the
     normalized dim: within the shared tolerance rule of the float64 result, as the whole-tensor
-    call in bfloat16 is."""
+    call in bfloat16 is; float32 rows whose statistics overflow float32 too."""
     from torch.distributed.tensor import Replicate, Shard
 
     from rmsnorm.testing import assert_close_to_reference
@@ -561,6 +561,23 @@ def check_dtensor_normalized_dim_low_precision(rank: int) -> None:
                 rows = 24 if i >= 2 else 1
                 assert_close_to_reference(gr.full_tensor(), gr_want, e, name=f"{name} grad {i}",
                                           rows=rows)  # fmt: skip
+    # float32 rows near float32's largest value, whose statistics (and x − μ) overflow float32:
+    # finite, as the spec's rescaled rows are.
+    big = torch.randn(3, 48, generator=g, dtype=torch.float64)
+    big[0] *= 1e37  # Σx² past float32's range
+    big[1] = 3e38 + 1e36 * big[1]  # x − μ fine, μ near the top
+    big[2] = 3e38 + 1e36 * big[2]
+    big[2, ::16] = -3e38  # 3 of 48: μ ≈ 2.6e38, x − μ ≈ -5.6e38 past float32's range
+    mesh = _mesh()
+    from torch.distributed.tensor import distribute_tensor
+
+    for name in ("rms_norm default", "layer_norm"):
+        fn = _sharded_cases((48,))[name]
+        got = fn(distribute_tensor(big.float(), mesh, [Shard(1)]), None, None, None)[0]
+        eager = fn(big.float(), None, None, None)[0]
+        want = fn(big, None, None, None)[0]
+        assert torch.isfinite(got.full_tensor()).all(), name
+        assert_close_to_reference(got.full_tensor(), want, eager, name=f"{name} near overflow")
 
 
 def check_dtensor_plain_parameters(rank: int) -> None:
@@ -652,18 +669,24 @@ def check_dtensor_normalized_dim_compile(rank: int) -> None:
     g = torch.Generator().manual_seed(11)
     x, res, cot = (torch.randn(2, 3, 8, generator=g) for _ in range(3))
     w, b = 1 + 0.3 * torch.randn(8, generator=g), 0.1 * torch.randn(8, generator=g)
-    cases = _functional_cases((8,))
-    cases["rms_norm llama"] = _sharded_cases((8,))["rms_norm llama"]  # its value and gradient
-    for name, fn in cases.items():
+    cases = {name: (fn, False) for name, fn in _functional_cases((8,)).items()}
+    cases["rms_norm llama"] = (_sharded_cases((8,))["rms_norm llama"], False)  # _ValueOf
+    cases["rms_norm, plain weight and bias"] = (_functional_cases((8,))["rms_norm"], True)
+    for name, (fn, plain) in cases.items():
         runs = []
         for compiled in (False, True):
             torch._dynamo.reset()
             f = torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
             outs, grads, _, _, _ = _distributed_run(
-                f, (x, res, w, b), cot, (Shard(2), Shard(2), Replicate(), Replicate()), count=False
-            )
+                f, (x, res, w, b), cot, (Shard(2), Shard(2), Replicate(), Replicate()),
+                params_plain=plain, count=False,
+            )  # fmt: skip
             runs.append([*outs, *(gr for gr in grads if gr is not None)])
         for i, (got, want) in enumerate(zip(*runs, strict=True)):
+            assert type(got) is type(want), (name, i)
+            if plain and i >= 1:
+                _close(got, want, f"compiled {name}, tensor {i}")
+                continue
             assert got.placements == want.placements, (name, i)
             _close(got.full_tensor(), want.full_tensor(), f"compiled {name}, tensor {i}")
 

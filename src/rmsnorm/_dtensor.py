@@ -268,9 +268,10 @@ def layer_norm(x, norm_dims, weight, bias, eps):
         return torch.ops.rmsnorm.layer_norm_fwd(x, norm_dims, weight, bias, eps)[0]
     rows = _Rows(x, norm_dims, mesh_dims)
     xc = rows.local(x).to(ref.compute_dtype(x.dtype))  # gradients meet here, in fp32 or fp64
-    mean, var = rows.mean_var(xc.to(torch.float64))
-    r = torch.rsqrt(var + eps).to(xc.dtype)
-    y = (xc - mean.to(xc.dtype)[:, None]) * r[:, None]
+    xd = xc.to(torch.float64)
+    mean, var = rows.mean_var(xd)
+    # (x − μ)·r in float64, rounded once: x − μ cannot overflow there as it can in float32.
+    y = ((xd - mean[:, None]) * torch.rsqrt(var + eps)[:, None]).to(xc.dtype)
     w, b = rows.param(weight), rows.param(bias)
     if w is not None:
         y = y * w.to(xc.dtype)
