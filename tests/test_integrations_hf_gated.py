@@ -89,8 +89,8 @@ def _generate(model: nn.Module, ids: torch.Tensor, forced: torch.Tensor | None =
 
 @pytest.mark.parametrize("name", list(GATED_CASES))
 def test_generate_float32_matches_the_unpatched_model(name):
-    """Prefill and every cached decoding step (single-token inputs: Falcon-H1's 2-D case) give
-    the unpatched model's tokens, with logits within 1e-5."""
+    """Prefill and every cached decoding step (one token per sequence through the mixers' cached
+    paths) give the unpatched model's tokens, with logits within 1e-5."""
     model = build(name)
     ids = inputs(name)["input_ids"]
     with torch.no_grad():
