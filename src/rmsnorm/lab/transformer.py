@@ -21,6 +21,7 @@ from .capture import norm_kind
 
 NORMS = ("layernorm", "rmsnorm", "prmsnorm", "none")
 NORM_POSITIONS = ("pre", "post")
+ACTIVATIONS = ("gelu", "relu", "swiglu")
 
 
 @dataclass
@@ -30,7 +31,9 @@ class TransformerConfig:
     ``norm_position``: ``"pre"`` (GPT-2 style, a final norm before the head) or ``"post"`` (original
     Transformer: norm after each residual add). ``init_std`` is the standard deviation of every
     weight matrix and embedding at initialization; the two projections writing into the residual
-    stream are further scaled by 1/sqrt(2·n_layers) (GPT-2)."""
+    stream are further scaled by 1/sqrt(2·n_layers) (GPT-2). ``activation``: the MLP's ``"gelu"``
+    (GPT-2), ``"relu"``, or ``"swiglu"`` (Llama: silu(a)·b, the first layer twice as wide to
+    give both halves ``mlp_ratio·d_model`` units)."""
 
     n_layers: int = 12
     d_model: int = 256
@@ -44,6 +47,7 @@ class TransformerConfig:
     eps: float = 1e-5
     init_std: float = 0.02
     bias: bool = True
+    activation: str = "gelu"
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "mlp_ratio"):
@@ -51,6 +55,7 @@ class TransformerConfig:
         divisible("d_model", self.d_model, "n_heads", self.n_heads)
         one_of("norm", self.norm, NORMS)
         one_of("norm_position", self.norm_position, NORM_POSITIONS)
+        one_of("activation", self.activation, ACTIVATIONS)
         if not 0.0 < self.partial <= 1.0:
             raise ValueError(f"partial must be in (0, 1], got {self.partial!r}")
         if not (isinstance(self.init_std, (int, float)) and 0 < self.init_std < math.inf):
@@ -88,13 +93,25 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """fc, the activation, proj (which writes the residual stream); the activation's output is
+    proj's input, so a forward pre-hook on ``proj`` sees it."""
+
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias)
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.activation = cfg.activation
+        fc_out = 2 * hidden if cfg.activation == "swiglu" else hidden
+        self.fc = nn.Linear(cfg.d_model, fc_out, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))
+        h = self.fc(x)
+        if self.activation == "gelu":
+            return self.proj(F.gelu(h))
+        if self.activation == "relu":
+            return self.proj(F.relu(h))
+        gate, value = h.chunk(2, dim=-1)
+        return self.proj(F.silu(gate) * value)
 
 
 class Block(nn.Module):
