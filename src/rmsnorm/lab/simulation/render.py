@@ -112,7 +112,7 @@ IID_LABEL = "i.i.d. Gaussian rows"
 def ratio_by_layer_figure(result, extra: dict | None = None):
     """The figure of :func:`ratio_by_layer`, not yet saved (a matplotlib Figure)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 6.2), layout="constrained")
     stages = dict(result.stages)
     stages.update(extra or {})
     for name, st in stages.items():
@@ -140,7 +140,7 @@ def ratio_by_layer_figure(result, extra: dict | None = None):
     ax.set_xlabel("residual stream after layer (emb = embedding, then block number)")
     ax.set_ylabel("|μ| / σ per token (dimensionless, log scale)")
     ax.set_title(f"How far each token is from centered\n{_describe(result.config)}", fontsize=10)
-    ax.legend(fontsize=7, loc="best", ncol=2)
+    fig.legend(loc="outside lower center", fontsize=7, ncol=2, frameon=False)
     ax.grid(alpha=0.3, which="both")
     return fig
 
@@ -158,7 +158,7 @@ def cosine_by_layer(result, path: Path, extra: dict | None = None) -> Path:
     within 1e-2 of 1 when rows are centered): mean and worst 5% of tokens, with the measured cosine
     of the actual outputs as markers."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 6.2), layout="constrained")
     stages = dict(result.stages)
     stages.update(extra or {})
     floor = 1e-12
@@ -191,6 +191,15 @@ def cosine_by_layer(result, path: Path, extra: dict | None = None) -> Path:
             ms=7,
             label=f"{name}: mean 1 − cos of the actual outputs (measured)",
         )
+    d = result.config.d_model
+    if d > 3:  # E[1 − cos] for i.i.d. Gaussian rows: E[(μ/σ)²]/2 = 1/(2(d − 3))
+        ax.axhline(
+            1 / (2 * (d - 3)),
+            color="gray",
+            ls=":",
+            lw=1.5,
+            label=f"i.i.d. Gaussian rows, d = {d}: mean 1 − cos ≈ 1/(2(d − 3))",
+        )
     ax.set_yscale("log")
     ax.set_xticks(range(len(result.layer_names)))
     ax.set_xticklabels(["emb"] + [str(i) for i in range(1, len(result.layer_names))], fontsize=8)
@@ -201,7 +210,7 @@ def cosine_by_layer(result, path: Path, extra: dict | None = None) -> Path:
         + _describe(result.config),
         fontsize=10,
     )
-    ax.legend(fontsize=7, loc="best")
+    fig.legend(loc="outside lower center", fontsize=7, ncol=2, frameon=False)
     ax.grid(alpha=0.3, which="both")
     return save_figure(fig, path)
 
