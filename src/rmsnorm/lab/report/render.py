@@ -10,13 +10,14 @@ from pathlib import Path
 
 import torch
 
-from ..figures import pyplot, save_figure
+from ..figures import layer_ticks, legend_below, pyplot, save_figure
 from ..iid import iid_reference
 from ..inspection import inspect_layers
-from ..io import write_json
+from ..io import write_json, write_text
 from ..outliers import iid_max_over_rms
 from ..progress import ensure
 from ..simulation import cosine_by_layer, mean_histograms
+from ..simulation.render import decomposition_figure, seed_ratio_by_layer
 from .prose import report_page
 from .run import ReportResults
 
@@ -36,173 +37,6 @@ __all__ = [
 
 NORM_COLORS = {"layernorm": "#1f77b4", "rmsnorm": "#d62728"}
 NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-
-
-def _legend_below(fig, ax, ncol: int = 2, fontsize: float = 7.5, handles=None) -> None:
-    """The legend in its own strip under the axes, so that it covers no data."""
-    h, labels = (
-        (handles, [x.get_label() for x in handles]) if handles else (ax.get_legend_handles_labels())
-    )
-    fig.legend(h, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
-
-
-def _layer_ticks(ax, names: list[str], short: bool = False) -> None:
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(["emb"] + [n.split()[-1] for n in names[1:]], fontsize=8)
-    ax.set_xlabel(
-        "stream after (emb: embedding; n: block n)"
-        if short
-        else "residual stream after layer (emb = embedding, then block number)"
-    )
-
-
-def seed_ratio_by_layer(study, path: Path) -> Path:
-    """Median |μ|/σ per layer for every seed (thin lines), their median and min–max band across
-    seeds, the first seed's 5–95% band over tokens, and the i.i.d. Gaussian median and 5–95%
-    points at the same width."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8.5, 6.2), layout="constrained")
-    names = study.layer_names
-    x = list(range(len(names)))
-    first = study.results[0].init.ratio
-    first = torch.where(torch.isfinite(first), first, torch.nan)
-    q = torch.nanquantile(first, torch.tensor([0.05, 0.95], dtype=first.dtype), dim=1)
-    ax.fill_between(
-        x,
-        q[0],
-        q[1],
-        color="#1f77b4",
-        alpha=0.10,
-        label=f"seed {study.seeds[0]}: 5–95% of its tokens",
-    )
-    for j, s in enumerate(study.summaries):
-        ax.plot(
-            x,
-            s.median_ratio,
-            color="#1f77b4",
-            lw=0.7,
-            alpha=0.45,
-            label="each seed: median over its tokens" if j == 0 else None,
-        )
-    band = study.band("median_ratio")
-    ax.fill_between(
-        x,
-        band["min"],
-        band["max"],
-        color="#1f77b4",
-        alpha=0.30,
-        label=f"min–max of the per-seed medians ({len(study.seeds)} seeds)",
-    )
-    ax.plot(x, band["median"], color="#0b3d91", marker="o", ms=4, lw=2, label="median over seeds")
-    ref = study.reference
-    d = study.config.d_model
-    ax.axhline(
-        ref.median,
-        color="gray",
-        ls=":",
-        lw=1.6,
-        label=f"i.i.d. Gaussian rows, d = {d}: median {ref.median:.4f}",
-    )
-    ax.axhline(
-        ref.q05,
-        color="gray",
-        ls="-.",
-        lw=1.0,
-        label=f"i.i.d. Gaussian rows: 5% and 95% ({ref.q05:.4f}, {ref.q95:.3f})",
-    )
-    ax.axhline(ref.q95, color="gray", ls="-.", lw=1.0)
-    ax.set_yscale("log")
-    _layer_ticks(ax, names)
-    ax.set_ylabel("|μ| / σ per token (dimensionless, log scale)")
-    cfg = study.config
-    ax.set_title(
-        f"How far the tokens are from centered, over {len(study.seeds)} seeds\n"
-        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {cfg.norm}, {cfg.activation}, d = {d}, "
-        f"{study.tokens_per_layer} random tokens per seed",
-        fontsize=10,
-    )
-    ax.grid(alpha=0.3, which="both")
-    _legend_below(fig, ax)
-    return save_figure(fig, path)
-
-
-def decomposition_figure(study, sweep, path: Path) -> Path:
-    """Left: the token-shared part's share of E[μ²] per layer (median over seeds, min–max band),
-    for the default GELU network and the other activations of the sweep. Right: per seed, the
-    last layer's token-shared offset m̄ against the part of it the MLPs wrote (the diagonal: all
-    of it)."""
-    plt = pyplot()
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12.5, 5.6), layout="constrained")
-    studies = [("GELU (default)", study)]
-    if sweep is not None:
-        studies += [(c.label, c.study) for c in sweep.group("activation") if c.label != "GELU"]
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
-    markers = ["o", "s", "^", "D"]
-    names = study.layer_names
-    x = list(range(len(names)))
-    lim = 0.0
-    for k, (label, st) in enumerate(studies):
-        if len(st.layer_names) != len(names):
-            continue
-        band = st.band("shared_share")
-        c = colors[k % len(colors)]
-        ax0.fill_between(
-            x, [100 * v for v in band["min"]], [100 * v for v in band["max"]], color=c, alpha=0.15
-        )
-        ax0.plot(
-            x,
-            [100 * v for v in band["median"]],
-            color=c,
-            marker=markers[k % 4],
-            ms=4,
-            label=f"{label}: median over seeds (band: min–max)",
-        )
-        pts = [(s.last_from_mlp, s.shared_mean[-1]) for s in st.summaries]
-        if pts[0][0] is not None:
-            ax1.plot(
-                [p[0] for p in pts],
-                [p[1] for p in pts],
-                markers[k % 4],
-                color=c,
-                ms=6,
-                mec="black",
-                mew=0.4,
-                ls="none",
-                label=f"{label}: one seed",
-            )
-            lim = max(lim, *(abs(v) for p in pts for v in p))
-    _layer_ticks(ax0, names)
-    ax0.set_ylabel("token-shared share of E[μ²] (%)")
-    ax0.set_ylim(0, 100)
-    ax0.set_title("How much of μ is one offset every token shares", fontsize=10)
-    ax0.grid(alpha=0.3)
-    lim = 1.1 * lim or 1.0
-    ax1.plot(
-        [-lim, lim],
-        [-lim, lim],
-        color="black",
-        lw=0.8,
-        ls="--",
-        label="m̄ = MLPs' part (the MLPs wrote all of it)",
-    )
-    ax1.axhline(0, color="gray", lw=0.5)
-    ax1.axvline(0, color="gray", lw=0.5)
-    ax1.set_xlim(-lim, lim)
-    ax1.set_ylim(-lim, lim)
-    ax1.set_aspect("equal")
-    ax1.set_xlabel("part written by the MLPs, Σ mean(W₂·ā + b₂) (activation units)")
-    ax1.set_ylabel(f"token-shared offset m̄ at {names[-1]} (activation units)")
-    ax1.set_title("Where the last layer's offset comes from, one point per seed", fontsize=10)
-    ax1.grid(alpha=0.3)
-    handles = ax0.get_legend_handles_labels()[0] + ax1.get_legend_handles_labels()[0]
-    _legend_below(fig, ax0, ncol=3, handles=handles)
-    cfg = study.config
-    fig.suptitle(
-        f"The token-shared part of μ: {cfg.n_layers}-layer {cfg.norm_position}-norm "
-        f"{cfg.norm}, d = {cfg.d_model}, at initialization",
-        fontsize=11,
-    )
-    return save_figure(fig, path)
 
 
 def _ratio_panel(ax, cells, title: str, log: bool = True) -> None:
@@ -311,7 +145,7 @@ def sweep_figure(sweep, path: Path) -> Path:
         ),
         Line2D([], [], color="black", lw=0.7, ls="--", label="0.674/√d (normal limit)"),
     ]
-    _legend_below(fig, axes[1][0], ncol=3, handles=handles)
+    legend_below(fig, axes[1][0], ncol=3, handles=handles)
     seeds = sweep.cells[0].study.seeds if sweep.cells else []
     base = sweep.base
     fig.suptitle(
@@ -357,7 +191,7 @@ def trained_mu_sigma(training, path: Path) -> Path:
                     label=f"{NORM_NAMES.get(norm, norm)}, {stage}",
                 )
         ax.set_yscale("log")
-        _layer_ticks(ax, names, short=True)
+        layer_ticks(ax, names, short=True)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
     ref = iid_reference(training.config.d_model)
@@ -371,7 +205,7 @@ def trained_mu_sigma(training, path: Path) -> Path:
     axes[0].set_title("σ: the spread of each token's entries", fontsize=10)
     axes[1].set_title("|μ|: each token's mean", fontsize=10)
     axes[2].set_title("their ratio", fontsize=10)
-    _legend_below(fig, axes[2], ncol=5)
+    legend_below(fig, axes[2], ncol=5)
     cfg = training.config
     fig.suptitle(
         f"Before and after {cfg.steps} training steps: {cfg.n_layers}-layer pre-norm models, "
@@ -414,7 +248,7 @@ def swap_figure(swap: dict, path: Path) -> Path:
         fontsize=10,
     )
     ax.grid(alpha=0.3, which="both", axis="y")
-    _legend_below(fig, ax, ncol=3)
+    legend_below(fig, ax, ncol=3)
     return save_figure(fig, path)
 
 
@@ -485,7 +319,7 @@ def blind_spot_figure(rows: list[dict], d: int, path: Path) -> Path:
     ax1b.set_yscale("log")
     ax1b.axhline(iid_max_over_rms(d), color="gray", ls="--", lw=0.8)
     ax1.set_title("What the channel statistics see (dashed: i.i.d. max|xᵢ|/RMS)", fontsize=10)
-    _legend_below(fig, ax0, ncol=3)
+    legend_below(fig, ax0, ncol=3)
     fig.suptitle(f"The blind spot: massive channels in rows of d = {d}", fontsize=11)
     return save_figure(fig, path)
 
@@ -569,7 +403,7 @@ def divergence_curve(points: list[dict], tokens: dict | None, path: Path) -> Pat
         ]
         + ax1.get_legend_handles_labels()[0]
     )
-    _legend_below(fig, ax0, ncol=3, handles=handles)
+    legend_below(fig, ax0, ncol=3, handles=handles)
     fig.suptitle(
         "Each point: one layer's median token (shape: the run; colour: depth)", fontsize=11
     )
@@ -699,7 +533,7 @@ def timing_bars(timing: dict, path: Path) -> Path:
     ax.set_xlabel("input shape (rows × hidden size), " + timing["dtype"])
     ax.set_title(f"RMSNorm vs LayerNorm, forward + backward\n{timing['machine']}", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    _legend_below(fig, ax, ncol=5)
+    legend_below(fig, ax, ncol=5)
     return save_figure(fig, path)
 
 
@@ -809,9 +643,9 @@ def write_report(r: ReportResults, out: str | Path = "report", progress=None) ->
     summary = r.to_dict()
     page = report_page(summary, files)
     files["report.md"] = out / "report.md"
-    files["report.md"].write_text(page.markdown(out))
+    write_text(page.markdown(out), files["report.md"])
     files["report.html"] = out / "report.html"
-    files["report.html"].write_text(page.html())
+    write_text(page.html(), files["report.html"])
     summary["seconds"]["total"] = r.seconds.get("runs", 0.0) + time.perf_counter() - t_start
     summary["files"] = {k: str(v.relative_to(out)) for k, v in files.items()}
     summary["files"]["report.json"] = "report.json"
