@@ -443,9 +443,13 @@ def simulate(
     table = Table(title=title, title_justify="left")
     columns = ["layer", "stage", "median |μ|/σ"]
     columns += ["seed range", "verdict"] if many else ["95% |μ|/σ", "mean cos(LN, RMS)"]
-    columns += ["shared share of E[μ²]"]
+    columns += ["shared\nshare"]
     for col in columns:
-        table.add_column(col, justify="left" if col in ("layer", "stage", "verdict") else "right")
+        table.add_column(
+            col,
+            justify="left" if col in ("layer", "stage", "verdict") else "right",
+            overflow="fold",
+        )
     for stage, st in studies.items():
         band = st.band("median_ratio")
         shares = st.band("shared_share")
@@ -453,7 +457,7 @@ def simulate(
         for i, name in enumerate(result.layer_names):
             row = [name, stage, f"{band['median'][i]:.4f}"]
             if many:
-                row += [f"{band['min'][i]:.4f}–{band['max'][i]:.4f}", st.layer_verdicts[i].verdict]
+                row += [f"{band['min'][i]:.3g}–{band['max'][i]:.3g}", st.layer_verdicts[i].verdict]
             else:
                 s = per_layer[i]
                 row += [f"{s['mu_over_sigma']['q95']:.4f}", f"{s['predicted_cosine']['mean']:.6f}"]

@@ -20,7 +20,7 @@ import math
 import torch
 
 from .. import functional
-from .stats import RowStats, row_stats
+from .stats import RowStats, median, row_stats
 
 __all__ = ["shrink_factors", "eps_table", "stream_shrink", "beta_fit"]
 
@@ -83,11 +83,11 @@ def stream_shrink(rows: torch.Tensor | RowStats, eps: float) -> dict:
     b_rms = rms / (rms + eps)
     return {
         "eps": eps,
-        "median_rms": float(rms.median()),
-        "median_sigma": float(std.median()),
-        "layernorm_shrink": float((1 - a).median()),
-        "mean_square_shrink": float((1 - b_ms).median()),
-        "rms_mode_shrink": float((1 - b_rms).median()),
+        "median_rms": median(rms),
+        "median_sigma": median(std),
+        "layernorm_shrink": median(1 - a),
+        "mean_square_shrink": median(1 - b_ms),
+        "rms_mode_shrink": median(1 - b_rms),
     }
 
 

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .stats import row_stats
+from .stats import median, row_stats
 
 __all__ = [
     "MASSIVE_SHARE_FACTOR",
@@ -90,10 +90,10 @@ class OutlierAccumulator:
         return {
             "d": d,
             "rows": self.rows,
-            "max_over_rms_median": float(mor.median()),
+            "max_over_rms_median": median(mor),
             "max_over_rms_max": float(mor.max()),
             "iid_max_over_rms_median": iid_max_over_rms(d),
-            "excess_kurtosis_median": float(kurt.median()) if kurt.numel() else math.nan,
+            "excess_kurtosis_median": median(kurt),
             "top1_share": float(share[order[0]]),
             "top_k": k,
             "top_k_share": float(share[order[:k]].sum()),
@@ -148,7 +148,7 @@ def blind_spot(
                     "m": m,
                     "signs": name if m else "none",
                     "amplitude": amplitude if m else 0.0,
-                    "median_mu_over_sigma": float(s.ratio.median()),
+                    "median_mu_over_sigma": median(s.ratio),
                     "limit_mu_over_sigma": limit,
                     "mean_cosine": float(s.cosine.mean()),
                     "max_over_rms_median": o["max_over_rms_median"],

@@ -16,15 +16,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .stats import row_stats
+from .stats import median, row_stats
 from .transformer import Transformer, TransformerConfig
 
 __all__ = ["planted_in_block"]
-
-
-def _median(t: torch.Tensor) -> float:
-    t = t[torch.isfinite(t)]
-    return float(t.median()) if t.numel() else math.nan
 
 
 @torch.no_grad()
@@ -64,8 +59,8 @@ def planted_in_block(
                 shift = bias if i >= 1 else 0.0
                 dev = (hp - hc - shift).norm(dim=-1) / hc.norm(dim=-1)
                 beyond.append(float(dev.max()))
-                clean_r.append(_median(row_stats(hc).ratio))
-                planted_r.append(_median(row_stats(hp).ratio))
+                clean_r.append(median(row_stats(hc).ratio))
+                planted_r.append(median(row_stats(hp).ratio))
             lp, lq = F.log_softmax(logits_c, -1), F.log_softmax(logits_p, -1)
             kl = (lp.exp() * (lp - lq)).sum(-1)
             out["runs"].append(
@@ -77,7 +72,7 @@ def planted_in_block(
                     "beyond_shift": beyond,
                     "kl_mean": float(kl.mean().clamp_min(0)),
                     "max_abs_logit_diff": float((logits_p - logits_c).abs().max()),
-                    "median_sigma_block1": _median(row_stats(res_c[1]).std),
+                    "median_sigma_block1": median(row_stats(res_c[1]).std),
                 }
             )
     return out

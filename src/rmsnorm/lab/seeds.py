@@ -26,9 +26,11 @@ from functools import cached_property
 
 import torch
 
+from .._validate import positive_int
 from .iid import IIDReference, iid_reference
 from .progress import ensure
 from .simulation import SimulationConfig, SimulationResult, simulate
+from .stats import median
 
 __all__ = [
     "EQUIVALENCE_MARGIN",
@@ -175,11 +177,6 @@ def paired_spread_test(ratios_a, ratios_b) -> dict:
     }
 
 
-def _median(t: torch.Tensor) -> float:
-    t = t[torch.isfinite(t)]
-    return float(t.median()) if t.numel() else math.nan
-
-
 @dataclass
 class StageSummary:
     """One seed, one model state: per layer the medians over tokens of |μ|/σ, |μ| and σ, the
@@ -206,12 +203,12 @@ class StageSummary:
         dec = st.decomposition
         return cls(
             seed=result.config.seed,
-            median_ratio=[_median(r) for r in st.ratio],
-            median_abs_mu=[_median(m.abs()) for m in st.mean],
-            median_sigma=[_median(s) for s in st.std],
+            median_ratio=[median(r) for r in st.ratio],
+            median_abs_mu=[median(m.abs()) for m in st.mean],
+            median_sigma=[median(s) for s in st.std],
             shared_mean=list(dec.shared),
             shared_share=list(dec.share),
-            pooled_median_ratio=_median(st.ratio.flatten()),
+            pooled_median_ratio=median(st.ratio.flatten()),
             mean_cosine=float(st.cosine.mean()),
             last_from_mlp=None if dec.from_mlp is None else dec.from_mlp[-1],
             last_from_attention=None if dec.from_attention is None else dec.from_attention[-1],
@@ -227,7 +224,7 @@ def _band(values: list[list[float]]) -> dict:
     """Per layer across seeds: median, min, max (lists over layers)."""
     t = torch.tensor(values, dtype=torch.float64)  # (seeds, layers)
     return {
-        "median": t.median(dim=0).values.tolist(),
+        "median": torch.quantile(t, 0.5, dim=0).tolist(),
         "min": t.min(dim=0).values.tolist(),
         "max": t.max(dim=0).values.tolist(),
     }
@@ -353,8 +350,7 @@ def replicate(cfg: SimulationConfig, seeds: int, progress=None, label: str = "se
     (progress: one task, one step per seed)."""
     import time
 
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"seeds must be a positive integer, got {seeds!r}")
+    positive_int("seeds", seeds)
     progress = ensure(progress)
     t0 = time.perf_counter()
     results = []

@@ -24,12 +24,13 @@ __all__ = ["norm_slots", "naive_swap", "logit_cost", "swap_costs"]
 
 def norm_slots(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(name, parent, attribute) of every LayerNorm or RMSNorm module of ``model`` (torch's or this
-    library's), in registration order."""
+    library's), in the order the model registers them (the blocks', then the final norm)."""
+    modules = dict(model.named_modules())
     out = []
-    for name, module in model.named_modules():
-        for attr, child in module.named_children():
-            if isinstance(child, (nn.LayerNorm, nn.RMSNorm)):
-                out.append((f"{name}.{attr}" if name else attr, module, attr))
+    for name, module in modules.items():
+        if name and isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            parent, _, attr = name.rpartition(".")
+            out.append((name, modules[parent], attr))
     return out
 
 

@@ -14,7 +14,6 @@ on the stream's mean. The trained LayerNorm models are kept for the swap (:mod:`
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -26,7 +25,7 @@ from .conventions import beta_fit
 from .decomposition import shared_share
 from .outliers import channel_outliers
 from .progress import ensure
-from .stats import row_stats
+from .stats import median, row_stats
 from .transformer import Transformer, TransformerConfig
 
 __all__ = ["TrainStudyConfig", "TrainedRun", "TrainStudy", "measure_state", "run_training_study"]
@@ -79,11 +78,6 @@ class TrainStudyConfig:
         return out
 
 
-def _median(t: torch.Tensor) -> float:
-    t = t[torch.isfinite(t)]
-    return float(t.median()) if t.numel() else math.nan
-
-
 def measure_state(model: Transformer, tokens: torch.Tensor, targets: torch.Tensor) -> dict:
     """Per layer of the residual stream (after the embedding and after each block), from a float64
     copy of ``model`` on ``tokens``: medians of |μ|, σ, |μ|/σ; mean predicted cosine; the
@@ -113,9 +107,9 @@ def measure_state(model: Transformer, tokens: torch.Tensor, targets: torch.Tenso
         rows = h.detach().reshape(-1, h.shape[-1])
         s = row_stats(rows)
         ratios.append(s.ratio)
-        out["median_abs_mu"].append(_median(s.mean.abs()))
-        out["median_sigma"].append(_median(s.std))
-        out["median_ratio"].append(_median(s.ratio))
+        out["median_abs_mu"].append(median(s.mean.abs()))
+        out["median_sigma"].append(median(s.std))
+        out["median_ratio"].append(median(s.ratio))
         out["mean_cosine"].append(float(s.cosine.mean()))
         out["shared_share"].append(shared_share(s.mean)[2])
         fit = beta_fit(rows, model.cfg.eps)
@@ -126,7 +120,7 @@ def measure_state(model: Transformer, tokens: torch.Tensor, targets: torch.Tenso
         along = float(g.sum(dim=-1).square().sum()) / d
         out["grad_ones_share"].append(along / float(g.square().sum()))
         out["outliers"].append(channel_outliers(rows))
-    out["pooled_median_ratio"] = _median(torch.cat(ratios))
+    out["pooled_median_ratio"] = median(torch.cat(ratios))
     out["loss"] = float(loss.detach())
     return out
 

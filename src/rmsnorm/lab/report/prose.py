@@ -717,7 +717,7 @@ def _swap(page: Page, j: dict, figures: dict[str, Path]) -> None:
         "On each trained LayerNorm model: every LayerNorm replaced by RMSNorm (a) naively, "
         "γ·x/√(mean(x²) + ε) + β with the same γ, β, ε, and (b) by the exact conversion "
         "(`rmsnorm.convert.layernorm_to_rmsnorm`: the layers writing into the residual stream "
-        "centered first, Jiang et al. 2023), all norms at once and one at a time; compared on "
+        f"centered first, {sw['reference']}), all norms at once and one at a time; compared on "
         f"{sw['tokens'][0]} × {sw['tokens'][1]} of the held-out bytes in float64: "
         "KL(original ‖ swapped) of the next-byte distributions "
         "(mean over tokens), the change of the loss, and max |Δ logits|."

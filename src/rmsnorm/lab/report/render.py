@@ -18,6 +18,7 @@ from ..outliers import iid_max_over_rms
 from ..progress import ensure
 from ..simulation import cosine_by_layer, mean_histograms
 from ..simulation.render import decomposition_figure, seed_ratio_by_layer
+from ..stats import median
 from .prose import report_page
 from .run import ReportResults
 
@@ -183,7 +184,7 @@ def trained_mu_sigma(training, path: Path) -> Path:
                 )
                 ax.plot(
                     x,
-                    t.median(0).values,
+                    torch.quantile(t, 0.5, dim=0),
                     ls=ls,
                     color=c,
                     marker="o",
@@ -545,7 +546,7 @@ def _divergence_points(r: ReportResults) -> tuple[list[dict], dict]:
     points = [
         {
             "group": "simulated, init (seed 0)",
-            "r": float(base.init.ratio[i].nanmedian()),
+            "r": median(base.init.ratio[i]),
             "depth": i / max(1, n - 1),
         }
         for i in range(n)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ... import __version__, info
+from ..._validate import ArgumentError, finite_number, positive_int
 from ..conventions import eps_table, stream_shrink
 from ..iid import iid_reference
 from ..outliers import MASSIVE_SHARE_FACTOR, blind_spot
@@ -23,7 +24,13 @@ from ..planted import planted_in_block
 from ..progress import ensure
 from ..seeds import SeedStudy, centering_verdict, paired_spread_test, replicate
 from ..simulation import SimulationConfig, SimulationResult
-from ..stats import RowStats, identity_check, measured_divergence, predicted_divergence
+from ..stats import (
+    RowStats,
+    identity_check,
+    measured_divergence,
+    median,
+    predicted_divergence,
+)
 from ..sweep import SweepConfig, SweepResult, run_sweep
 from ..trained import TrainStudy, TrainStudyConfig, run_training_study
 from ..transformer import TransformerConfig
@@ -71,11 +78,8 @@ class ReportConfig:
 
     def __post_init__(self) -> None:
         for name in ("seeds", "planted_seeds", "planted_batch", "timing_rounds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not (isinstance(self.planted_bias, (int, float)) and math.isfinite(self.planted_bias)):
-            raise ValueError(f"planted_bias must be a finite number, got {self.planted_bias!r}")
+            positive_int(name, getattr(self, name))
+        finite_number("planted_bias", self.planted_bias)
 
     @classmethod
     def quick(cls, **overrides) -> ReportConfig:
@@ -132,7 +136,7 @@ class ReportConfig:
         """The CLI's options: ``train_steps`` 0 skips training (and the swap), ``planted_bias`` 0
         skips the planted mean, ``sweep`` False the sweep; None keeps the mode's value."""
         if quick and full:
-            raise ValueError("quick and full exclude each other")
+            raise ArgumentError("quick", "", template="{quick} and {full} exclude each other")
         cfg = cls.quick() if quick else cls.full() if full else cls()
         training, sweep_cfg = cfg.training, cfg.sweep if sweep else None
         if train_steps == 0:
@@ -187,11 +191,6 @@ class Provenance:
         self.load_average_end = load[0] if load else math.nan
 
 
-def _median(t: torch.Tensor) -> float:
-    t = t[torch.isfinite(t)]
-    return float(t.median()) if t.numel() else math.nan
-
-
 def seed_headline(result: SimulationResult, stage: str = "init") -> dict:
     """One run's numbers over every token of every layer: |μ|/σ median, 5% and 95% points, mean;
     the predicted cosine's mean and minimum; how far predicted and measured cosines are apart;
@@ -214,7 +213,7 @@ def seed_headline(result: SimulationResult, stage: str = "init") -> dict:
         )
     return {
         "seed": result.config.seed,
-        "median_mu_over_sigma": float(ratio.median()),
+        "median_mu_over_sigma": median(ratio),
         "q05_mu_over_sigma": float(torch.quantile(ratio, 0.05)),
         "q95_mu_over_sigma": float(torch.quantile(ratio, 0.95)),
         "mean_mu_over_sigma": float(ratio.mean()),
@@ -475,6 +474,7 @@ def _swap_section(study: TrainStudy) -> dict:
     exact_max = max(exact)
     return {
         "per_seed": per_seed,
+        "reference": "Jiang et al., NeurIPS 2023",
         "tokens": list(tokens.shape),
         "norms": names,
         "loss": _spread([c["loss"] for c in per_seed]),

@@ -13,6 +13,7 @@ from ..figures import layer_ticks, legend_below, pyplot, save_figure
 from ..iid import iid_reference
 from ..io import write_json
 from ..progress import ensure
+from ..stats import median
 from .run import SimulationResult
 
 __all__ = [
@@ -90,7 +91,7 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
         ax.set_ylim(0, max(1.0, float(counts.max())) * 1.1)
         ax.xaxis.set_major_locator(MaxNLocator(4))
         ax.axvline(0.0, color="black", lw=0.8, ls="--", label="μ = 0")
-        ratio = float(st.ratio[i].nanmedian())
+        ratio = median(st.ratio[i])
         ax.set_title(
             f"{result.layer_names[i]}\nσ̄ = {float(st.std[i].mean()):.3g}, "
             f"median |μ|/σ = {ratio:.3g}",
