@@ -132,7 +132,8 @@ def _json_values(obj, numbers: list[float], strings: list[str]) -> None:
 def _prose_numbers(md: str) -> list[tuple[str, float, float]]:
     """(text, value, half a unit of its last printed digit) of every number in the prose and
     tables of ``md``: code blocks and spans, figure links and headings' numbering left out, and
-    single-digit integers too (formula constants such as the 2 in 2 − 2σ/RMS)."""
+    single-digit integers too (formula constants such as the 2 in 2 − 2σ/RMS). A percentage
+    keeps its printed value; the check accepts it as a percent or as a fraction."""
     md = re.sub(r"```.*?```", " ", md, flags=re.S)
     md = re.sub(r"`[^`]*`", " ", md)
     md = re.sub(r"!\[(?:\\.|[^\]\\])*\]\([^)]*\)", " ", md)
@@ -152,22 +153,20 @@ def _prose_numbers(md: str) -> list[tuple[str, float, float]]:
         else:
             decimals = len(plain.split(".")[1]) if "." in plain else 0
             half = 0.5 * 10**-decimals
-        if m["sign"] in "-−" and m["sign"]:
+        if m["sign"] in ("-", "−"):
             value = -value
-        out.append(
-            (m.group(0), value if not m["pct"] else value / 100, half / (100 if m["pct"] else 1))
-        )
+        out.append((m.group(0), value, half))
     return out
 
 
-def _in_json(
-    value: float, half: float, numbers: list[float], strings: list[str], text: str
-) -> bool:
-    tol = half * (1 + 1e-9) + 1e-12 * abs(value)
-    if any(abs(v - value) <= tol or abs(abs(v) - abs(value)) <= tol for v in numbers):
-        return True
-    if any(abs(100 * v - 100 * value) <= 100 * tol for v in numbers):  # a percentage of a share
-        return True
+def _in_json(value: float, half: float, numbers: list[float], strings: list[str], text: str) -> bool:
+    candidates = [(value, half)]
+    if text.endswith("%"):  # a percentage: stored as a percent or as a fraction
+        candidates.append((value / 100, half / 100))
+    for x, h in candidates:
+        tol = h * (1 + 1e-9) + 1e-12 * abs(x)
+        if any(abs(v - x) <= tol or abs(abs(v) - abs(x)) <= tol for v in numbers):
+            return True
     bare = text.lstrip("+-−").rstrip("%")
     return any(bare in s for s in strings)  # versions, dates, names (blocks.0.norm1, d = 32)
 

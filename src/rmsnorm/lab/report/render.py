@@ -38,6 +38,7 @@ __all__ = [
 
 NORM_COLORS = {"layernorm": "#1f77b4", "rmsnorm": "#d62728"}
 NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+STYLE_NAMES = {"--": "dashed", "-": "solid"}
 
 
 def _ratio_panel(ax, cells, title: str, log: bool = True) -> None:
@@ -189,7 +190,7 @@ def trained_mu_sigma(training, path: Path) -> Path:
                     color=c,
                     marker="o",
                     ms=3,
-                    label=f"{NORM_NAMES.get(norm, norm)}, {stage}",
+                    label=f"{NORM_NAMES.get(norm, norm)}, {stage} ({STYLE_NAMES[ls]})",
                 )
         ax.set_yscale("log")
         layer_ticks(ax, names, short=True)
