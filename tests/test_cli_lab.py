@@ -57,7 +57,9 @@ def test_simulate_over_seeds_gives_a_verdict(runner, tmp_path):
 
 
 def test_simulate_one_seed_says_it_cannot_tell(runner, tmp_path):
-    result = runner.invoke(app, ["simulate", "--out", str(tmp_path), *TINY, "--center-activation"])
+    result = runner.invoke(
+        app, ["simulate", "--out", str(tmp_path), *TINY, "--center-activation", "--seeds", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert "one seed has no spread" in plain(result)
     assert not (tmp_path / "seeds.json").exists()

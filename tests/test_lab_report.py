@@ -159,7 +159,9 @@ def _prose_numbers(md: str) -> list[tuple[str, float, float]]:
     return out
 
 
-def _in_json(value: float, half: float, numbers: list[float], strings: list[str], text: str) -> bool:
+def _in_json(
+    value: float, half: float, numbers: list[float], strings: list[str], text: str
+) -> bool:
     candidates = [(value, half)]
     if text.endswith("%"):  # a percentage: stored as a percent or as a fraction
         candidates.append((value / 100, half / 100))

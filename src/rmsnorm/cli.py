@@ -326,11 +326,12 @@ def _set_torch_threads(n: int | None) -> None:
 
 
 _Seeds = Annotated[
-    int,
+    int | None,
     typer.Option(
         callback=_positive,
-        help="Run at this many seeds (--seed, --seed + 1, ...); from 3 on, a verdict on the "
-        "centering that rests on the seed-to-seed spread.",
+        help="Run at this many seeds (--seed, --seed + 1, ...) for a verdict on the centering "
+        "that rests on the seed-to-seed spread (default 8; 1 with --train-steps, where each seed "
+        "trains).",
     ),
 ]
 
@@ -361,7 +362,7 @@ def simulate(
     seed: Annotated[
         int, typer.Option(callback=_non_negative, help="Seed of weights and inputs.")
     ] = 0,
-    seeds: _Seeds = 1,
+    seeds: _Seeds = None,
     norm: Annotated[str, typer.Option(help="layernorm, rmsnorm, prmsnorm or none.")] = "layernorm",
     position: Annotated[str, typer.Option(help="pre (pre-LN) or post (post-LN).")] = "pre",
     activation: Annotated[str, typer.Option(help="The MLP's: gelu, relu or swiglu.")] = "gelu",
@@ -427,6 +428,8 @@ def simulate(
             train_steps=train_steps,
             train_batch=train_batch,
         )
+    if seeds is None:
+        seeds = 1 if train_steps else 8
     with _progress() as progress:
         study = replicate(cfg, seeds, progress, "simulate")
         result = study.results[0]
