@@ -31,9 +31,10 @@ class TransformerConfig:
     ``norm_position``: ``"pre"`` (GPT-2 style, a final norm before the head) or ``"post"`` (original
     Transformer: norm after each residual add). ``init_std`` is the standard deviation of every
     weight matrix and embedding at initialization; the two projections writing into the residual
-    stream are further scaled by 1/sqrt(2·n_layers) (GPT-2). ``activation``: the MLP's ``"gelu"``
-    (GPT-2), ``"relu"``, or ``"swiglu"`` (Llama: silu(a)·b, the first layer twice as wide to
-    give both halves ``mlp_ratio·d_model`` units)."""
+    stream are further scaled by 1/sqrt(2·n_layers) (GPT-2). ``activation``: the MLP's
+    ``"gelu"`` (GPT-2), ``"relu"``, or ``"swiglu"`` (SiLU(a)·b, LLaMA; its first layer has two
+    halves, a and b, of ``mlp_ratio·d_model`` each, so it holds twice GELU's first-layer
+    weights)."""
 
     n_layers: int = 12
     d_model: int = 256
@@ -93,25 +94,24 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """fc, the activation, proj (which writes the residual stream); the activation's output is
-    proj's input, so a forward pre-hook on ``proj`` sees it."""
-
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
         self.activation = cfg.activation
-        fc_out = 2 * hidden if cfg.activation == "swiglu" else hidden
-        self.fc = nn.Linear(cfg.d_model, fc_out, bias=cfg.bias)
-        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        gated = cfg.activation == "swiglu"
+        self.fc = nn.Linear(cfg.d_model, 2 * hidden if gated else hidden, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # writes the residual stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
-        if self.activation == "gelu":
-            return self.proj(F.gelu(h))
-        if self.activation == "relu":
-            return self.proj(F.relu(h))
-        gate, value = h.chunk(2, dim=-1)
-        return self.proj(F.silu(gate) * value)
+        if self.activation == "swiglu":
+            a, b = h.chunk(2, dim=-1)
+            h = F.silu(a) * b
+        elif self.activation == "relu":
+            h = F.relu(h)
+        else:
+            h = F.gelu(h)
+        return self.proj(h)
 
 
 class Block(nn.Module):
