@@ -548,12 +548,16 @@ def report(
         int | None,
         typer.Option(
             callback=_non_negative,
-            help="Steps of each training run (default 60; 0 skips training and the swap).",
+            help="Steps of each training run (default 60, --quick 3, --full 300; 0 skips "
+            "training and the swap).",
         ),
     ] = None,
     train_seeds: Annotated[
         int | None,
-        typer.Option(callback=_positive, help="Seeds per norm of the training (default 3)."),
+        typer.Option(
+            callback=_positive,
+            help="Seeds per norm of the training (default 3, --quick 2, --full 5).",
+        ),
     ] = None,
     planted_bias: Annotated[
         float | None,
