@@ -476,6 +476,13 @@ def _sweep(page: Page, j: dict, figures: dict[str, Path]) -> None:
             f"{summ['widths_as_centered']} of the {summ['widths']} widths are as centered as "
             "i.i.d. rows, whose |μ|/σ falls as 1/√d. "
         )
+    flagged = summ["bonferroni_flagged"]
+    said = ", ".join(f"{label} ({v})" for label, v in flagged.items()) or "none"
+    text += (
+        f"Each interval is at 95%, so among the {summ['settings']} settings about "
+        f"{summ['chance_flags']:.1f} would exclude 1 by chance alone; at the Bonferroni-adjusted "
+        f"{100 * summ['bonferroni_confidence']:.1f}% the intervals still exclude it for: {said}. "
+    )
     post = summ["post_ln"]
     if post is not None:
         text += (

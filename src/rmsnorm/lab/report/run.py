@@ -22,7 +22,7 @@ from ..iid import iid_reference
 from ..outliers import MASSIVE_SHARE_FACTOR, blind_spot
 from ..planted import planted_in_block
 from ..progress import ensure
-from ..seeds import SeedStudy, centering_verdict, paired_spread_test, replicate
+from ..seeds import CONFIDENCE, SeedStudy, centering_verdict, paired_spread_test, replicate
 from ..simulation import SimulationConfig, SimulationResult
 from ..stats import (
     RowStats,
@@ -338,6 +338,11 @@ def _sweep_section(sweep: SweepResult) -> dict:
         counts[c.study.verdict.verdict] = counts.get(c.study.verdict.verdict, 0) + 1
     widths = sweep.group("width")
     post = [c for c in sweep.group("placement") if c.label == "post-LN"]
+    # Each cell's interval is at 95%, so among n settings about n/20 exclude 1 by chance alone; a
+    # Bonferroni-adjusted interval keeps that chance at 5% for the whole sweep.
+    unique = list({repr(c.config): c for c in sweep.cells}.values())
+    conf = 1 - (1 - CONFIDENCE) / len(unique)
+    adjusted = {c.label: centering_verdict(c.study.ratios, conf).verdict for c in unique}
     out["summary"] = {
         "residual_settings": len(residual),
         "residual_verdicts": counts,
@@ -350,6 +355,12 @@ def _sweep_section(sweep: SweepResult) -> dict:
         "widths_as_centered": sum(c.study.verdict.verdict == "as centered" for c in widths),
         "widths": len(widths),
         "post_ln": None if not post else post[0].study.verdict.to_dict(),
+        "settings": len(unique),
+        "chance_flags": (1 - CONFIDENCE) * len(unique),
+        "bonferroni_confidence": conf,
+        "bonferroni_flagged": {
+            label: v for label, v in adjusted.items() if v in ("more centered", "less centered")
+        },
     }
     return out
 
