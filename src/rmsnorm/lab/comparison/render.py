@@ -279,7 +279,7 @@ def _power_section(results: dict) -> list[str]:
                 "small beside the seed spread."
                 if ratio < 0.5
                 else "not small, so the verdicts use the interval with the windows' error added; "
-                "more validation windows (--eval-batches) would narrow it."
+                "more validation windows (--final-eval-batches) would narrow it."
             )
         )
     return lines + [""]
