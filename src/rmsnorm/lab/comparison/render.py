@@ -380,7 +380,10 @@ def _flat_section(results: dict) -> list[str]:
         "## Has the validation loss flattened?",
         "",
         f"Criterion: over the last {FLAT_WINDOW:.0%} of the steps the mean (over seeds) validation "
-        f"loss falls by at most {FLAT_TOLERANCE:.0%} of its final value. The cosine schedule "
+        f"loss falls by at most {FLAT_TOLERANCE:.0%} of its final value, on the report half's "
+        f"{tc['eval_batches'] * tc['batch_size']} windows scored at every evaluation (the curve; "
+        "the final losses compared above are on more windows, so they differ a little). The "
+        "cosine schedule "
         f"takes the rate down to {tc.get('min_lr_ratio', 0.1):.0%} of its peak at the last step, "
         f"so this is a loss flattened at the end of a fixed budget of {steps} steps "
         f"({steps * tc['batch_size'] * mc['seq_len']:,} bytes), not a model trained to "
