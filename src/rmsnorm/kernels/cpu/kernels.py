@@ -13,8 +13,22 @@ import platform
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import carray, types
+from numba import njit as _numba_njit
 from numba.extending import intrinsic
+
+
+def njit(fn=None, **options):
+    """numba's ``njit`` with ``error_model="numpy"`` (every function of this file is compiled so):
+    float division follows IEEE as torch's ops do (x/0 = ±inf, 0/0 = NaN), where numba's default
+    ``"python"`` model raises ZeroDivisionError from inside a kernel (an all-zero row with eps = 0)
+    and branches on every divisor. The integer divisors here (n, k, rows per block) are ≥ 1 by
+    construction (the launchers send empty tensors to the reference), and no float is converted
+    to an integer, so the model's other difference (integer division by zero giving 0) never
+    applies."""
+    options = {"error_model": "numpy", **options}
+    return _numba_njit(**options) if fn is None else _numba_njit(**options)(fn)
+
 
 # dtype codes (shared with the launchers); F64 only for weights and biases and their gradients
 F32, BF16, F16, F64 = 0, 1, 2, 3
@@ -450,11 +464,19 @@ def _field(flags, f):
     return (flags >> f[0]) & ((1 << f[1]) - 1)
 
 
-# Reductions are accumulated in float64 (the statistics come out as the correctly rounded fp32
-# values in practice) and may be reassociated, so LLVM vectorizes them. Nothing else is fastmath:
-# the element-wise products round exactly as torch's eager ops do.
+# Row statistics are accumulated in float64 (they come out as the correctly rounded float32
+# values in practice) and may be reassociated, so LLVM vectorizes them; float32 sums in their place
+# measured no faster (docs/cpu.md). Nothing else is fastmath: the element-wise products round
+# exactly as torch's eager ops do. A row whose float64 sum is tiny (< _TINY) is summed again the
+# way torch sums it, squares (and x − μ) in float32, so that squares that underflow float32
+# (|x| ≲ 1e-19) do there what they do in torch: an all-tiny row then gets r = inf with eps = 0, as
+# torch's (and the other backends') does. Above _TINY, what underflows in float32 is below 2^-35
+# of the sum, so both ways agree to rounding.
+_TINY = 2.0**-60
+
+
 @njit(fastmath={"reassoc", "contract"})
-def _sum_squares(x, k):
+def _sum_squares64(x, k):
     acc = 0.0
     for j in range(k):
         v = np.float64(x[j])
@@ -463,9 +485,26 @@ def _sum_squares(x, k):
 
 
 @njit(fastmath={"reassoc", "contract"})
+def _sum_squares32(x, k):
+    """Σ_{j<k} x_j² with each square rounded to float32 (as torch's x.pow(2)), summed in float64."""
+    acc = 0.0
+    for j in range(k):
+        acc += np.float64(x[j] * x[j])
+    return acc
+
+
+@njit
+def _sum_squares(x, k):
+    """Σ_{j<k} x_j² in float64 (float32 squares for a tiny row, see above)."""
+    ss = _sum_squares64(x, k)
+    return _sum_squares32(x, k) if ss < _TINY else ss
+
+
+@njit(fastmath={"reassoc", "contract"})
 def _shifted_sums(x, n, c):
     """Σ (x − c) and Σ (x − c)² in float64; with c = x[0] the variance from them has no cancellation
-    unless the row's spread is tiny next to |x[0] − mean|."""
+    unless the row's spread is tiny next to |x[0] − mean|, and a constant row gets μ = c exactly
+    and σ² = 0 (x − μ = 0, as in torch)."""
     s1 = 0.0
     s2 = 0.0
     for j in range(n):
@@ -473,6 +512,29 @@ def _shifted_sums(x, n, c):
         s1 += d
         s2 += d * d
     return s1, s2
+
+
+@njit(fastmath={"reassoc", "contract"})
+def _deviations32(x, n, mu):
+    """Σ (x − μ)² with each x − μ and its square rounded to float32 (torch's), summed in float64."""
+    acc = 0.0
+    for j in range(n):
+        d = x[j] - mu
+        acc += np.float64(d * d)
+    return acc
+
+
+@njit
+def _moments(x, n, c, s1, s2):
+    """(μ in float32, σ²) of the row from :func:`_shifted_sums` about c = x[0]; σ² of a tiny row
+    (see above) again from float32 deviations about that μ."""
+    mu = np.float32(c + s1 / n)
+    var = (s2 - s1 * s1 / n) / n
+    if var < 0.0:  # (NaN stays NaN)
+        var = 0.0
+    if var < _TINY:
+        var = _deviations32(x, n, mu) / n
+    return mu, var
 
 
 @njit(fastmath={"reassoc", "contract"})
@@ -676,6 +738,8 @@ def _fwd_rows(c, lo, hi, tx, ty):
             xrow = carray(_ptr_u16(xb + i * xs), n)
             if norm == RMS_NORM:
                 ss = _load_bf16_sum_squares(xrow, xs_, n, k)
+                if ss < _TINY:
+                    ss = _sum_squares32(xs_, k)
             else:
                 cc, s1, s2 = _load_bf16_shifted_sums(xrow, xs_, n)
         else:
@@ -686,8 +750,7 @@ def _fwd_rows(c, lo, hi, tx, ty):
             if has_res or x_code != BF16:
                 cc = np.float64(xs_[0])
                 s1, s2 = _shifted_sums(xs_, n, cc)
-            var = max((s2 - s1 * s1 / n) / n, 0.0)
-            mu = np.float32(cc + s1 / n)
+            mu, var = _moments(xs_, n, cc, s1, s2)
             r = np.float32(1.0 / np.sqrt(var + eps))
             mean[i] = mu
         else:
@@ -766,6 +829,8 @@ def _bwd_block(c, blk, tx, tdy, tdx):
             mu = mean[i]
             sg, sgx = _sum_g_gx(dys, xs_, s64, n, np.float64(mu))
             a, b, cc = rd, rd * rd * (rd * sgx / n), -rd * (sg / n)
+            if rd == np.inf:  # eps = 0, σ² = 0: x̂ is ±inf (or NaN), so mean(g·x̂) is NaN, as torch's
+                a = b = cc = np.nan
         else:
             # dx = r·g − m_j·x̂·f, f = r·S/k ("mean_square") or S/(k·s) ("rms", 0 where s = 0),
             # S = Σ g·x̂, m_j = 1 for the first k elements
@@ -1074,7 +1139,12 @@ def _make_team_body():
     try:  # numba's C-callback class, built here so that compile_all compiles it with the rest
         from numba.core.ccallback import CFunc
 
-        body = CFunc(_team_member, ((types.voidptr,), types.void), locals={}, options={})
+        body = CFunc(
+            _team_member,
+            ((types.voidptr,), types.void),
+            locals={},
+            options={"error_model": "numpy"},
+        )
     except (ImportError, TypeError):  # another numba: calls are shared with the helper pool
         return None
     try:
