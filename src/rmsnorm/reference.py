@@ -240,6 +240,14 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     return y, h, _flat(rstd)
 
 
+def _finite_or_one(r: torch.Tensor) -> torch.Tensor:
+    return torch.where(r.isinf(), torch.ones_like(r), r)
+
+
+def _inf_or_one(r: torch.Tensor) -> torch.Tensor:
+    return torch.where(r.isinf(), r, torch.ones_like(r))
+
+
 def rms_norm_bwd(
     dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
     need_weight_grad=True,
@@ -265,7 +273,9 @@ def rms_norm_bwd(
     xhat = xf * r  # (*, N)
     s = _scale(weight, offset, cd)
     g = dyf * s if s is not None else dyf
-    S = (g * xhat).sum(dim=-1, keepdim=True)  # (*, 1)
+    # Where r = inf (eps = 0 on a row whose squares underflow), S = r·Σ g·x: the sum stays finite
+    # and the products after it are ±inf where torch's autograd has them, not inf − inf = NaN.
+    S = (g * (xf * _finite_or_one(r))).sum(dim=-1, keepdim=True) * _inf_or_one(r)  # (*, 1)
     n = x.shape[-1]
     if eps_mode == "mean_square":
         corr = xhat * (r * S / k)
@@ -299,6 +309,14 @@ def rms_norm_bwd(
 _RISK_R = 2.0**-100
 
 
+def _row_mean(xf: torch.Tensor) -> torch.Tensor:
+    """The mean of each row of xf, or its first element c where Σ (x − c) = 0: a constant row's
+    mean is then exactly its value, so x − μ = 0 and σ² = 0 as in torch (a float32 mean of
+    64 × 0.1 rounds, and eps = 0 then gave finite values where torch has NaN)."""
+    c = xf[..., :1]
+    return torch.where((xf - c).sum(dim=-1) == 0, c[..., 0], xf.mean(dim=-1))
+
+
 def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """LayerNorm forward: y = γ ⊙ (x − μ)·r + β with r = 1/sqrt(σ² + ε), σ² the population variance
     (two-pass). Computed in the compute dtype, returned in x's dtype, as ``F.layer_norm``. A row
@@ -309,12 +327,12 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """
     cd = compute_dtype(x.dtype)
     xf = x.to(cd)
-    mean = xf.mean(dim=-1)  # (*)
+    mean = _row_mean(xf)  # (*)
     xc = xf - mean[..., None]
     var = xc.square().mean(dim=-1)
     s = overflow_scale(cd)
     xs = xf * s  # the same reads as the plain statistics: fused into their reductions when compiled
-    mean_s = xs.mean(dim=-1)
+    mean_s = _row_mean(xs)
     xc_s = xs - mean_s[..., None]
     over = ~torch.isfinite(var)  # also NaN: a NaN or inf input gives NaN either way
     xc = torch.where(over[..., None], xc_s, xc)
