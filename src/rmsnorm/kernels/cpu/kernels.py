@@ -657,6 +657,60 @@ def _dx_ln(dy, x, s64, n, mu, a, b, c, out):
         out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]) - b * (np.float64(x[j]) - mud) + c)
 
 
+# "llama" / "none" products in one pass: v = x·r rounded to c_mul (the input dtype), times the
+# scale (already rounded to the output dtype), plus β rounded again, stored in the output dtype
+# (which rounds), each rounding where torch's eager ops round. One loop per combination, so that
+# each vectorizes (four loops with a rounding pass each measured 1.7-2.4x the gemma forward).
+@njit
+def _apply_rounded(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
+    if y_code == F32:
+        out = carray(_ptr_f32(yaddr), n)
+        if c_mul == BF16 and has_b:
+            for j in range(n):
+                out[j] = _bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j] + b[j]
+        elif c_mul == BF16:
+            for j in range(n):
+                out[j] = _bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j]
+        elif c_mul == F16 and has_b:
+            for j in range(n):
+                out[j] = _f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j] + b[j]
+        elif c_mul == F16:
+            for j in range(n):
+                out[j] = _f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j]
+        else:
+            _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n)
+    elif y_code == BF16 and c_mul == BF16:
+        out16 = carray(_ptr_u16(yaddr), n)
+        if has_b:
+            for j in range(n):
+                v = _bf16_to_f32(_f32_to_bf16(_bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j]))
+                out16[j] = _f32_to_bf16(v + b[j])
+        else:
+            for j in range(n):
+                out16[j] = _f32_to_bf16(_bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j])
+    elif y_code == F16 and c_mul == F16:
+        out16 = carray(_ptr_u16(yaddr), n)
+        if has_b:
+            for j in range(n):
+                v = _f16_to_f32(_f32_to_f16(_f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j]))
+                out16[j] = _f32_to_f16(v + b[j])
+        else:
+            for j in range(n):
+                out16[j] = _f32_to_f16(_f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j])
+    else:
+        _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n)
+
+
+@njit
+def _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
+    """:func:`_apply_rounded` for any codes, an element at a time (mixed half dtypes)."""
+    t = np.empty(n, np.float32)
+    for j in range(n):
+        v = _round(_round(xs[j] * rr, c_mul) * s[j], y_code)
+        t[j] = _round(v + b[j], y_code) if has_b else v
+    _store_row(t, yaddr, n, y_code)
+
+
 # ----------------------------------------------------------------------------------------------
 # The task block: one int64 array per work-sharing pool, read by every thread of a call. The words
 # the threads update are a cache line (8 words) apart.
@@ -772,7 +826,10 @@ def _fwd_rows(c, lo, hi, tx, ty):
             else:
                 _normalize(xs_, mu, r, s, b, has_b, norm, ty[:n])
                 _store_row(ty, yaddr, n, y_code)
-        else:  # "llama" / "none" with half inputs: round where torch's eager ops round
+        elif (c_pre == F32 or (x_code == c_pre and not has_res)) and c_out == y_code:
+            # "llama" / "none" with half inputs, one pass (the input is already in c_pre)
+            _apply_rounded(xs_, _round(r, c_r), s, b, has_b, c_mul, y_code, yaddr, n)
+        else:  # the rest, with a residual in another dtype: round where torch's eager ops round
             if c_pre != F32:
                 for j in range(n):
                     ty[j] = xs_[j]
@@ -851,7 +908,13 @@ def _bwd_block(c, blk, tx, tdy, tdx):
         # (to the input dtype in "llama" mode). A separate pass over the cached row costs no more
         # than fusing it into dx's (measured).
         if need_dw:
-            if c_xhat != F32:
+            if c_xhat == BF16 and norm == RMS_NORM:  # "llama": x̂ rounded as the forward did
+                for j in range(n):
+                    pw[j] += dys[j] * _bf16_to_f32(_f32_to_bf16(xs_[j] * r))
+            elif c_xhat == F16 and norm == RMS_NORM:
+                for j in range(n):
+                    pw[j] += dys[j] * _f16_to_f32(_f32_to_f16(xs_[j] * r))
+            elif c_xhat != F32:
                 for j in range(n):
                     pw[j] += dys[j] * _round((xs_[j] - mu) * r, c_xhat)
             elif norm == LAYER_NORM and r < _RISK_R:  # x − μ may overflow: as _normalize
