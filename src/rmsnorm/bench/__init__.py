@@ -43,7 +43,8 @@ __all__ = [
 
 # "generate": greedy generate() of a whole model per token (latency mode; no bytes model)
 OPS = ("rms_norm", "add_rms_norm", "layer_norm", "copy", "generate")
-MODES = ("forward", "backward", "forward_backward")
+# forward_backward_leaf: forward + backward into the leaves' .grad (latency mode)
+MODES = ("forward", "backward", "forward_backward", "forward_backward_leaf")
 VARIANTS = ("eager", "cuda_graph")
 
 # Minimal traffic in units of M·N elements (docs/performance.md). Weights and per-row statistics are
@@ -66,8 +67,8 @@ _UNITS = {
 
 def bytes_moved(op: str, mode: str, m: int, n: int, elem: int) -> int:
     """Bytes an ideal kernel moves for (op, mode) on an (m, n) problem of `elem`-byte elements;
-    forward_backward is the sum of the two."""
-    if mode == "forward_backward":
+    forward_backward (and forward_backward_leaf) is the sum of the two."""
+    if mode in ("forward_backward", "forward_backward_leaf"):
         return bytes_moved(op, "forward", m, n, elem) + bytes_moved(op, "backward", m, n, elem)
     try:
         return _UNITS[(op, mode)] * m * n * elem
