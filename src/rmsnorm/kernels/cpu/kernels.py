@@ -715,7 +715,7 @@ def _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
 # The task block: one int64 array per work-sharing pool, read by every thread of a call. The words
 # the threads update are a cache line (8 words) apart.
 # ----------------------------------------------------------------------------------------------
-_GEN, _NEXT, _DONE, _ACTIVE = 0, 8, 16, 24  # generation (odd while written), claim / done counters
+_GEN, _ARRIVED, _DONE, _ACTIVE = 0, 8, 16, 24  # generation (odd while written), arrivals, done
 _SLEEPERS = 32  # helpers asleep in futex_wait on the generation word
 HELPED = 36  # blocks the helpers have run, in all (for tests and measurements)
 HELPER_SPINS = 37  # a helper's pause-loop iterations between a task and sleep (set by the pool)
@@ -734,7 +734,10 @@ _M, _N, _K, _FLAGS = 51, 52, 53, 54  # the call's sizes and flags (both kinds)
 _X, _XS, _R, _RS, _H, _Y, _S, _B, _MEAN, _RSTD, _EPS = 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65
 # backward: dy, dresidual, dx; the scale; the statistics; the float32 partial rows of dw and db
 _DY, _DYS, _DR, _DRS, _DX, _PW, _PB = 66, 67, 68, 69, 70, 71, 72
-WORDS = 80
+_PARTS = 73  # the contiguous ranges the blocks are split into (one per thread of the call)
+# Range t's claim counter is word _CNT + 8·t (a cache line each), t < MAX_PARTS.
+_CNT, MAX_PARTS = 80, 64
+WORDS = _CNT + 8 * MAX_PARTS
 _FORWARD, _BACKWARD = 0, 1
 SPINS = 2000  # pause-loop iterations before a waiting thread starts yielding its core (~20-60 µs)
 _FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE
@@ -958,17 +961,39 @@ def _reduce_partials(p, nb, n, addr, code, acc):
 
 
 # ----------------------------------------------------------------------------------------------
-# Work sharing. A call runs on its own thread; where a pool's task block is given, it publishes
-# the call there, wakes nobody itself (the launcher has woken the pool's threads) and claims
-# blocks of rows one at a time, as do the pool's threads that arrive while blocks remain. No
-# thread waits for another to start: a helper that wakes late finds nothing left, and the caller
-# only waits for blocks already claimed. Blocks depend on the sizes alone, never on the threads.
+# Work sharing. A call's blocks of rows are split into `parts` contiguous ranges, one per thread
+# of the call, each with its own claim counter. A thread that joins the call takes the next free
+# range (in order of arrival) and runs its blocks in order, streaming through memory as a thread
+# of torch's own parallel_for does; then it takes the blocks still left in the other ranges, one
+# at a time. So no thread waits for another to start: the blocks of a thread that arrives late
+# (or never: a helper the scheduler does not run) are run by the others, and the caller only waits
+# for blocks already claimed. Blocks depend on the sizes alone, never on the threads, so neither
+# the number of threads nor which thread ran which block changes a result.
 # ----------------------------------------------------------------------------------------------
 @njit
+def _set_ranges(c, nb, parts):
+    """Split the nb blocks into `parts` contiguous ranges (their claim counters at their starts)."""
+    c[_PARTS] = parts
+    for t in range(parts):
+        c[_CNT + 8 * t] = t * nb // parts
+
+
+@njit
+def _left(c, nb, parts):
+    """Whether some range still has a block nobody has claimed."""
+    for t in range(parts):
+        if _atomic_load(_addr(c, _CNT + 8 * t)) < (t + 1) * nb // parts:
+            return True
+    return False
+
+
+@njit
 def _claim(c):
-    """Claim and run blocks of the published task until none is left; returns how many it ran."""
-    nb, n = c[_NB], c[_N]
-    if _atomic_load(_addr(c, _NEXT)) >= nb:
+    """Join the published task: run the blocks of a range of one's own, then those left in the
+    others' (see above); returns how many blocks it ran."""
+    nb, n, parts = c[_NB], c[_N], c[_PARTS]
+    me = _atomic_add(_addr(c, _ARRIVED), 1) % parts
+    if not _left(c, nb, parts):
         return 0
     # Scratch rows as plain views of one allocation: arrays without an owner are passed between
     # functions without reference counting (atomic increments: ~15 ns a row measured).
@@ -979,16 +1004,20 @@ def _claim(c):
     tz = carray(_ptr_f32(base + 8 * n), n)
     kind, rpb, m = c[_KIND], c[_RPB], c[_M]
     ran = 0
-    while True:
-        blk = _atomic_add(_addr(c, _NEXT), 1)
-        if blk >= nb:
-            break
-        ran += 1
-        if kind == _FORWARD:
-            _fwd_rows(c, blk * rpb, min(m, (blk + 1) * rpb), tx, ty)
-        else:
-            _bwd_block(c, blk, tx, ty, tz)
-        _atomic_add(_addr(c, _DONE), 1)
+    for step in range(parts):
+        t = (me + step) % parts
+        hi = (t + 1) * nb // parts
+        counter = _addr(c, _CNT + 8 * t)
+        while _atomic_load(counter) < hi:
+            blk = _atomic_add(counter, 1)
+            if blk >= hi:
+                break
+            ran += 1
+            if kind == _FORWARD:
+                _fwd_rows(c, blk * rpb, min(m, (blk + 1) * rpb), tx, ty)
+            else:
+                _bwd_block(c, blk, tx, ty, tz)
+            _atomic_add(_addr(c, _DONE), 1)
     scratch[:0] = 0.0  # the scratch rows live until here
     return ran
 
@@ -1009,7 +1038,7 @@ def _publish_begin(c):
 def _run_published(c, gen, nb):
     """Publish generation gen (the task words are written), run blocks, wait for the blocks others
     claimed."""
-    _atomic_store(_addr(c, _NEXT), 0)
+    _atomic_store(_addr(c, _ARRIVED), 0)
     _atomic_store(_addr(c, _DONE), 0)
     _atomic_store(_addr(c, _GEN), gen)
     # A helper counts itself in SLEEPERS before its last look at GEN: one of the two sides sees
@@ -1028,7 +1057,10 @@ def _task_block(ctrl):
     OpenMP team)."""
     if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
         return carray(_ptr_i64(ctrl), WORDS)
-    return np.zeros(WORDS, np.int64)
+    c = np.empty(WORDS, np.int64)  # (every word a private task reads is written first)
+    c[_ARRIVED] = 0
+    c[_DONE] = 0
+    return c
 
 
 @njit
@@ -1036,13 +1068,20 @@ def _run(ctrl, c, gen, nb):
     """Run the task written in c: alone, with the pool's helpers (c is the pool's block, gen its
     generation) or on an OpenMP team (ctrl points to the launch words)."""
     if ctrl == 0:
+        _set_ranges(c, nb, 1)
         _claim(c)
         return
     launch = carray(_ptr_i64(ctrl), WORDS)
     if launch[MODE] == POOL:
+        _set_ranges(c, nb, min(1 + c[WANT], nb, MAX_PARTS))
         _run_published(c, gen, nb)
+        return
+    team = min(launch[TEAM], nb, MAX_PARTS)  # no more threads than blocks
+    _set_ranges(c, nb, team)
+    if team < 2:
+        _claim(c)
     else:
-        _gomp_parallel(launch[GOMP], launch[BODY], np.int64(c.ctypes.data), launch[TEAM])
+        _gomp_parallel(launch[GOMP], launch[BODY], np.int64(c.ctypes.data), team)
 
 
 @njit
@@ -1102,11 +1141,13 @@ def forward(
 
 
 @njit
-def _bwd_rows_per_block(n):
+def _bwd_rows_per_block(m, n):
     # ≥ 16 rows (the float32 partial rows of d weight are then ≤ 1/16 of the input), ~16 K elements
-    # where rows are short. Fixed by the sizes alone: d weight is summed in the same order on any
-    # number of threads.
-    return max(16, (16384 + n - 1) // n)
+    # where rows are short, and at most 64 blocks: the caller sums the partial rows alone (64·N
+    # additions: ~0.1 ms at N = 4096, where 8192 × 4096 in blocks of 16 rows left it 512·N,
+    # ~1-2 ms of a 15 ms call on two threads). Fixed by the sizes alone: d weight is summed in the
+    # same order on any number of threads.
+    return max(16, (16384 + n - 1) // n, (m + 63) // 64)
 
 
 @_entry(*(_i,) * 17, _f, _i)
@@ -1122,7 +1163,7 @@ def backward(ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, d
     for j in range(n):
         s64[j] = s32[j]
     need_dw, need_db = _field(flags, BNEED_DW), _field(flags, BNEED_DB)
-    rpb = _bwd_rows_per_block(n)
+    rpb = _bwd_rows_per_block(m, n)
     nb = (m + rpb - 1) // rpb
     pw = np.empty(nb * n if need_dw else 0, np.float32)
     pb = np.empty(nb * n if need_db else 0, np.float32)
