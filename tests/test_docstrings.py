@@ -13,9 +13,11 @@ from rmsnorm.integrations import distributed, hf
 TENSOR_API = [
     rmsnorm.rms_norm,
     rmsnorm.add_rms_norm,
+    rmsnorm.gated_rms_norm,
     rmsnorm.layer_norm,
     rmsnorm.RMSNorm,
     rmsnorm.AddRMSNorm,
+    rmsnorm.GatedRMSNorm,
     rmsnorm.LayerNorm,
 ]
 OTHER_API = [

@@ -181,3 +181,230 @@ def test_output_dtypes_per_casting_mode():
         assert rstd.dtype == torch.float32
     y, rstd = ref.rms_norm_fwd(x.double(), w32, None, 1e-6, "mean_square", "gemma", 0.0, 8)
     assert y.dtype == torch.float64 and rstd.dtype == torch.float64
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped and gated RMSNorm
+# ------------------------------------------------------------------------------------------------
+ACTIVATIONS = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid}
+
+
+def _gated_autograd(x, z, w, b, eps, eps_mode, offset, k, g, norm_before_gate, activation):
+    """Grouped and gated RMSNorm written directly from the formulas (float64), for autograd: each
+    group of g is a row of its own, the gate multiplies after the norm or before it."""
+    act = ACTIVATIONS[activation]
+    v = x * act(z) if z is not None and not norm_before_gate else x
+    vg = v.reshape(*v.shape[:-1], -1, g)
+    ms = vg[..., :k].square().mean(-1, keepdim=True)
+    r = torch.rsqrt(ms + eps) if eps_mode == "mean_square" else 1 / (ms.sqrt() + eps)
+    y = (vg * r).reshape(x.shape)
+    if w is not None:
+        y = y * (offset + w)
+    if b is not None:
+        y = y + b
+    return y * act(z) if z is not None and norm_before_gate else y
+
+
+# (M, N, g, k, weight, bias, offset, gate): groups, partial per group, k = 1, no weight, bias with
+# the Gemma offset, no gate (grouped RMSNorm alone)
+GATED_CASES = [
+    (3, 12, 12, 12, True, False, 0.0, True),  # one group: the gated norm of Qwen3-Next / Mamba2
+    (4, 12, 4, 4, True, True, 1.0, True),  # three groups, bias, offset
+    (2, 12, 6, 3, True, False, 0.0, True),  # partial inside each group
+    (3, 10, 5, 1, False, False, 0.0, True),  # k = 1, no weight
+    (3, 12, 3, 3, True, True, -0.5, False),  # groups without a gate
+]
+
+
+@pytest.mark.parametrize("activation", ref.ACTIVATIONS)
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+@pytest.mark.parametrize("eps_mode", EPS_MODES)
+@pytest.mark.parametrize("case", GATED_CASES)
+def test_gated_backward_matches_autograd(case, eps_mode, norm_before_gate, activation):
+    m, n, g, k, has_w, has_b, offset, has_z = case
+    f64 = dict(dtype=torch.float64, requires_grad=True)
+    x, z = torch.randn(m, n, **f64), (torch.randn(m, n, **f64) if has_z else None)
+    w = torch.randn(n, **f64) if has_w else None
+    b = torch.randn(n, **f64) if has_b else None
+    eps = 1e-3
+    y = _gated_autograd(x, z, w, b, eps, eps_mode, offset, k, g, norm_before_gate, activation)
+    dy, dres = torch.randn(m, n, dtype=torch.float64), torch.randn(m, n, dtype=torch.float64)
+    inputs = [t for t in (x, z, w, b) if t is not None]
+    names = [s for s, t in zip("xzwb", (x, z, w, b), strict=True) if t is not None]
+    grads = dict.fromkeys("xzwb")
+    grads.update(zip(names, torch.autograd.grad(y, inputs, dy), strict=True))
+    det = [None if t is None else t.detach() for t in (x, z, w, b)]
+    for mode in CASTING:  # in float64 every casting mode is the same function
+        y_ref, rstd = ref.gated_rms_norm_fwd(
+            det[0], det[1], det[2], det[3], eps, eps_mode, mode, offset, k, g, norm_before_gate,
+            activation,
+        )  # fmt: skip
+        assert rstd.shape == (m * n // g,)
+        torch.testing.assert_close(y_ref, y.detach(), rtol=1e-12, atol=1e-12)
+        dx, dz, dw, db = ref.gated_rms_norm_bwd(
+            dy, det[0], det[1], det[2], det[3], rstd, dres, eps, eps_mode, mode, offset, k, g,
+            norm_before_gate, activation, torch.float64,
+        )  # fmt: skip
+        torch.testing.assert_close(dx, grads["x"] + dres, rtol=1e-10, atol=1e-12)
+        for got, name in ((dz, "z"), (dw, "w"), (db, "b")):
+            if grads[name] is None:
+                assert got.numel() == 0, name
+            else:
+                torch.testing.assert_close(got, grads[name], rtol=1e-10, atol=1e-12)
+
+
+def test_gated_all_zero_group_is_finite_both_orders():
+    x = torch.randn(2, 8, dtype=torch.float64)
+    x[0, :4] = 0.0  # one all-zero group
+    z = torch.randn(2, 8, dtype=torch.float64)
+    dy = torch.randn(2, 8, dtype=torch.float64)
+    for eps_mode in EPS_MODES:
+        for nbg in (True, False):
+            args = (1e-4, eps_mode, "gemma", 0.0, 4, 4, nbg, "silu")
+            y, rstd = ref.gated_rms_norm_fwd(x, z, None, None, *args)
+            assert torch.equal(y[0, :4], torch.zeros(4, dtype=torch.float64))
+            grads = ref.gated_rms_norm_bwd(dy, x, z, None, None, rstd, None, *args, torch.float64)
+            assert all(t.isfinite().all() for t in grads)
+
+
+def test_groups_are_normalized_on_their_own():
+    x = torch.randn(3, 5, 12, dtype=torch.float64) * torch.tensor([1.0, 10.0, 0.1]).repeat(4)
+    w = torch.randn(12, dtype=torch.float64)
+    y = ref.rms_norm(x, w, 1e-6, group_size=4)
+    for i in range(3):
+        part = slice(4 * i, 4 * i + 4)
+        torch.testing.assert_close(y[..., part], ref.rms_norm(x[..., part], w[part], 1e-6))
+    # one group of N is the plain norm; partial takes the first ⌊p·g⌋ of each group
+    torch.testing.assert_close(ref.rms_norm(x, w, group_size=12), ref.rms_norm(x, w))
+    yp = ref.rms_norm(x, None, 0.0, group_size=4, partial=0.5)
+    first = x.reshape(3, 5, 3, 4)[..., :2]
+    torch.testing.assert_close(
+        yp.reshape(3, 5, 3, 4), x.reshape(3, 5, 3, 4) / first.square().mean(-1, True).sqrt()
+    )
+    with pytest.raises(ValueError, match="group_size"):
+        ref.rms_norm(x, w, group_size=5)
+
+
+def test_grouped_add_rms_norm_is_add_then_grouped_norm():
+    x = torch.randn(4, 12, dtype=torch.bfloat16)
+    res = torch.randn(4, 12)
+    w = torch.randn(12)
+    y, h = ref.add_rms_norm(x, res, w, 1e-6, casting_mode="llama", group_size=6)
+    assert torch.equal(h, (x.float() + res))
+    expected, _ = ref.gated_rms_norm_fwd(
+        h, None, w, None, 1e-6, "mean_square", "llama", 0.0, 6, 6, True, "silu",
+        input_dtype=torch.bfloat16,
+    )  # fmt: skip
+    assert torch.equal(y, expected) and y.dtype == torch.float32
+
+
+def _literal_gated(x, z, w, eps, mode, norm_before_gate, act):
+    """Each casting mode's rounding order spelled out with torch operations on one group (the
+    way the Hugging Face classes write them for "gemma" and "llama")."""
+    a = act(z.float())
+    if mode == "none":
+        if not norm_before_gate:
+            x = x * act(z.float()).to(x.dtype)
+        r = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+        n = x * r * w.to(x.dtype)
+        return n * a.to(x.dtype) if norm_before_gate else n
+    v = x.float() * a if not norm_before_gate else x.float()
+    xhat = v * torch.rsqrt(v.square().mean(-1, keepdim=True) + eps)
+    if mode == "gemma":
+        n = xhat * w.float()
+        return (n * a if norm_before_gate else n).to(x.dtype)
+    n = w * xhat.to(x.dtype)  # llama: x̂ rounded to the input dtype, × weight in promote(x, w)
+    return (n * a).to(x.dtype) if norm_before_gate else n
+
+
+@pytest.mark.parametrize("activation", ref.ACTIVATIONS)
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+@pytest.mark.parametrize("mode", CASTING)
+@pytest.mark.parametrize("wdtype", [None, torch.float32])  # the input's dtype, or fp32 weights
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gated_rounding_order_per_casting_mode(dtype, wdtype, mode, norm_before_gate, activation):
+    x = torch.randn(6, 16).to(dtype)
+    z = (torch.randn(6, 16) * 2).to(dtype)
+    w = (torch.randn(16) * 0.5 + 1).to(wdtype or dtype)
+    y, rstd = ref.gated_rms_norm_fwd(
+        x, z, w, None, 1e-3, "mean_square", mode, 0.0, 16, None, norm_before_gate, activation
+    )
+    expected = _literal_gated(x, z, w, 1e-3, mode, norm_before_gate, ACTIVATIONS[activation])
+    assert y.dtype == expected.dtype == ref.gated_output_dtype(dtype, w, mode, norm_before_gate)
+    assert rstd.dtype == torch.float32
+    assert torch.equal(y, expected)
+
+
+# Roundings to the input dtype on the way to one output element, at most: "gemma" the output;
+# "llama" x̂, offset + γ, the weight product and the gate product; "none" act(z), r, x·r (or
+# x·act(z)), offset + γ, the weight product and the gate product.
+_MODE_ROUNDINGS = {"gemma": 1, "llama": 4, "none": 6}
+
+
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+@pytest.mark.parametrize("mode", CASTING)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gated_spec_in_low_precision_against_float64(dtype, mode, norm_before_gate):
+    """Forward: each element within its mode's roundings (each at most half an ulp of the input
+    dtype, so c/2 relative for c roundings; in absolute terms below the smallest normal number,
+    where fp16 outputs of silu(z ≈ −10) land) plus 8 float32 ulps for the compute dtype's own
+    operations (sum of squares, rsqrt, offset, activation, three products) of the float64 value;
+    the written-out backward
+    within the shared tolerance rule against float64, eager being autograd of the spec's
+    forward."""
+    from rmsnorm.testing import assert_close_to_reference
+
+    m, n, g = 64, 24, 8
+    x = (torch.randn(m, n) * torch.logspace(-2, 2, m).unsqueeze(1)).to(dtype)
+    z, w, b = (torch.randn(m, n) * 2).to(dtype), (torch.randn(n) + 1).to(dtype), None
+    args = (1e-5, "mean_square", mode, 1.0, g, g, norm_before_gate, "silu")
+    y, rstd = ref.gated_rms_norm_fwd(x, z, w, b, *args)
+    f64 = [t.double() for t in (x, z, w)]
+    y64, rstd64 = ref.gated_rms_norm_fwd(*f64, b, *args)
+    u, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
+    c = _MODE_ROUNDINGS[mode]
+    bound = (c * u / 2 + 8 * torch.finfo(torch.float32).eps) * y64.abs() + c * tiny
+    assert ((y.double() - y64).abs() <= bound).all()
+    # backward
+    dy = torch.randn(m, n).to(dtype)
+    got = ref.gated_rms_norm_bwd(dy, x, z, w, b, rstd, None, *args, dtype)
+    exact = ref.gated_rms_norm_bwd(dy.double(), *f64, b, rstd64, None, *args, torch.float64)
+    xs, zs, ws = (t.clone().requires_grad_() for t in (x, z, w))
+    y_eager, _ = ref.gated_rms_norm_fwd(xs, zs, ws, b, *args)
+    eager = torch.autograd.grad(y_eager, (xs, zs, ws), dy)
+    assert got[3].numel() == 0  # no bias
+    for name, a, e, ea, rows in zip(
+        ("dx", "dz", "dw"), got[:3], exact[:3], eager, (1, 1, m), strict=True
+    ):
+        assert_close_to_reference(a, e, ea, name=f"{mode} {name}", rows=rows)
+
+
+def test_gated_output_dtypes():
+    x, w32 = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8)
+    z = torch.randn(4, 8, dtype=torch.bfloat16)
+    for mode in CASTING:
+        for nbg in (True, False):
+            y, _ = ref.gated_rms_norm_fwd(
+                x, z, w32, None, 1e-6, "mean_square", mode, 0.0, 8, None, nbg, "silu"
+            )
+            # the gate product last: the input dtype; the weight product last: as rms_norm
+            last_weight = mode == "llama" and not nbg
+            assert y.dtype == (torch.float32 if last_weight else torch.bfloat16), (mode, nbg)
+    # an fp64 gate is read in the input's compute dtype (fp32 here), as the HF classes do
+    y64, _ = ref.gated_rms_norm_fwd(
+        x, z.double(), None, None, 1e-6, "mean_square", "gemma", 0.0, 8, None, True, "silu"
+    )
+    y32, _ = ref.gated_rms_norm_fwd(
+        x, z.float(), None, None, 1e-6, "mean_square", "gemma", 0.0, 8, None, True, "silu"
+    )
+    assert torch.equal(y64, y32)
+
+
+def test_activation_derivatives():
+    z = torch.linspace(-30, 30, 601, dtype=torch.float64, requires_grad=True)
+    for name, act in ACTIVATIONS.items():
+        (expected,) = torch.autograd.grad(act(z).sum(), z)
+        torch.testing.assert_close(ref.gate_activation_grad(z.detach(), name), expected)
+        assert torch.equal(ref.gate_activation(z.detach(), name), act(z.detach()))
+    with pytest.raises(ValueError, match="activation"):
+        ref.gate_activation(z, "gelu")

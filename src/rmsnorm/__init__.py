@@ -5,17 +5,19 @@ Importing this package never imports triton or transformers.
 """
 
 from ._backend import use_backend
-from .functional import add_rms_norm, layer_norm, rms_norm
-from .modules import AddRMSNorm, LayerNorm, RMSNorm
+from .functional import add_rms_norm, gated_rms_norm, layer_norm, rms_norm
+from .modules import AddRMSNorm, GatedRMSNorm, LayerNorm, RMSNorm
 
 __version__ = "0.1.0"
 
 __all__ = [
     "rms_norm",
     "add_rms_norm",
+    "gated_rms_norm",
     "layer_norm",
     "RMSNorm",
     "AddRMSNorm",
+    "GatedRMSNorm",
     "LayerNorm",
     "use_backend",
     "__version__",

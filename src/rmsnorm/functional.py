@@ -26,12 +26,12 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from . import _autograd, _dtensor, _launch, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
+from . import _autograd, _dtensor, _launch, _layout, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
 from . import reference as ref
 from ._launch import backend_for
-from .reference import CASTING_MODES, EPS_MODES, default_eps, partial_size
+from .reference import ACTIVATIONS, CASTING_MODES, EPS_MODES, default_eps, partial_size
 
-__all__ = ["rms_norm", "add_rms_norm", "layer_norm"]
+__all__ = ["rms_norm", "add_rms_norm", "gated_rms_norm", "layer_norm"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _FLOAT_SET = frozenset(_FLOAT_DTYPES)
@@ -229,21 +229,29 @@ def _subclass() -> int:
 
 
 def _like(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """out (computed contiguous) in the memory format torch's rms_norm gives it: a channels_last
-    (or channels_last_3d) input gets a channels_last output; any other layout a contiguous one."""
+    """out (computed contiguous) in the memory format torch's rms_norm gives it: an input laid
+    out as channels_last (or channels_last_3d), gaps allowed, gets a channels_last output; any
+    other layout a contiguous one."""
     if input.is_contiguous() or input.dim() not in (4, 5):
         return out
-    fmt = torch.channels_last if input.dim() == 4 else torch.channels_last_3d
-    return out.contiguous(memory_format=fmt) if input.is_contiguous(memory_format=fmt) else out
+    fmt = _layout.channels_last_format(input)
+    return out if fmt is None else out.contiguous(memory_format=fmt)
 
 
-def _like_sum(h: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+def _like_sum(h: torch.Tensor, input: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """add_rms_norm's residual_out (computed contiguous) with the strides ``input + residual``
-    would have: a dense input's, whatever its permutation."""
+    has in torch: input's order of dims, residual's where input's strides do not tell."""
     if input.is_contiguous():
         return h
-    like = torch.empty_like(input, dtype=h.dtype)  # contiguous unless input is dense
-    return h if like.is_contiguous() else like.copy_(h)
+    order = _layout.iteration_order(h.shape, [input.stride(), residual.stride()])
+    return _layout.in_order(h, order)
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t as rows of n elements for the spec: t itself when only its last dim is normalized (the
+    spec's operations then keep a channels_last t's layout, in the output and its gradient, as
+    torch's do), else (M, n)."""
+    return t if t.dim() and t.shape[-1] == n else ref.row_matrix(t, n)
 
 
 def _autocast_to_fp32(input: torch.Tensor, devices: tuple[str, ...]) -> bool:
@@ -321,6 +329,62 @@ def _ln_arguments(input, normalized_shape, weight, bias, eps):
     return norm_dims, n, _check_eps(eps, input)
 
 
+def _group_arguments(group_size: object, n: int, partial) -> tuple[int | None, int]:
+    """(g, k): group_size checked against N (``None`` when it is N: one group, the plain norm)
+    and k, the elements of each group the RMS is estimated from (⌊p·g⌋ with ``partial``)."""
+    try:
+        g = _dim(group_size)
+    except TypeError:
+        raise TypeError(
+            f"group_size must be an int or None, got {type(group_size).__name__}"
+        ) from None
+    if g < 1:
+        raise ValueError(f"group_size must be a positive int, got {g}")
+    if n % g:
+        raise ValueError(
+            f"group_size ({g}) must divide the normalized size N = {n} (the product of "
+            "normalized_shape) into groups of equal size"
+        )
+    if g == n:
+        g = None
+    return g, partial_size(n if g is None else g, None if partial is None else float(partial))
+
+
+def _check_gating(gate, input, norm_before_gate, activation) -> None:
+    """gate's checks (a float tensor of input's shape, on its device) and the gating options'."""
+    if gate is not None:
+        if not isinstance(gate, torch.Tensor) or gate.dtype not in _FLOAT_SET:
+            _check_float_tensor(gate, "gate")
+        if gate.shape != input.shape:
+            raise ValueError(
+                f"gate must have the shape of input {list(input.shape)}, got {list(gate.shape)}"
+            )
+        if not (gate.is_cpu and input.is_cpu) and gate.device != input.device:
+            raise ValueError(f"gate is on {gate.device} but input is on {input.device}")
+    if type(norm_before_gate) is not bool:
+        raise TypeError(f"norm_before_gate must be True or False, got {norm_before_gate!r}")
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def _gated_arguments(
+    input, gate, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial,
+    group_size, norm_before_gate, activation,
+):  # fmt: skip
+    """gated_rms_norm's checks; returns (norm_dims, N, eps, offset, k, g) with g as
+    :func:`_group_arguments` gives it."""
+    if not isinstance(input, torch.Tensor):
+        _check_float_tensor(input, "input")
+    norm_dims, n, eps, offset, k = _rms_arguments(
+        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+    )
+    _check_gating(gate, input, norm_before_gate, activation)
+    g = None
+    if group_size is not None:
+        g, k = _group_arguments(group_size, n, partial)
+    return norm_dims, n, eps, offset, k, g
+
+
 def _untraced(check, *args):
     """check(*args) with torch.jit.trace paused: while tracing, sizes are tensors and every shape
     comparison would warn that the trace takes it as a constant, which is what it should do."""
@@ -330,6 +394,39 @@ def _untraced(check, *args):
         return check(*args)
     finally:
         torch._C._set_tracing_state(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# The grouped and gated forms
+# ----------------------------------------------------------------------------------------------
+def _grouped_gated(
+    input, gate, residual, norm_dims, n, weight, bias, eps, eps_mode, casting_mode, offset, k,
+    group_size, norm_before_gate, activation,
+):  # fmt: skip
+    """The forward of every grouped or gated call (checked arguments; ``group_size`` None or a
+    proper divisor of N; ``gate`` and ``residual`` None or of input's shape): (y, h), h = input +
+    residual for the residual form, else None.
+
+    It runs the spec (:func:`rmsnorm.reference.gated_rms_norm_fwd`) as torch operations, so
+    autograd (double backward included), forward-mode AD, ``torch.func``, ``torch.compile`` and
+    ``torch.export`` differentiate and trace it natively. This function is the one place the
+    kernels and their custom ops take over, behind the same arguments and results.
+    """
+    shape = input.shape
+    x = input if norm_dims == 1 else input.reshape(shape[: len(shape) - norm_dims] + (n,))
+    z = gate if gate is None or norm_dims == 1 else gate.reshape(x.shape)
+    w, b = ref.param_vector(weight), ref.param_vector(bias)
+    h = None
+    if residual is not None:
+        h = ref.residual_sum(x, residual.reshape(x.shape))
+    y, _ = ref.gated_rms_norm_fwd(
+        x if h is None else h, z, w, b, eps, eps_mode, casting_mode, offset, k, group_size,
+        norm_before_gate, activation, input_dtype=input.dtype,
+    )  # fmt: skip
+    # contiguous, or channels_last for a channels_last input, as rms_norm (the spec's elementwise
+    # operations would keep a permuted input's strides)
+    y = _like(y.reshape(shape).contiguous(), input)
+    return y, None if h is None else _like_sum(h.reshape(shape), input, residual)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,6 +443,7 @@ def rms_norm(
     offset: float = 0.0,
     bias: torch.Tensor | None = None,
     partial: float | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """Root Mean Square Layer Normalization over the trailing ``normalized_shape`` dims.
 
@@ -353,8 +451,10 @@ def rms_norm(
     (``"mean_square"``: x·rsqrt(mean(x²) + ε), torch's and most models'; ``"rms"``: x/(RMS(x) + ε),
     the paper's chapter formula), the rounding order of ``casting_mode`` (``"gemma"``, torch's
     default; ``"llama"``; ``"none"``) and, with ``partial=p``, the RMS estimated from the first k =
-    ⌊p·N⌋ elements. Positional arguments and defaults match ``torch.nn.functional.rms_norm``;
-    ``eps=None`` is the machine epsilon of the compute dtype, as there.
+    ⌊p·N⌋ elements. With ``group_size=g`` each group of g consecutive elements of the N is
+    normalized on its own (grouped RMSNorm, as the Mamba2 family and Qwen4-Exp). Positional
+    arguments and defaults match ``torch.nn.functional.rms_norm``; ``eps=None`` is the machine
+    epsilon of the compute dtype, as there.
 
     Args:
         input (Tensor): a float32, bfloat16, float16 or float64 tensor.
@@ -371,13 +471,18 @@ def rms_norm(
             Default: ``0.0``.
         bias (Tensor, optional): added last, of shape ``normalized_shape``. Default: ``None``.
         partial (float, optional): p in (0, 1]: the RMS of the first ⌊p·N⌋ elements only
-            (partial RMSNorm). Default: ``None`` (all N).
+            (partial RMSNorm; of the first ⌊p·g⌋ of each group with ``group_size``).
+            Default: ``None`` (all N).
+        group_size (int, optional): g, a divisor of N: every g consecutive elements (of the
+            flattened normalized dims) are normalized on their own, each group scaled by its slice
+            of the weight. Default: ``None`` (one group of N).
 
     Keywords from ``eps_mode`` on are keyword-only.
 
     Returns:
-        Tensor: y, in ``input``'s dtype (float32 under CUDA autocast, as torch), shape and memory
-        format (a channels_last input gives a channels_last output).
+        Tensor: y, in ``input``'s dtype (promote(input, weight) in ``"llama"`` mode; float32 under
+        CUDA autocast, as torch), shape and memory format (a channels_last input gives a
+        channels_last output).
 
     Shape:
         - input: (*, normalized_shape)
@@ -394,12 +499,15 @@ def rms_norm(
         >>> torch.allclose(y, torch.nn.functional.rms_norm(x, (8,), weight), atol=1e-6)
         True
         >>> y = rmsnorm.rms_norm(x, 8, weight, 1e-6, offset=1.0, casting_mode="llama")
+        >>> y = rmsnorm.rms_norm(x, 8, weight, group_size=4)  # two groups of 4 channels
+        >>> torch.allclose(y[..., 4:], rmsnorm.rms_norm(x[..., 4:], 4, weight[4:]), atol=1e-6)
+        True
     """
     if _has_torch_function(input, weight, bias):
         return handle_torch_function(
             rms_norm, (input, weight, bias), input, normalized_shape, weight, eps,
             eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
-            partial=partial,
+            partial=partial, group_size=group_size,
         )  # fmt: skip
     if not isinstance(input, torch.Tensor):
         _check_float_tensor(input, "input")
@@ -414,6 +522,16 @@ def rms_norm(
         )  # fmt: skip
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
+    if group_size is not None:
+        args = (group_size, n, partial)
+        group_size, k = (
+            _group_arguments(*args) if _tracing() is None else _untraced(_group_arguments, *args)
+        )
+        if group_size is not None:
+            return _grouped_gated(
+                input, None, None, norm_dims, n, weight, bias, eps, eps_mode, casting_mode,
+                offset, k, group_size, True, "silu",
+            )[0]  # fmt: skip
     path = _path(input, weight, bias)
     if path == _LAUNCH:
         if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
@@ -428,14 +546,17 @@ def rms_norm(
             input, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
         )
     elif path == _OP:
-        y, _ = torch.ops.rmsnorm.rms_norm_fwd(
-            input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+        if _dtensor.is_dtensor(input):  # plain parameters, sharded normalized dims
+            y = _dtensor.rms_norm(
+                input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
+        else:
+            y, _ = torch.ops.rmsnorm.rms_norm_fwd(
+                input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
-        y, _ = ref.rms_norm_fwd(
-            ref.row_matrix(input, n), w, b, eps, eps_mode, casting_mode, offset, k
-        )
+        y, _ = ref.rms_norm_fwd(_rows(input, n), w, b, eps, eps_mode, casting_mode, offset, k)
         y = y.reshape(input.shape)
     return _like(y, input)
 
@@ -452,6 +573,7 @@ def add_rms_norm(
     offset: float = 0.0,
     bias: torch.Tensor | None = None,
     partial: float | None = None,
+    group_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused residual add + RMSNorm: returns ``(out, residual_out)``.
 
@@ -465,7 +587,8 @@ def add_rms_norm(
         normalized_shape (int or sequence of int): as :func:`rms_norm`.
         weight (Tensor, optional): as :func:`rms_norm`. Default: ``None``.
         eps (float, optional): as :func:`rms_norm`. Default: ``None``.
-        eps_mode, casting_mode, offset, bias, partial: keyword-only, as :func:`rms_norm`.
+        eps_mode, casting_mode, offset, bias, partial, group_size: keyword-only, as
+            :func:`rms_norm`.
 
     Returns:
         (Tensor, Tensor): ``out`` in ``input``'s dtype and ``residual_out`` in ``residual``'s.
@@ -487,7 +610,7 @@ def add_rms_norm(
         return handle_torch_function(
             add_rms_norm, (input, residual, weight, bias), input, residual, normalized_shape,
             weight, eps, eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
-            partial=partial,
+            partial=partial, group_size=group_size,
         )  # fmt: skip
     args = (input, residual, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias)
     if _tracing() is None:
@@ -496,6 +619,16 @@ def add_rms_norm(
         norm_dims, n, eps, offset, k = _untraced(_add_arguments, *args, partial)
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
+    if group_size is not None:
+        args = (group_size, n, partial)
+        group_size, k = (
+            _group_arguments(*args) if _tracing() is None else _untraced(_group_arguments, *args)
+        )
+        if group_size is not None:
+            return _grouped_gated(
+                input, None, residual, norm_dims, n, weight, bias, eps, eps_mode, casting_mode,
+                offset, k, group_size, True, "silu",
+            )  # fmt: skip
     path = _path(input, residual, weight, bias)
     if path == _LAUNCH:
         y, h, _ = _launch.add_rms_norm_fwd(
@@ -506,17 +639,119 @@ def add_rms_norm(
             input, residual, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
         )
     elif path == _OP:
-        y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
-            input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+        if _dtensor.is_dtensor(input) or _dtensor.is_dtensor(residual):
+            y, h = _dtensor.add_rms_norm(
+                input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
+        else:
+            y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
+                input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, h, _ = ref.add_rms_norm_fwd(
-            ref.row_matrix(input, n), ref.row_matrix(residual, n), w, b, eps, eps_mode,
-            casting_mode, offset, k,
+            _rows(input, n), _rows(residual, n), w, b, eps, eps_mode, casting_mode, offset, k,
         )  # fmt: skip
         y, h = y.reshape(input.shape), h.reshape(input.shape)
-    return _like(y, input), _like_sum(h, input)
+    return _like(y, input), _like_sum(h, input, residual)
+
+
+def gated_rms_norm(
+    input: torch.Tensor,
+    gate: torch.Tensor | None,
+    normalized_shape: ShapeLike,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    group_size: int | None = None,
+    norm_before_gate: bool = True,
+    activation: str = "silu",
+    eps_mode: str = "mean_square",
+    casting_mode: str = "gemma",
+    offset: float = 0.0,
+    bias: torch.Tensor | None = None,
+    partial: float | None = None,
+) -> torch.Tensor:
+    """Gated RMSNorm, the norm of the hybrid linear-attention and state-space models.
+
+    With n(v) = (offset + weight) ⊙ v / RMS(v) + bias, the :func:`rms_norm` of v, and act = SiLU
+    (or the sigmoid):
+
+    - ``norm_before_gate=True``: y = n(input) ⊙ act(gate)  (Qwen3-Next, Kimi-Linear, Falcon-H1);
+    - ``norm_before_gate=False``: y = n(input ⊙ act(gate))  (Mamba2, Bamba, Zamba2, Nemotron-H).
+
+    ``group_size=g`` normalizes every g consecutive elements on their own (Mamba2's ``n_groups``
+    groups are g = N / n_groups). The gate product is computed in float32 (float64 for float64
+    inputs) in ``"gemma"`` and ``"llama"`` mode and in the input dtype in ``"none"`` mode; the
+    rest of each mode's rounding is :func:`rms_norm`'s. ``gate=None`` is :func:`rms_norm` (as the
+    Mamba2 family's classes with no gate).
+
+    Args:
+        input (Tensor): x, a float32, bfloat16, float16 or float64 tensor.
+        gate (Tensor or None): z, of ``input``'s shape and device, any of the four float dtypes
+            (read in ``input``'s compute dtype); ``None`` for no gate.
+        normalized_shape (int or sequence of int): the trailing dims of input normalized together
+            (N is their product).
+        weight (Tensor, optional): the scale γ, of shape ``normalized_shape``. Default: ``None``.
+        eps (float, optional): ε. Default: ``None``, the machine epsilon of the compute dtype.
+        group_size (int, optional): g, a divisor of N. Default: ``None`` (one group of N).
+        norm_before_gate (bool): the order, as above. Default: ``True``.
+        activation (str): ``"silu"`` or ``"sigmoid"``. Default: ``"silu"``.
+        eps_mode, casting_mode, offset, bias, partial: as :func:`rms_norm` (``partial`` takes the
+            first ⌊p·g⌋ elements of each group). ``"llama"`` rounds x̂ to the input dtype before the
+            weight product; norm-then-gate then rounds the gated product to the input dtype.
+
+    Keywords from ``group_size`` on are keyword-only.
+
+    Returns:
+        Tensor: y, of ``input``'s shape and memory format, in ``input``'s dtype (in ``"llama"``
+        mode without a gate after the norm: promote(input, weight), as :func:`rms_norm`; float32
+        under CUDA autocast).
+
+    Shape:
+        - input, gate: (*, normalized_shape)
+        - weight, bias: normalized_shape
+        - output: same shape as input
+
+    Example::
+
+        >>> x, z = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+        >>> weight = torch.rand(8) + 0.5
+        >>> y = rmsnorm.gated_rms_norm(x, z, 8, weight, 1e-6)  # norm, then gate
+        >>> silu = torch.nn.functional.silu
+        >>> torch.allclose(y, rmsnorm.rms_norm(x, 8, weight, 1e-6) * silu(z), atol=1e-6)
+        True
+        >>> y = rmsnorm.gated_rms_norm(x, z, 8, weight, 1e-6, group_size=4, norm_before_gate=False)
+        >>> u = x * silu(z)  # gate, then norm, two groups of 4
+        >>> torch.allclose(y, rmsnorm.rms_norm(u, 8, weight, 1e-6, group_size=4), atol=1e-6)
+        True
+    """
+    if _has_torch_function(input, gate, weight, bias):
+        return handle_torch_function(
+            gated_rms_norm, (input, gate, weight, bias), input, gate, normalized_shape, weight,
+            eps, group_size=group_size, norm_before_gate=norm_before_gate, activation=activation,
+            eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
+            partial=partial,
+        )  # fmt: skip
+    args = (
+        input, gate, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial,
+        group_size, norm_before_gate, activation,
+    )  # fmt: skip
+    if _tracing() is None:
+        norm_dims, n, eps, offset, k, group_size = _gated_arguments(*args)
+    else:
+        norm_dims, n, eps, offset, k, group_size = _untraced(_gated_arguments, *args)
+    if gate is None and group_size is None:
+        return rms_norm(
+            input, normalized_shape, weight, eps, eps_mode=eps_mode, casting_mode=casting_mode,
+            offset=offset, bias=bias, partial=partial,
+        )  # fmt: skip
+    if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
+        input, gate, weight, bias = _fp32(input), _fp32(gate), _fp32(weight), _fp32(bias)
+    return _grouped_gated(
+        input, gate, None, norm_dims, n, weight, bias, eps, eps_mode, casting_mode, offset, k,
+        group_size, norm_before_gate, activation,
+    )[0]  # fmt: skip
 
 
 def layer_norm(
@@ -573,7 +808,10 @@ def layer_norm(
     elif path == _FUNCTION:
         y = _autograd.LayerNormFunction.apply(input, weight, bias, norm_dims, eps)
     elif path == _OP:
-        y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
+        if _dtensor.is_dtensor(input):
+            y = _dtensor.layer_norm(input, norm_dims, weight, bias, eps)
+        else:
+            y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, _, _ = ref.layer_norm_fwd(ref.row_matrix(input, n), w, b, eps)

@@ -8,12 +8,23 @@ extra keyword options.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import nn
 
-from .functional import add_rms_norm, check_rms_options, layer_norm, rms_norm
+from .functional import (
+    _check_gating,
+    _group_arguments,
+    add_rms_norm,
+    check_rms_options,
+    gated_rms_norm,
+    layer_norm,
+    rms_norm,
+)
 
-__all__ = ["RMSNorm", "AddRMSNorm", "LayerNorm"]
+__all__ = ["RMSNorm", "AddRMSNorm", "GatedRMSNorm", "LayerNorm"]
 
 
 class RMSNorm(nn.RMSNorm):
@@ -21,8 +32,9 @@ class RMSNorm(nn.RMSNorm):
 
     Keyword options (see :func:`rmsnorm.rms_norm`): ``eps_mode``, ``casting_mode``, ``offset`` (the
     weight then starts at 1 − offset so the effective scale offset + γ starts at 1: Gemma's offset 1
-    gives γ = 0), ``bias`` (adds a zero-initialised ``bias`` parameter) and ``partial``. With offset
-    0 and no bias its ``state_dict`` is interchangeable with ``torch.nn.RMSNorm``'s.
+    gives γ = 0), ``bias`` (adds a zero-initialised ``bias`` parameter), ``partial`` and
+    ``group_size``. With offset 0 and no bias its ``state_dict`` is interchangeable with
+    ``torch.nn.RMSNorm``'s.
 
     Args:
         normalized_shape (int or list or torch.Size): the trailing dims of the input normalized
@@ -36,6 +48,9 @@ class RMSNorm(nn.RMSNorm):
         offset (float): keyword-only; the scale is offset + γ. Default: ``0.0``.
         bias (bool): keyword-only; adds a learnable ``bias``. Default: ``False``.
         partial (float, optional): keyword-only, as :func:`rmsnorm.rms_norm`. Default: ``None``.
+        group_size (int, optional): keyword-only; a divisor of the normalized size: each group of
+            that many elements is normalized on its own, as :func:`rmsnorm.rms_norm`.
+            Default: ``None``.
 
     Shape:
         - Input: (*, normalized_shape)
@@ -54,7 +69,11 @@ class RMSNorm(nn.RMSNorm):
         >>> gemma = rmsnorm.RMSNorm(8, offset=1.0)  # scale 1 + γ with γ = 0 at the start
         >>> gemma.weight.sum().item()
         0.0
+        >>> rmsnorm.RMSNorm(8, group_size=4)  # Qwen4-Exp's grouped norm, Mamba2's n_groups = 2
+        RMSNorm((8,), eps=None, elementwise_affine=True, group_size=4)
     """
+
+    group_size: int | None = None  # also for instances made by replace_norms, which sets none
 
     def __init__(
         self,
@@ -69,16 +88,20 @@ class RMSNorm(nn.RMSNorm):
         offset: float = 0.0,
         bias: bool = False,
         partial: float | None = None,
+        group_size: int | None = None,
     ) -> None:
         weight_marker = True if elementwise_affine else None
         offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
         if bias and not elementwise_affine:
             raise ValueError("bias=True needs elementwise_affine=True (no parameters otherwise)")
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        if group_size is not None:
+            _group_arguments(group_size, math.prod(self.normalized_shape), partial)
         self.eps_mode = eps_mode
         self.casting_mode = casting_mode
         self.offset = offset
         self.partial = partial
+        self.group_size = group_size
         if bias:
             self.bias = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
         else:
@@ -96,7 +119,7 @@ class RMSNorm(nn.RMSNorm):
         return rms_norm(
             x, self.normalized_shape, self.weight, self.eps, eps_mode=self.eps_mode,
             casting_mode=self.casting_mode, offset=self.offset, bias=self.bias,
-            partial=self.partial,
+            partial=self.partial, group_size=self.group_size,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
@@ -111,6 +134,8 @@ class RMSNorm(nn.RMSNorm):
             extra.append("bias=True")
         if self.partial is not None:
             extra.append(f"partial={self.partial}")
+        if self.group_size is not None:
+            extra.append(f"group_size={self.group_size}")
         return ", ".join(extra)
 
 
@@ -121,7 +146,7 @@ class AddRMSNorm(RMSNorm):
 
     Args:
         normalized_shape, eps, elementwise_affine, device, dtype, eps_mode, casting_mode, offset,
-            bias, partial: as :class:`RMSNorm`.
+            bias, partial, group_size: as :class:`RMSNorm`.
 
     Shape:
         - Input: x and residual, (*, normalized_shape) each
@@ -142,8 +167,133 @@ class AddRMSNorm(RMSNorm):
         return add_rms_norm(
             x, residual, self.normalized_shape, self.weight, self.eps, eps_mode=self.eps_mode,
             casting_mode=self.casting_mode, offset=self.offset, bias=self.bias,
-            partial=self.partial,
+            partial=self.partial, group_size=self.group_size,
         )  # fmt: skip
+
+
+class GatedRMSNorm(nn.Module):
+    """Gated RMSNorm (:func:`rmsnorm.gated_rms_norm`): ``forward(input, gate=None)``.
+
+    The parameters are those of HF's ``*RMSNormGated`` classes and mamba_ssm's ``RMSNormGated``:
+    ``weight`` (ones, or 1 − offset; with ``elementwise_affine``) and, with ``bias=True``, ``bias``
+    (zeros); so their ``state_dict`` loads as it is. The constructor is :class:`RMSNorm`'s with
+    ``group_size``, ``norm_before_gate`` and ``activation``. Not a subclass of
+    ``torch.nn.RMSNorm``: its forward takes the gate, and code that folds or replaces plain
+    RMSNorm layers must not take it for one.
+
+    Args:
+        normalized_shape (int or list or torch.Size): the trailing dims of the input normalized
+            together.
+        eps (float, optional): ε. Default: ``None``, the machine epsilon of the compute dtype.
+        elementwise_affine (bool): a learnable ``weight`` γ of shape ``normalized_shape``.
+            Default: ``True``.
+        device, dtype: of the parameters, as for any ``torch.nn`` module.
+        group_size (int, optional): keyword-only; a divisor of the normalized size N: each group
+            of that many elements is normalized on its own. Default: ``None`` (one group of N).
+        norm_before_gate (bool): keyword-only; ``True``: y = RMSNorm(x) ⊙ act(z); ``False``:
+            y = RMSNorm(x ⊙ act(z)). Default: ``True``.
+        activation (str): keyword-only; ``"silu"`` or ``"sigmoid"``. Default: ``"silu"``.
+        eps_mode, casting_mode, offset, bias, partial: keyword-only, as :class:`RMSNorm`.
+
+    Shape:
+        - Input: input and gate, (*, normalized_shape) each; gate may be ``None``
+        - Output: same shape as input
+
+    Example::
+
+        >>> norm = rmsnorm.GatedRMSNorm(8, eps=1e-6, group_size=4, norm_before_gate=False)
+        >>> norm
+        GatedRMSNorm((8,), eps=1e-06, elementwise_affine=True, group_size=4, norm_before_gate=False)
+        >>> x, z = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+        >>> norm(x, z).shape
+        torch.Size([2, 5, 8])
+        >>> list(norm.state_dict())
+        ['weight']
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | list[int] | torch.Size,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        group_size: int | None = None,
+        norm_before_gate: bool = True,
+        activation: str = "silu",
+        eps_mode: str = "mean_square",
+        casting_mode: str = "gemma",
+        offset: float = 0.0,
+        bias: bool = False,
+        partial: float | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        weight_marker = True if elementwise_affine else None
+        offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
+        if bias and not elementwise_affine:
+            raise ValueError("bias=True needs elementwise_affine=True (no parameters otherwise)")
+        _check_gating(None, None, norm_before_gate, activation)
+        if group_size is not None:
+            _group_arguments(group_size, math.prod(self.normalized_shape), partial)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+        self.activation = activation
+        self.eps_mode = eps_mode
+        self.casting_mode = casting_mode
+        self.offset = offset
+        self.partial = partial
+        factory = {"device": device, "dtype": dtype}
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+        else:
+            self.register_parameter("weight", None)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.constant_(self.weight, 1.0 - self.offset)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, input: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        return gated_rms_norm(
+            input, gate, self.normalized_shape, self.weight, self.eps,
+            group_size=self.group_size, norm_before_gate=self.norm_before_gate,
+            activation=self.activation, eps_mode=self.eps_mode, casting_mode=self.casting_mode,
+            offset=self.offset, bias=self.bias, partial=self.partial,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        extra = [
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        ]
+        if self.group_size is not None:
+            extra.append(f"group_size={self.group_size}")
+        if not self.norm_before_gate:
+            extra.append("norm_before_gate=False")
+        if self.activation != "silu":
+            extra.append(f"activation={self.activation!r}")
+        if self.eps_mode != "mean_square":
+            extra.append(f"eps_mode={self.eps_mode!r}")
+        if self.casting_mode != "gemma":
+            extra.append(f"casting_mode={self.casting_mode!r}")
+        if self.offset != 0.0:
+            extra.append(f"offset={self.offset}")
+        if self.bias is not None:
+            extra.append("bias=True")
+        if self.partial is not None:
+            extra.append(f"partial={self.partial}")
+        return ", ".join(extra)
 
 
 class LayerNorm(nn.LayerNorm):

@@ -48,12 +48,22 @@ __all__ = [
     "rms_norm_fwd",
     "add_rms_norm_fwd",
     "rms_norm_bwd",
+    "ACTIVATIONS",
+    "group_count",
+    "gate_activation",
+    "gate_activation_grad",
+    "gated_output_dtype",
+    "gated_rms_norm_fwd",
+    "gated_rms_norm_bwd",
+    "gated_rms_norm",
+    "residual_sum",
     "layer_norm_fwd",
     "layer_norm_bwd",
 ]
 
 EPS_MODES = ("mean_square", "rms")
 CASTING_MODES = ("gemma", "llama", "none")
+ACTIVATIONS = ("silu", "sigmoid")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,6 +335,203 @@ def rms_norm_bwd(
 
 
 # ----------------------------------------------------------------------------------------------
+# Grouped and gated RMSNorm
+#
+# A row of N elements is cut into G = N / g groups of g consecutive elements, each normalized on
+# its own (its own r, from its own first k elements) and scaled by its slice of the (N,) weight;
+# g = N (``group_size=None``) is the plain RMSNorm above. A gate z of the row's shape enters
+# through act(z) (``"silu"``: z·σ(z); ``"sigmoid"``: σ(z)) either after the norm,
+# y = RMSNorm(x) ⊙ act(z) (``norm_before_gate=True``), or before it, y = RMSNorm(x ⊙ act(z)).
+# ----------------------------------------------------------------------------------------------
+def group_count(n: int, group_size: int | None) -> int:
+    """G, the number of groups of a row of n elements: n / group_size, 1 for ``None`` (one group,
+    the whole row). ``ValueError`` unless group_size divides n."""
+    if group_size is None:
+        return 1
+    if group_size < 1 or n % group_size:
+        raise ValueError(f"group_size must divide the row size {n}, got {group_size}")
+    return n // group_size
+
+
+def gate_activation(z: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(z) in z's dtype: ``"silu"`` z·σ(z) (``F.silu``), ``"sigmoid"`` σ(z)."""
+    if activation == "silu":
+        return torch.nn.functional.silu(z)
+    if activation == "sigmoid":
+        return torch.sigmoid(z)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def gate_activation_grad(z: torch.Tensor, activation: str) -> torch.Tensor:
+    """act'(z): ``"silu"`` σ(z)·(1 + z·(1 − σ(z))), ``"sigmoid"`` σ(z)·(1 − σ(z))."""
+    sig = torch.sigmoid(z)
+    if activation == "silu":
+        return sig * (1.0 + z * (1.0 - sig))
+    if activation == "sigmoid":
+        return sig * (1.0 - sig)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def gated_output_dtype(
+    input_dtype: torch.dtype,
+    weight: torch.Tensor | None,
+    casting_mode: str,
+    gate_last: bool,
+) -> torch.dtype:
+    """The output dtype of the gated form: the dtype of its last rounding. Where the gate product
+    comes last (``norm_before_gate`` with a gate) it is computed in the compute dtype and rounded
+    to the input dtype, in every mode (as HF Qwen3-Next); otherwise the weight product is last and
+    the dtype is :func:`output_dtype`'s (``"llama"``: promote(input, weight), as HF Mamba2)."""
+    return input_dtype if gate_last else output_dtype(input_dtype, weight, casting_mode)
+
+
+def _grouped(t: torch.Tensor | None, g: int) -> torch.Tensor | None:
+    """t (*, N) as (*, G, g); a (N,) parameter as (G, g). None stays None."""
+    return t if t is None else t.reshape(*t.shape[:-1], t.shape[-1] // g, g)
+
+
+def _gated_compute_dtype(x: torch.Tensor, input_dtype: torch.dtype) -> torch.dtype:
+    """The compute dtype: x's, promoted with the casting's input dtype's (they differ for the
+    residual form, whose x is h). The gate is read in it: an fp64 gate of an fp32 input is
+    rounded to fp32 first, as ``gate.to(torch.float32)`` in the HF classes."""
+    return torch.promote_types(compute_dtype(x.dtype), compute_dtype(input_dtype))
+
+
+def _gated_input(x, gate, activation, casting_mode, in_dtype, cd):
+    """u = x ⊙ act(z), what gate-then-norm normalizes: in the compute dtype, unrounded (HF
+    Mamba2's ``x.float() * silu(gate.float())``), or, in ``"none"`` mode, act(z) rounded to the
+    input dtype and the product rounded in it."""
+    a = gate_activation(gate.reshape(x.shape).to(cd), activation)
+    if casting_mode == "none":
+        return x.to(in_dtype) * a.to(in_dtype)
+    return x.to(cd) * a
+
+
+def _normed_then_gated(vg, rstd, weight, bias, a, casting_mode, offset, in_dtype, cd):
+    """y = n ⊙ act(z) for norm-then-gate, n the norm of vg (*, G, g), a = act(z) (*, G, g) in
+    the compute dtype: ``"gemma"`` n and the product in the compute dtype, one cast at the end;
+    ``"llama"`` n as the plain ``"llama"`` mode gives it (x̂ rounded to the input dtype, × weight in
+    promote(input, weight)), the product in the compute dtype, rounded to the input dtype;
+    ``"none"`` n in the input dtype, a rounded to it and the product rounded in it."""
+    if casting_mode == "gemma":
+        n = rms_norm_apply(vg, rstd, weight, bias, "gemma", offset, cd)  # unrounded, in cd
+        return (n * a).to(in_dtype)
+    if casting_mode == "llama":
+        n = rms_norm_apply(vg, rstd, weight, bias, "llama", offset, in_dtype)
+        return (n.to(cd) * a).to(in_dtype)
+    if casting_mode == "none":
+        n = rms_norm_apply(vg, rstd, weight, bias, "none", offset, in_dtype)
+        return n * a.to(in_dtype)
+    raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+
+
+def gated_rms_norm_fwd(
+    x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
+    activation, stats=True, input_dtype=None,
+):  # fmt: skip
+    """Grouped and gated RMSNorm forward. x (*, N) rows, gate of x's rows or None, weight and
+    bias (N,); each group of ``group_size`` elements (``None``: the row) is normalized with its
+    own r from its first k elements (k ≤ group_size):
+
+    - no gate: y = (offset + γ) ⊙ x · r + β per group (:func:`rms_norm_fwd` when G = 1);
+    - ``norm_before_gate=True``: y = ((offset + γ) ⊙ x · r + β) ⊙ act(z);
+    - ``norm_before_gate=False``: u = x ⊙ act(z), y = (offset + γ) ⊙ u · r(u) + β.
+
+    Rounding (fp16 / bf16 inputs): the casting mode's, with the gate product in the compute dtype
+    (the input dtype in ``"none"``): see :func:`_gated_input` and :func:`_normed_then_gated`.
+    ``input_dtype`` is the dtype the casting mode rounds to (x's own by default; the residual
+    form's input for h). Returns (y in :func:`gated_output_dtype`, r of shape (M·G,): the (M, G)
+    statistics in row-major order, (M,) when G = 1), r in the compute dtype.
+    """
+    in_dtype = x.dtype if input_dtype is None else input_dtype
+    cd = _gated_compute_dtype(x, in_dtype)
+    g = x.shape[-1] if group_size is None else group_size
+    gate_first = gate is not None and not norm_before_gate
+    v = _gated_input(x, gate, activation, casting_mode, in_dtype, cd) if gate_first else x
+    vg = _grouped(v, g)  # (*, G, g)
+    rstd = rms_rstd(vg.to(cd), eps, eps_mode, k)  # (*, G)
+    w, b = _grouped(weight, g), _grouped(bias, g)  # (G, g)
+    if gate is None or gate_first:
+        y = rms_norm_apply(vg, rstd, w, b, casting_mode, offset, in_dtype)
+    else:
+        a = gate_activation(_grouped(gate.reshape(x.shape), g).to(cd), activation)  # (*, G, g)
+        y = _normed_then_gated(vg, rstd, w, b, a, casting_mode, offset, in_dtype, cd)
+    return y.reshape(x.shape), _flat(rstd)
+
+
+def gated_rms_norm_bwd(
+    dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    group_size, norm_before_gate, activation, input_dtype, need_weight_grad=True,
+):  # fmt: skip
+    """Grouped and gated RMSNorm backward, written out as the chain rule around the RMSNorm
+    backward of each group (:func:`rms_norm_bwd`, its formulas with the group as the row). With
+    s = offset + γ, a = act(z), v the normalized input (x, or u = x ⊙ a gate-first), v̂ = v · r
+    and n = s ⊙ v̂ + β per group:
+
+    - norm, then gate (y = n ⊙ a): dn = dy ⊙ a, dz = dy ⊙ n ⊙ act'(z), dx = RMSNorm-backward of dn
+      at x; dγ = Σ_rows dn ⊙ v̂, dβ = Σ_rows dn.
+    - gate, then norm (y = n(u)): du = RMSNorm-backward of dy at u; dx = du ⊙ a,
+      dz = du ⊙ x ⊙ act'(z); dγ = Σ_rows dy ⊙ v̂, dβ = Σ_rows dy.
+    - no gate: dx = RMSNorm-backward of dy at x (dz is empty).
+
+    In ``"llama"`` mode v̂ (in dγ) and n (in dz) are rounded as the forward rounded them;
+    ``"none"`` differentiates the unrounded function at the forward's u and r. ``dresidual`` (the
+    residual form's gradient reaching h directly) is added to dx. Computed in the compute dtype;
+    returns (dx in x's dtype, dz in the gate's, dγ in γ's, dβ in β's), each of the last three an
+    empty tensor where there is none (or ``need_weight_grad`` is false, for dγ and dβ).
+    """
+    cd = _gated_compute_dtype(x, input_dtype)
+    g = x.shape[-1] if group_size is None else group_size
+    gate_first = gate is not None and not norm_before_gate
+    dyf = _as(dy, x).to(cd)
+    xf = x.to(cd)
+    if gate is not None:
+        zf = _as(gate, x).to(cd)
+        a = gate_activation(zf, activation)
+        da = gate_activation_grad(zf, activation)
+    v = xf
+    if gate_first:
+        v = _gated_input(x, gate, activation, casting_mode, input_dtype, cd).to(cd)
+    vg = _grouped(v, g)  # (*, G, g)
+    r = _lead(rstd.to(cd), vg)  # (*, G)
+    vhat = vg * r[..., None]  # (*, G, g)
+    w, b = _grouped(weight, g), _grouped(bias, g)  # (G, g)
+    s = _scale(w, offset, cd)
+    dz = None
+    if gate is not None and norm_before_gate:
+        # n as the forward multiplied it by the gate: rounded in "llama", exact otherwise
+        mode = "llama" if casting_mode == "llama" else "gemma"
+        n = rms_norm_apply(vg, r, w, b, mode, offset, input_dtype if mode == "llama" else cd)
+        dz = dyf * n.reshape(x.shape).to(cd) * da
+        dn = dyf * a
+    else:
+        dn = dyf
+    dng = _grouped(dn, g)
+    gs = dng * s if s is not None else dng
+    dv, _, _ = rms_norm_bwd(
+        gs, vg, None, None, r, None, eps, eps_mode, "gemma", 0.0, k, cd, need_weight_grad=False
+    )
+    dv = dv.reshape(x.shape)  # (*, N)
+    if gate_first:
+        dx = dv * a
+        dz = dv * xf * da
+    else:
+        dx = dv
+    if dresidual is not None:
+        dx = dx + _as(dresidual, x).to(cd)
+    empty = compute_dtype(x.dtype)
+    dgate = x.new_empty((0,), dtype=empty) if dz is None else dz.to(gate.dtype)
+    dw = x.new_empty((0,), dtype=empty)  # distinct tensors: outputs never alias
+    db = x.new_empty((0,), dtype=empty)
+    if need_weight_grad and weight is not None:
+        vh = vhat.to(input_dtype).to(cd) if casting_mode == "llama" else vhat
+        dw = _column_sum(dn * vh.reshape(x.shape)).to(weight.dtype)
+    if need_weight_grad and bias is not None:
+        db = _column_sum(dn).to(bias.dtype)
+    return dx.to(x.dtype), dgate, dw, db
+
+
+# ----------------------------------------------------------------------------------------------
 # LayerNorm
 # ----------------------------------------------------------------------------------------------
 # r below which x − μ may overflow float32: |x − μ| ≤ sqrt(N)·σ ≤ 2^16·σ, so overflow needs
@@ -417,9 +624,16 @@ def rms_norm(
     offset: float = 0.0,
     bias: torch.Tensor | None = None,
     partial: float | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
-    """RMSNorm over the last dim of ``x`` (see :func:`rms_norm_fwd`); ``eps=None`` is
+    """RMSNorm over the last dim of ``x`` (see :func:`rms_norm_fwd`), each group of ``group_size``
+    elements on its own (:func:`gated_rms_norm_fwd`) when given; ``eps=None`` is
     :func:`default_eps`."""
+    if group_size is not None:
+        return gated_rms_norm(
+            x, None, weight, eps, group_size=group_size, eps_mode=eps_mode,
+            casting_mode=casting_mode, offset=offset, bias=bias, partial=partial,
+        )  # fmt: skip
     eps = default_eps(x.dtype) if eps is None else eps
     k = partial_size(x.shape[-1], partial)
     y, _ = rms_norm_fwd(row_matrix(x), weight, bias, eps, eps_mode, casting_mode, offset, k)
@@ -437,14 +651,57 @@ def add_rms_norm(
     offset: float = 0.0,
     bias: torch.Tensor | None = None,
     partial: float | None = None,
+    group_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(x + residual), x + residual) over the last dim (see :func:`add_rms_norm_fwd`)."""
+    """(RMSNorm(x + residual), x + residual) over the last dim (see :func:`add_rms_norm_fwd`),
+    grouped as :func:`rms_norm` when ``group_size`` is given."""
     eps = default_eps(x.dtype) if eps is None else eps
+    if group_size is not None:
+        h = residual_sum(x, residual)
+        y, _ = gated_rms_norm_fwd(
+            row_matrix(h), None, weight, bias, eps, eps_mode, casting_mode, offset,
+            partial_size(group_size, partial), group_size, True, "silu", input_dtype=x.dtype,
+        )  # fmt: skip
+        return y.reshape(x.shape), h
     k = partial_size(x.shape[-1], partial)
     y, h, _ = add_rms_norm_fwd(
         row_matrix(x), row_matrix(residual), weight, bias, eps, eps_mode, casting_mode, offset, k
     )
     return y.reshape(x.shape), h.reshape(x.shape)
+
+
+def gated_rms_norm(
+    x: torch.Tensor,
+    gate: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    group_size: int | None = None,
+    norm_before_gate: bool = True,
+    activation: str = "silu",
+    eps_mode: str = "mean_square",
+    casting_mode: str = "gemma",
+    offset: float = 0.0,
+    bias: torch.Tensor | None = None,
+    partial: float | None = None,
+) -> torch.Tensor:
+    """Grouped and gated RMSNorm over the last dim of ``x`` (see :func:`gated_rms_norm_fwd`);
+    ``partial`` takes the first ⌊p·g⌋ elements of each group of g."""
+    eps = default_eps(x.dtype) if eps is None else eps
+    g = x.shape[-1] if group_size is None else group_size
+    group_count(x.shape[-1], g)
+    y, _ = gated_rms_norm_fwd(
+        row_matrix(x), row_matrix(gate), weight, bias, eps, eps_mode, casting_mode, offset,
+        partial_size(g, partial), group_size, norm_before_gate, activation,
+    )  # fmt: skip
+    return y.reshape(x.shape)
+
+
+def residual_sum(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """h = x + residual, summed in the compute dtype and stored in the residual's dtype (as
+    :func:`add_rms_norm_fwd`)."""
+    cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(residual.dtype))
+    return (x.to(cd) + _as(residual, x).to(cd)).to(residual.dtype)
 
 
 def layer_norm(

@@ -1,5 +1,6 @@
 """A small, deterministic language-model training loop over a :class:`~.corpus.Corpus`, shared by
-the simulation's "trained" case and the training comparison."""
+the simulation's "trained" case and the training comparison: any norm variant, any seed, with the
+per-step loss, gradient norm, learning rate and time recorded."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .._validate import positive_int, positive_number
+from .._validate import non_negative_int, positive_int, positive_number
 from .corpus import Corpus
 from .transformer import Transformer
 
@@ -32,13 +33,22 @@ class TrainConfig:
     # Seed of the fixed validation windows; None: ``seed``. The training comparison fixes it so
     # that every seed is scored on the same held-out bytes.
     eval_seed: int | None = None
+    # The held-out split cut into this many contiguous, disjoint parts, each scored on
+    # ``eval_batches`` fixed windows of its own (``TrainHistory.val_loss_parts``): one part to
+    # choose a setting on, another to report, with no byte in common. ``val_loss`` is their mean.
+    val_parts: int = 1
+    # Stop a run at its first non-finite training loss (``TrainHistory.diverged_at``) instead of
+    # stepping on with NaN weights; off by default, so a run always has ``steps`` entries.
+    stop_on_divergence: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_interval", "eval_batches"):
+        for name in ("steps", "batch_size", "eval_interval", "eval_batches", "val_parts"):
             positive_int(name, getattr(self, name))
         positive_number("lr", self.lr)
+        non_negative_int("warmup", self.warmup)
 
     def lr_at(self, step: int) -> float:
+        """The learning rate of step ``step`` (0-based)."""
         if step < self.warmup:
             return self.lr * (step + 1) / self.warmup
         progress = (step - self.warmup) / max(1, self.steps - self.warmup)
@@ -47,11 +57,20 @@ class TrainConfig:
 
 @dataclass
 class TrainHistory:
+    """Per step: training loss, step time, global gradient L2 norm before clipping, learning
+    rate. Per evaluation: the step count, the validation loss (mean over parts) and the loss of
+    each part of the held-out split. ``diverged_at``: the step whose training loss was not
+    finite (with ``stop_on_divergence``), or None."""
+
     train_loss: list[float] = field(default_factory=list)  # one per step
     step_time_s: list[float] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
     tokens_per_step: int = 0
+    grad_norm: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    val_loss_parts: list[list[float]] = field(default_factory=list)  # [part][evaluation]
+    diverged_at: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +78,8 @@ class TrainHistory:
 
 @torch.no_grad()
 def evaluate(model: Transformer, corpus: Corpus, batches: int, batch_size: int, seed: int) -> float:
-    """Mean next-byte cross-entropy (nats) over ``batches`` fixed validation windows."""
+    """Mean next-byte cross-entropy (nats) over ``batches`` fixed validation windows (drawn with
+    a generator seeded from ``seed``: the same windows for every model)."""
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed + 1_000_003)
@@ -94,21 +114,26 @@ class Trainer:
         )
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.history = TrainHistory(tokens_per_step=cfg.batch_size * model.cfg.seq_len)
+        self.history.val_loss_parts = [[] for _ in range(cfg.val_parts)]
+        self.val_corpora = val_parts(corpus, cfg.val_parts, model.cfg.seq_len)
         self.step_index = 0
 
     @property
     def done(self) -> bool:
-        return self.step_index >= self.cfg.steps
+        return self.step_index >= self.cfg.steps or self.history.diverged_at is not None
 
     def step(self) -> float:
         """One optimizer step (timed: forward, backward, clipping, update), then the validation
         loss if one is due. Returns the training loss."""
         if self.done:
+            if self.history.diverged_at is not None:
+                raise RuntimeError(f"training stopped at step {self.history.diverged_at}: diverged")
             raise RuntimeError(f"training already ran its {self.cfg.steps} steps")
         cfg, model, hist, step = self.cfg, self.model, self.history, self.step_index
         model.train()
+        lr = cfg.lr_at(step)
         for group in self.opt.param_groups:
-            group["lr"] = cfg.lr_at(step)
+            group["lr"] = lr
         x, y = self.corpus.batch("train", cfg.batch_size, model.cfg.seq_len, self.gen)
         t0 = time.perf_counter()
         logits = model(x.to(self.device))
@@ -116,20 +141,63 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in model.parameters() if p.grad is not None]
+            )
         self.opt.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         hist.step_time_s.append(time.perf_counter() - t0)
         hist.train_loss.append(loss.item())
+        hist.grad_norm.append(grad_norm.item())
+        hist.lr.append(lr)
         self.step_index += 1
+        if cfg.stop_on_divergence and not math.isfinite(hist.train_loss[-1]):
+            hist.diverged_at = step
+            return hist.train_loss[-1]
         if self.step_index % cfg.eval_interval == 0 or self.step_index == cfg.steps:
             eval_seed = cfg.seed if cfg.eval_seed is None else cfg.eval_seed
             hist.val_steps.append(self.step_index)
-            hist.val_loss.append(
-                evaluate(model, self.corpus, cfg.eval_batches, cfg.batch_size, eval_seed)
-            )
+            if cfg.val_parts == 1:
+                hist.val_loss.append(
+                    evaluate(model, self.corpus, cfg.eval_batches, cfg.batch_size, eval_seed)
+                )
+                hist.val_loss_parts[0].append(hist.val_loss[-1])
+            else:
+                losses = [
+                    evaluate(model, part, cfg.eval_batches, cfg.batch_size, eval_seed)
+                    for part in self.val_corpora
+                ]
+                for part_losses, value in zip(hist.val_loss_parts, losses, strict=True):
+                    part_losses.append(value)
+                hist.val_loss.append(sum(losses) / len(losses))
         return hist.train_loss[-1]
+
+
+def val_parts(corpus: Corpus, parts: int, seq_len: int) -> list[Corpus]:
+    """``corpus`` with its held-out split cut into ``parts`` contiguous, disjoint, equal parts
+    (one :class:`Corpus` each, sharing the training split); ``[corpus]`` for one part. Each part
+    must hold a window of ``seq_len`` + 2 bytes."""
+    positive_int("val_parts", parts)
+    if parts == 1:
+        return [corpus]
+    size = corpus.val.numel() // parts
+    if size < seq_len + 2:
+        raise ValueError(
+            f"the validation split of {corpus.name} has {corpus.val.numel()} bytes: {parts} parts "
+            f"of {size} bytes are shorter than seq_len + 2 = {seq_len + 2}"
+        )
+    return [
+        Corpus(
+            f"{corpus.name} (held-out part {i + 1}/{parts})",
+            corpus.train,
+            corpus.val[i * size : (i + 1) * size],
+            corpus.sources,
+        )
+        for i in range(parts)
+    ]
 
 
 def train(

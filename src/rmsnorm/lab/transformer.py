@@ -21,6 +21,7 @@ from .capture import norm_kind
 
 NORMS = ("layernorm", "rmsnorm", "prmsnorm", "none")
 NORM_POSITIONS = ("pre", "post")
+ACTIVATIONS = ("gelu", "relu", "swiglu")
 
 
 @dataclass
@@ -30,7 +31,10 @@ class TransformerConfig:
     ``norm_position``: ``"pre"`` (GPT-2 style, a final norm before the head) or ``"post"`` (original
     Transformer: norm after each residual add). ``init_std`` is the standard deviation of every
     weight matrix and embedding at initialization; the two projections writing into the residual
-    stream are further scaled by 1/sqrt(2·n_layers) (GPT-2)."""
+    stream are further scaled by 1/sqrt(2·n_layers) (GPT-2). ``activation``: the MLP's
+    ``"gelu"`` (GPT-2), ``"relu"``, or ``"swiglu"`` (SiLU(a)·b, LLaMA; its first layer has two
+    halves, a and b, of ``mlp_ratio·d_model`` each, so it holds twice GELU's first-layer
+    weights)."""
 
     n_layers: int = 12
     d_model: int = 256
@@ -44,6 +48,7 @@ class TransformerConfig:
     eps: float = 1e-5
     init_std: float = 0.02
     bias: bool = True
+    activation: str = "gelu"
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "mlp_ratio"):
@@ -51,6 +56,7 @@ class TransformerConfig:
         divisible("d_model", self.d_model, "n_heads", self.n_heads)
         one_of("norm", self.norm, NORMS)
         one_of("norm_position", self.norm_position, NORM_POSITIONS)
+        one_of("activation", self.activation, ACTIVATIONS)
         if not 0.0 < self.partial <= 1.0:
             raise ValueError(f"partial must be in (0, 1], got {self.partial!r}")
         if not (isinstance(self.init_std, (int, float)) and 0 < self.init_std < math.inf):
@@ -90,11 +96,22 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias)
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.activation = cfg.activation
+        gated = cfg.activation == "swiglu"
+        self.fc = nn.Linear(cfg.d_model, 2 * hidden if gated else hidden, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # writes the residual stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))
+        h = self.fc(x)
+        if self.activation == "swiglu":
+            a, b = h.chunk(2, dim=-1)
+            h = F.silu(a) * b
+        elif self.activation == "relu":
+            h = F.relu(h)
+        else:
+            h = F.gelu(h)
+        return self.proj(h)
 
 
 class Block(nn.Module):
