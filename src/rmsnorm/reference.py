@@ -135,7 +135,7 @@ _ROW_BLOCK = 4096
 def _row_sum(t: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     """Σ over the last dim of t, in an order fixed by that dim's size alone."""
     n = t.shape[-1]
-    if n > _ROW_BLOCK:
+    if not torch.jit.is_tracing() and n > _ROW_BLOCK:  # (a trace fixes the shapes anyway)
         blocks = -(-n // _ROW_BLOCK)
         if blocks * _ROW_BLOCK != n:
             t = torch.nn.functional.pad(t, (0, blocks * _ROW_BLOCK - n))
