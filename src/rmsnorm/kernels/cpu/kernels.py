@@ -283,6 +283,19 @@ def _pause(typingctx):
 
 
 @intrinsic
+def _call_int(typingctx, addr):
+    """Call ``int f(void)`` at addr (``omp_get_thread_num``) and return its value."""
+    if addr != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_I32, [])
+        return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), _I64)
+
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
 def _call_int_void(typingctx, addr):
     """Call ``int f(void)`` at addr (``sched_yield``). The address is a run-time value: code that
     embeds a library's address cannot be cached."""
@@ -723,6 +736,7 @@ HELPER_SPINS = 37  # a helper's pause-loop iterations between a task and sleep (
 # GOMP_parallel's address, the team body's address, the team size); the call then fills a private
 # task block and runs it on an OpenMP team (torch's own threads).
 MODE, GOMP, BODY, TEAM = 38, 39, 33, 34
+TID = 35  # omp_get_thread_num's address (0 where not found: team members take ranges as they come)
 POOL, OPENMP = 0, 1
 # set once by the pool: sched_yield's and syscall's addresses, the futex number, a stop flag, and
 # the helpers' futex timeout as a struct timespec (seconds, nanoseconds)
@@ -962,10 +976,11 @@ def _reduce_partials(p, nb, n, addr, code, acc):
 
 # ----------------------------------------------------------------------------------------------
 # Work sharing. A call's blocks of rows are split into `parts` contiguous ranges, one per thread
-# of the call, each with its own claim counter. A thread that joins the call takes the next free
-# range (in order of arrival) and runs its blocks in order, streaming through memory as a thread
-# of torch's own parallel_for does; then it takes the blocks still left in the other ranges, one
-# at a time. So no thread waits for another to start: the blocks of a thread that arrives late
+# of the call, each with its own claim counter. Thread t of the call (the caller is 0; an OpenMP
+# team member's number, a pool helper's index + 1) runs range t's blocks in order, streaming
+# through memory as thread t of torch's own parallel_for does — and the same rows in a forward
+# and in the backward that follows, which finds them in its core's cache where they fit — then it
+# takes the blocks still left in the other ranges, one at a time. So no thread waits for another to start: the blocks of a thread that arrives late
 # (or never: a helper the scheduler does not run) are run by the others, and the caller only waits
 # for blocks already claimed. Blocks depend on the sizes alone, never on the threads, so neither
 # the number of threads nor which thread ran which block changes a result.
@@ -988,11 +1003,14 @@ def _left(c, nb, parts):
 
 
 @njit
-def _claim(c):
-    """Join the published task: run the blocks of a range of one's own, then those left in the
-    others' (see above); returns how many blocks it ran."""
+def _claim(c, me):
+    """Join the published task as thread `me` (< 0: the next free range, in order of arrival):
+    run the blocks of range `me`, then those left in the others' (see above); returns how many
+    blocks it ran."""
     nb, n, parts = c[_NB], c[_N], c[_PARTS]
-    me = _atomic_add(_addr(c, _ARRIVED), 1) % parts
+    if me < 0:
+        me = _atomic_add(_addr(c, _ARRIVED), 1)
+    me = me % parts
     if not _left(c, nb, parts):
         return 0
     # Scratch rows as plain views of one allocation: arrays without an owner are passed between
@@ -1045,7 +1063,7 @@ def _run_published(c, gen, nb):
     # the other, so no wake-up is lost and none is made while every helper is awake.
     if _atomic_load(_addr(c, _SLEEPERS)) > 0:
         _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAKE, 1 << 30, 0)
-    _claim(c)
+    _claim(c, 0)
     spins = 0
     while _atomic_load(_addr(c, _DONE)) < nb:
         spins = _backoff(c, spins)
@@ -1069,7 +1087,7 @@ def _run(ctrl, c, gen, nb):
     generation) or on an OpenMP team (ctrl points to the launch words)."""
     if ctrl == 0:
         _set_ranges(c, nb, 1)
-        _claim(c)
+        _claim(c, 0)
         return
     launch = carray(_ptr_i64(ctrl), WORDS)
     if launch[MODE] == POOL:
@@ -1078,8 +1096,9 @@ def _run(ctrl, c, gen, nb):
         return
     team = min(launch[TEAM], nb, MAX_PARTS)  # no more threads than blocks
     _set_ranges(c, nb, team)
+    c[TID] = launch[TID]
     if team < 2:
-        _claim(c)
+        _claim(c, 0)
     else:
         _gomp_parallel(launch[GOMP], launch[BODY], np.int64(c.ctypes.data), team)
 
@@ -1227,15 +1246,17 @@ def serve(ctrl, index, last, forever):
         last = gen
         _atomic_add(_addr(c, _ACTIVE), 1)
         if _atomic_load(_addr(c, _GEN)) == gen and index < c[WANT]:
-            _atomic_add(_addr(c, HELPED), _claim(c))
+            _atomic_add(_addr(c, HELPED), _claim(c, index + 1))
         _atomic_add(_addr(c, _ACTIVE), -1)
         if not forever:
             return last
 
 
 def _team_member(data):
-    """What every member of an OpenMP team runs: claim blocks of the task block at data."""
-    _claim(carray(data, (WORDS,), np.int64))
+    """What every member of an OpenMP team runs: claim blocks of the task block at data, from the
+    range of its thread number."""
+    c = carray(data, (WORDS,), np.int64)
+    _claim(c, _call_int(c[TID]) if c[TID] != 0 else -1)
 
 
 def _make_team_body():

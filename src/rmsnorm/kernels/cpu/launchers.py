@@ -112,14 +112,15 @@ def _libc_addresses() -> tuple[int, int, int]:
     return _address(libc, "sched_yield"), _address(libc, "syscall") if futex else 0, futex
 
 
-def _openmp_runtime() -> int:
-    """GOMP_parallel's address in the OpenMP runtime that torch's own kernels use (libgomp,
-    libomp and libiomp5 all export it), or 0 where torch does not use OpenMP or it is not found."""
+def _openmp_runtime() -> tuple[int, int]:
+    """(GOMP_parallel's, omp_get_thread_num's) addresses in the OpenMP runtime that torch's own
+    kernels use (libgomp, libomp and libiomp5 all export both), or zeros where torch does not use
+    OpenMP or it is not found."""
     try:
         if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
-            return 0
+            return 0, 0
     except Exception:  # noqa: BLE001 - an unusual build: no OpenMP sharing
-        return 0
+        return 0, 0
     names = ("libgomp", "libiomp", "libomp")
     paths = []
     try:  # Linux: the runtime already loaded (by torch), found by its path
@@ -135,12 +136,13 @@ def _openmp_runtime() -> int:
         paths += [os.path.join(lib_dir, f) for f in os.listdir(lib_dir) if f.startswith(names)]
     for path in dict.fromkeys(paths):
         try:
-            addr = _address(ctypes.CDLL(path), "GOMP_parallel")
+            lib = ctypes.CDLL(path)
         except OSError:
             continue
+        addr = _address(lib, "GOMP_parallel")
         if addr:
-            return addr
-    return 0
+            return addr, _address(lib, "omp_get_thread_num")
+    return 0, 0
 
 
 def _cores() -> int:
@@ -218,7 +220,9 @@ class _Pool:
 _pool: _Pool | None = None
 _pool_lock = threading.Lock()
 # Shared calls run on torch's OpenMP threads where this is not 0 (never in a forked process).
-_gomp = 0 if sys.modules[__package__].forked or K.TEAM_BODY is None else _openmp_runtime()
+_gomp, _gomp_tid = (
+    (0, 0) if sys.modules[__package__].forked or K.TEAM_BODY is None else _openmp_runtime()
+)
 _launch = threading.local()  # per calling thread: the words that ask a kernel for an OpenMP team
 
 
@@ -243,6 +247,7 @@ def _acquire(pool: _Pool, threads: int) -> int:
         if block is None:
             block = _launch.block = np.zeros(K.WORDS, np.int64)
             block[K.MODE], block[K.GOMP], block[K.BODY] = K.OPENMP, _gomp, K.TEAM_BODY.address
+            block[K.TID] = _gomp_tid
             _launch.addr = block.ctypes.data
         block[K.TEAM] = threads
         return _launch.addr
