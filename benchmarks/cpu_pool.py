@@ -24,19 +24,46 @@ import time
 SHAPES = ((64, 1024), (256, 1024), (1024, 1024), (4096, 1024), (8192, 4096))
 
 
+def _calls(dt, m: int, n: int):
+    """({op: this library's launcher call}, {op: torch's call}) on (m, n) rows of dtype dt."""
+    import torch
+
+    from rmsnorm.kernels.cpu import launchers as L
+
+    aten = torch.ops.aten
+    x, dy = torch.randn(m, n).to(dt), torch.randn(m, n).to(dt)
+    w, b = (torch.rand(n) + 0.5).to(dt), torch.rand(n).to(dt)
+    _, rs = L.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
+    _, mu, lr = L.layer_norm_fwd(x, w, b, 1e-5)
+    _, tmu, tr = aten.native_layer_norm(x, (n,), w, b, 1e-5)
+    ours = {
+        "rms fwd": lambda: L.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n),
+        "rms bwd": lambda: L.rms_norm_bwd(
+            dy, x, w, None, rs, None, 1e-6, "mean_square", "gemma", 0.0, n, dt
+        ),
+        "ln fwd": lambda: L.layer_norm_fwd(x, w, b, 1e-5),
+        "ln bwd": lambda: L.layer_norm_bwd(dy, x, w, b, mu, lr),
+    }
+    theirs = {
+        "ln fwd": lambda: aten.native_layer_norm(x, (n,), w, b, 1e-5),
+        "ln bwd": lambda: aten.native_layer_norm_backward(
+            dy, x, (n,), tmu, tr, w, b, (True, True, True)
+        ),
+    }
+    return ours, theirs
+
+
 def _child(rounds: int, threads: int, out) -> None:
     import faulthandler
 
     import torch
 
     faulthandler.dump_traceback_later(int(os.environ.get("HANG_S", "100000")), exit=True)
-
-    torch.set_num_threads(threads)
     from rmsnorm.bench.cpu import keep_freed_memory
     from rmsnorm.kernels.cpu import launchers as L
 
     keep_freed_memory()
-    aten = torch.ops.aten
+    torch.set_num_threads(threads)
     pooled = L._gomp == 0  # a forked child never uses the parent's OpenMP runtime
     print(f"child: torch threads {torch.get_num_threads()}, OpenMP sharing off: {pooled}", file=out)
     lines = [
@@ -45,44 +72,22 @@ def _child(rounds: int, threads: int, out) -> None:
     ]
     for dt in (torch.float32, torch.bfloat16):
         for m, n in SHAPES:
-            torch.set_num_threads(1)  # torch's own ops, here too
-            x, dy = torch.randn(m, n).to(dt), torch.randn(m, n).to(dt)
-            w, b = (torch.rand(n) + 0.5).to(dt), torch.rand(n).to(dt)
-            _, rs = L.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
-            _, mu, lr = L.layer_norm_fwd(x, w, b, 1e-5)
-            _, tmu, tr = aten.native_layer_norm(x, (n,), w, b, 1e-5)
-            torch.set_num_threads(threads)
-            cases = {
-                "rms fwd": lambda: L.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n),
-                "rms bwd": lambda: L.rms_norm_bwd(
-                    dy, x, w, None, rs, None, 1e-6, "mean_square", "gemma", 0.0, n, dt
-                ),
-                "ln fwd": lambda: L.layer_norm_fwd(x, w, b, 1e-5),
-                "ln bwd": lambda: L.layer_norm_bwd(dy, x, w, b, mu, lr),
-            }
-            torch_ops = {
-                "ln fwd": lambda: aten.native_layer_norm(x, (n,), w, b, 1e-5),
-                "ln bwd": lambda: aten.native_layer_norm_backward(
-                    dy, x, (n,), tmu, tr, w, b, (True, True, True)
-                ),
-            }
-            for op, fn in cases.items():
+            torch.set_num_threads(1)  # torch's own ops (inputs, statistics), here too
+            ours, theirs = _calls(dt, m, n)
+            for op, fn in ours.items():
                 t = {"alone": [], "pool": [], "torch": []}
                 for _ in range(rounds):
                     for way in ("alone", "pool", "torch"):
-                        if way == "torch" and op not in torch_ops:
+                        if way == "torch" and op not in theirs:
                             continue
-                        saved = torch.get_num_threads()
-                        if way != "pool":
-                            # alone: the launcher calls the kernel on this thread; torch: its
-                            # multi-threaded ops hang in such a child (GNU OpenMP), one thread runs
-                            torch.set_num_threads(1)
-                        f = torch_ops[op] if way == "torch" else fn
+                        # alone: the launcher calls the kernel on this thread; torch: its
+                        # multi-threaded ops hang in such a child (GNU OpenMP), one thread runs
+                        torch.set_num_threads(threads if way == "pool" else 1)
+                        f = theirs[op] if way == "torch" else fn
                         f()
                         t0 = time.perf_counter()
                         f()
                         t[way].append((time.perf_counter() - t0) * 1e6)
-                        torch.set_num_threads(saved)
                 med = {k: statistics.median(v) for k, v in t.items() if v}
                 tt = f"{med['torch']:.0f}" if "torch" in med else "–"
                 lines.append(

@@ -980,10 +980,11 @@ def _reduce_partials(p, nb, n, addr, code, acc):
 # team member's number, a pool helper's index + 1) runs range t's blocks in order, streaming
 # through memory as thread t of torch's own parallel_for does — and the same rows in a forward
 # and in the backward that follows, which finds them in its core's cache where they fit — then it
-# takes the blocks still left in the other ranges, one at a time. So no thread waits for another to start: the blocks of a thread that arrives late
-# (or never: a helper the scheduler does not run) are run by the others, and the caller only waits
-# for blocks already claimed. Blocks depend on the sizes alone, never on the threads, so neither
-# the number of threads nor which thread ran which block changes a result.
+# takes the blocks still left in the other ranges, one at a time. So no thread waits for another
+# to start: the blocks of a thread that arrives late (or never: a helper the scheduler does not
+# run) are run by the others, and the caller only waits for blocks already claimed. Blocks depend
+# on the sizes alone, never on the threads, so neither the number of threads nor which thread ran
+# which block changes a result.
 # ----------------------------------------------------------------------------------------------
 @njit
 def _set_ranges(c, nb, parts):
