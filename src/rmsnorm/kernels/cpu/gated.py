@@ -16,11 +16,12 @@ from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
 from . import kernels as K
-from .kernels import BF16, F16, F32, F64
+from .kernels import F32, F64
 
 # Bit fields of the kernels' `flags` (shift, width), built once per combination by the launchers
 GX, GZ, GY, GIN, GOUT, GCAST = (0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 2)
-GHAS_GATE, GFIRST, GSIGMOID, GEPS, GHAS_W, GHAS_B = (12, 1), (13, 1), (14, 1), (15, 1), (16, 1), (17, 1)
+GHAS_GATE, GFIRST, GSIGMOID, GEPS = (12, 1), (13, 1), (14, 1), (15, 1)
+GHAS_W, GHAS_B = (16, 1), (17, 1)
 GW, GB, GPARAM = (18, 2), (20, 2), (22, 2)
 GDY, GDR, GHAS_DR, GNEED_DW, GNEED_DB, GDZ = (24, 2), (26, 2), (28, 1), (29, 1), (30, 1), (31, 2)
 # A bit no flags of .kernels set: the launchers' record of what sharing a call costs is keyed by

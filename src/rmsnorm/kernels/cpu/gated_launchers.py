@@ -54,7 +54,9 @@ def _option_fields(key_in, wdt, bdt, zdt, casting_mode, eps_mode, gate_first, ac
     """The flag fields the forward and backward share, and the norm's rounding dtype."""
     cin = L._CODES[key_in]
     # the norm's output dtype (reference.output_dtype): promote(input, weight) in "llama"
-    norm_out = key_in if casting_mode != "llama" or wdt is None else torch.promote_types(key_in, wdt)
+    norm_out = key_in
+    if casting_mode == "llama" and wdt is not None:
+        norm_out = torch.promote_types(key_in, wdt)
     cout = L._CODES.get(norm_out)
     if cout is None:
         return None, None
