@@ -53,7 +53,7 @@ def _perturb(model: nn.Module) -> nn.Module:
 
 def lab(**overrides) -> Transformer:
     torch.manual_seed(0)
-    cfg = dict(n_layers=3, d_model=32, n_heads=4, seq_len=16, vocab_size=40, **overrides)
+    cfg = {**dict(n_layers=3, d_model=32, n_heads=4, seq_len=16, vocab_size=40), **overrides}
     return _perturb(Transformer(TransformerConfig(**cfg)))
 
 
@@ -342,3 +342,240 @@ def test_cli_convert(tmp_path):
     save_model(lab(norm_position="post"), tmp_path / "post")
     result = runner.invoke(app, ["convert", str(tmp_path / "post"), str(tmp_path / "x")])
     assert result.exit_code == 1 and "post-LN" in result.output
+
+
+# ----------------------------------------------------------------------------------------------
+# Nothing lost: the source, a non-empty destination and a failed write
+# ----------------------------------------------------------------------------------------------
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root (relative path -> bytes): what must not change."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def _convert(src, dst, **kw):
+    return convert_directory(src, dst, repeats=1, seq_len=8, check_dtypes=("float32",), **kw)
+
+
+def test_convert_refuses_its_source_however_spelled(tmp_path, monkeypatch):
+    """DST = SRC, DST inside SRC, DST containing SRC: refused before anything is written, through
+    relative spellings and symlinks too; the source is byte-for-byte what it was."""
+    from rmsnorm._validate import ArgumentError
+
+    src = tmp_path / "models" / "src"
+    save_model(lab(), src)
+    before = _snapshot(tmp_path)
+    (tmp_path / "link").symlink_to(src, target_is_directory=True)
+    (tmp_path / "models_link").symlink_to(tmp_path / "models", target_is_directory=True)
+    monkeypatch.chdir(tmp_path / "models")
+    cases = {
+        src: "is source",
+        "src": "is source",
+        "./src/../src/": "is source",
+        tmp_path / "link": "is source",
+        tmp_path / "models_link" / "src": "is source",
+        src / "converted": "is inside source",
+        tmp_path / "link" / "a" / "b": "is inside source",
+        tmp_path / "models": "contains source",
+        tmp_path: "contains source",
+    }
+    for dst, message in cases.items():
+        for overwrite in (False, True):
+            with pytest.raises(ArgumentError, match=message) as info:
+                _convert("src", dst, overwrite=overwrite)
+            assert str(src) in str(info.value), info.value
+            assert _snapshot(tmp_path) == before, (dst, overwrite)
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["src"]
+
+
+def test_a_non_empty_destination_needs_overwrite(tmp_path):
+    from rmsnorm._validate import ArgumentError
+
+    save_model(lab(), tmp_path / "src")
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("mine")
+    with pytest.raises(ArgumentError, match=r"dst is not empty.*set overwrite to replace"):
+        _convert(tmp_path / "src", dst)
+    assert _snapshot(dst) == {"notes.txt": b"mine"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
+    # A file is never replaced by a directory.
+    (tmp_path / "file").write_text("x")
+    for overwrite in (False, True):
+        with pytest.raises(ArgumentError, match="exists and is not a directory"):
+            _convert(tmp_path / "src", tmp_path / "file", overwrite=overwrite)
+    assert (tmp_path / "file").read_text() == "x"
+    # overwrite=True replaces the directory as a whole: no file of the old one stays.
+    _convert(tmp_path / "src", dst, overwrite=True)
+    assert "notes.txt" not in _snapshot(dst) and (dst / "model.pt").is_file()
+    assert any(isinstance(m, RMSNorm) for m in load_model(dst).modules())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "file", "src"]
+
+
+def test_an_empty_or_new_destination_is_written(tmp_path):
+    save_model(lab(), tmp_path / "src")
+    (tmp_path / "empty").mkdir()
+    for dst in (tmp_path / "empty", tmp_path / "new" / "deeper"):
+        _convert(tmp_path / "src", dst)
+        assert set(_snapshot(dst)) == {"config.json", "model.pt"}
+    # Written with the umask's mode, as a plain mkdir would make it (not a private temp dir's).
+    (tmp_path / "probe").mkdir()
+    assert (tmp_path / "new" / "deeper").stat().st_mode == (tmp_path / "probe").stat().st_mode
+
+
+class _Injected(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error", [_Injected, KeyboardInterrupt])
+@pytest.mark.parametrize("existing", [False, True], ids=["new_dst", "overwrite_dst"])
+def test_a_failure_mid_write_leaves_the_destination_as_it_was(
+    tmp_path, monkeypatch, error, existing
+):
+    """The weights file half-written when the write fails (an exception, or Ctrl-C): the
+    destination is as it was (absent, or the old model intact with overwrite) and no staging
+    directory is left beside it, nor a parent made for it."""
+    import rmsnorm.convert.checkpoint as checkpoint
+
+    save_model(lab(), tmp_path / "src")
+    dst = tmp_path / "out" / "dst"
+    if existing:
+        save_model(lab(d_model=16), dst)
+    before = _snapshot(tmp_path)
+    real_save = torch.save
+
+    def failing_save(obj, path, *args, **kwargs):
+        real_save(obj, path, *args, **kwargs)
+        with open(path, "r+b") as fh:  # truncated, as by a full disk
+            fh.truncate(100)
+        assert Path(path).parent.name.endswith(".partial"), path
+        raise error("injected")
+
+    monkeypatch.setattr(checkpoint.torch, "save", failing_save)
+    with pytest.raises(error, match="injected"):
+        _convert(tmp_path / "src", dst, overwrite=existing)
+    assert _snapshot(tmp_path) == before
+    expected = ["out", "src"] if existing else ["src"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == expected
+    if existing:
+        assert [p.name for p in (tmp_path / "out").iterdir()] == ["dst"]
+        assert load_model(dst).cfg.d_model == 16
+
+
+def test_a_failed_rename_keeps_the_old_destination(tmp_path, monkeypatch):
+    """With overwrite, the old directory is moved aside before the new one is renamed into place;
+    if that rename fails the old one is put back."""
+    import rmsnorm.convert.checkpoint as checkpoint
+
+    save_model(lab(), tmp_path / "src")
+    dst = tmp_path / "dst"
+    save_model(lab(d_model=16), dst)
+    before = _snapshot(tmp_path)
+    real_rename = os.rename
+
+    def rename(a, b):
+        if str(a).endswith(".partial"):
+            raise _Injected("injected rename failure")
+        real_rename(a, b)
+
+    monkeypatch.setattr(checkpoint.os, "rename", rename)
+    with pytest.raises(_Injected):
+        _convert(tmp_path / "src", dst, overwrite=True)
+    assert _snapshot(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
+
+
+def test_save_model_is_atomic_and_refuses_a_non_empty_directory(tmp_path):
+    from rmsnorm._validate import ArgumentError
+
+    model = lab()
+    save_model(model, tmp_path / "a")
+    with pytest.raises(ArgumentError, match="is not empty"):
+        save_model(model, tmp_path / "a")
+    assert save_model(lab(d_model=16), tmp_path / "a", overwrite=True) == (tmp_path / "a")
+    assert load_model(tmp_path / "a").cfg.d_model == 16
+    with pytest.raises(TypeError, match="cannot save Linear"):
+        save_model(nn.Linear(2, 2), tmp_path / "b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_unreadable_files_are_named(tmp_path):
+    """A corrupt, mismatched or missing file of a model directory: the error names it."""
+    d = tmp_path / "m"
+    save_model(lab(), d)
+    config = (d / "config.json").read_text()
+    for content, message in (
+        (b'{"format": ', "cannot be read as JSON"),
+        (b"\xff\xfe\x00garbage", "cannot be read as JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b'{"format": "rmsnorm-lab-transformer"}', "not a valid rmsnorm-lab-transformer config"),
+        (b'{"format": "rmsnorm-lab-transformer", "transformer_config": {"n_layerz": 1}}',
+         "not a valid rmsnorm-lab-transformer config"),
+    ):  # fmt: skip
+        (d / "config.json").write_bytes(content)
+        with pytest.raises(ValueError, match=message) as info:
+            load_model(d)
+        assert str(d / "config.json") in str(info.value)
+    (d / "config.json").write_text(config)
+    weights = (d / "model.pt").read_bytes()
+    (d / "model.pt").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(ValueError, match="cannot be read as a state_dict") as info:
+        load_model(d)
+    assert str(d / "model.pt") in str(info.value)
+    torch.save({"tok_emb.weight": torch.zeros(3)}, d / "model.pt")
+    with pytest.raises(ValueError, match="does not hold the weights") as info:
+        load_model(d)
+    assert str(d / "model.pt") in str(info.value) and str(d / "config.json") in str(info.value)
+    (d / "model.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="no model.pt") as info:
+        load_model(d)
+    assert str(d / "model.pt") in str(info.value)
+
+
+def test_unreadable_hugging_face_weights_are_named(tmp_path):
+    pytest.importorskip("transformers")
+    d = tmp_path / "hf"
+    save_model(gpt2(), d)
+    weights = d / "model.safetensors"
+    assert weights.is_file()
+    weights.write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="cannot be read as part of a model") as info:
+        load_model(d)
+    assert str(weights) in str(info.value)
+    with pytest.raises(ValueError, match=str(weights)):
+        _convert(d, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_cli_convert_refusals_and_overwrite(tmp_path):
+    """The command says the arguments as the user typed them (SOURCE, DESTINATION, --overwrite):
+    exit code 2 for a refused destination, 1 for an unreadable model, 0 with --overwrite."""
+    from typer.testing import CliRunner
+
+    from rmsnorm.cli import app
+
+    runner = CliRunner()
+    src = tmp_path / "src"
+    save_model(lab(), src)
+    before = _snapshot(src)
+    args = ["--repeats", "1", "--seq-len", "8", "--check-dtypes", "float32"]
+    result = runner.invoke(app, ["convert", str(src), str(src), *args])
+    assert result.exit_code == 2, result.output
+    assert f"DESTINATION {src} is SOURCE {src}" in " ".join(result.output.split())
+    result = runner.invoke(app, ["convert", str(src), str(src / "x"), *args])
+    assert result.exit_code == 2 and "is inside SOURCE" in result.output
+    assert _snapshot(src) == before
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["convert", str(src), str(dst), *args])
+    assert result.exit_code == 2 and "set --overwrite to replace" in result.output
+    assert (dst / "notes.txt").read_text() == "mine"
+    result = runner.invoke(app, ["convert", str(src), str(dst), "--overwrite", *args])
+    assert result.exit_code == 0, result.output
+    assert set(_snapshot(dst)) == {"config.json", "model.pt"}
+    (src / "config.json").write_text("{")
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "new"), *args])
+    assert result.exit_code == 1 and "cannot be read as JSON" in result.output
+    assert str(src / "config.json") in " ".join(result.output.split())

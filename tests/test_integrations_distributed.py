@@ -2,10 +2,13 @@
 with the parameters of single-process training on the same global batch; sequence parallelism on
 plain tensors gives the whole sequence's d weight after all_reduce_norm_grads; on DTensors
 (``parallelize_module`` plans, direct calls, torch.compile) the ops' sharding rules give what
-``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` give in the same plan."""
+``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` give in the same plan; beyond torch, plain weights
+are taken as replicated and inputs sharded on a normalized dim are normalized in place with one
+collective of the row statistics, forward and backward, as whole tensors are."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -37,8 +40,14 @@ CHECKS = (
     "dtensor_plan",
     "dtensor_add_rms_norm",
     "dtensor_functional",
-    "dtensor_normalized_dim_sharded",
     "dtensor_compile",
+    "dtensor_plain_parameters",
+    "dtensor_normalized_dim_sharded",
+    "dtensor_normalized_dim_low_precision",
+    "dtensor_normalized_dim_double_backward",
+    "dtensor_normalized_dim_2d_mesh",
+    "dtensor_normalized_dim_compile",
+    "dtensor_partial_and_sharded_parameters",
 )
 
 
@@ -383,47 +392,6 @@ def check_dtensor_functional(rank: int) -> None:
                     _close(gr.full_tensor(), gr_want, f"{what}, gradient {i}")
 
 
-def check_dtensor_normalized_dim_sharded(rank: int) -> None:
-    """An input sharded on a normalized dim, or partial, or a sharded weight and bias, match no
-    rule: DTensor redistributes them (the normalized dims whole on every rank, the parameters
-    replicated) and the results are those of whole tensors."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-    g = torch.Generator().manual_seed(6)
-    x, res, cot = (torch.randn(_X_SHAPE, generator=g) for _ in range(3))
-    cases = (  # normalized shape, input placement, weight and bias placement
-        ((6,), Shard(3), Replicate()),
-        ((4, 6), Shard(2), Replicate()),
-        ((4, 6), Shard(3), Replicate()),
-        ((6,), Shard(0), Shard(0)),
-    )
-    for shape, p, p_param in cases:
-        w, b = 1 + 0.3 * torch.randn(shape, generator=g), 0.1 * torch.randn(shape, generator=g)
-        first_normalized = len(_X_SHAPE) - len(shape)
-        for name, fn in _functional_cases(shape).items():
-            what = f"{name} over {shape}, input {p}, weight and bias {p_param}"
-            want, want_grads = _run_functional(fn, (x, res, w, b), cot, None)
-            got, grads = _run_functional(fn, (x, res, w, b), cot, (p, p, p_param, p_param))
-            for o, o_want in zip(got, want, strict=True):
-                for q in o.placements:
-                    assert not (isinstance(q, Shard) and q.dim >= first_normalized), (what, q)
-                _close(o.full_tensor(), o_want, what)
-            for i, (gr, gr_want) in enumerate(zip(grads, want_grads, strict=True)):
-                if gr_want is not None:
-                    _close(gr.full_tensor(), gr_want, f"{what}, gradient {i}")
-    # Partial inputs (a row-parallel matmul's output, say) are reduced first.
-    mesh = _mesh()
-    share = (rank + 1) / (WORLD * (WORLD + 1) / 2)  # the ranks' shares add up to 1
-    w, b = 1 + 0.3 * torch.randn(6, generator=g), 0.1 * torch.randn(6, generator=g)
-    for name, fn in _functional_cases((6,)).items():
-        got = fn(*(DTensor.from_local(t * share, mesh, [Partial()]) for t in (x, res)),
-                 *(DTensor.from_local(t, mesh, [Replicate()]) for t in (w, b)))  # fmt: skip
-        want = fn(x, res, w, b)
-        for o, o_want in zip(got, want, strict=True):
-            assert not any(isinstance(q, Partial) for q in o.placements), (name, o.placements)
-            _close(o.full_tensor(), o_want, f"{name}, partial input")
-
-
 def check_dtensor_compile(rank: int) -> None:
     """torch.compile(fullgraph=True) of the sequence-parallel model: each op one graph node on
     DTensors; outputs and gradients those of eager."""
@@ -442,6 +410,316 @@ def check_dtensor_compile(rank: int) -> None:
     _close(logits_c, logits, "compiled logits")
     for name, grad in grads.items():
         _close(grads_c[name], grad, f"compiled {name}.grad")
+
+
+# ----------------------------------------------------------------------------------------------
+# DTensor beyond torch's rules: plain parameters, and inputs sharded on a normalized dim
+# normalized with one collective of the row statistics instead of gathering the rows
+# ----------------------------------------------------------------------------------------------
+def _rms_options():
+    """name -> rms_norm's keywords (``with_bias``: pass the bias), for the options that change
+    what is computed or reduced."""
+    return {
+        "default": {},
+        "eps_rms_offset_bias": dict(eps_mode="rms", offset=0.5, with_bias=True),
+        "partial_spanning_shards": dict(partial=0.8),  # k = 4 of 5 (3 + 2), 16 of 20
+        "partial_within_a_shard": dict(partial=0.25, eps_mode="rms"),  # k = 1 of 5, 5 of 20
+        "llama": dict(casting_mode="llama", with_bias=True),
+        "none": dict(casting_mode="none", offset=1.0),
+    }
+
+
+def _rms_call(options, shape):
+    options = dict(options)
+    with_bias = options.pop("with_bias", False)
+
+    def rms(x, r, w, b):
+        return (rmsnorm.rms_norm(x, shape, w, 1e-6, bias=b if with_bias else None, **options),)
+
+    def add(x, r, w, b):
+        return rmsnorm.add_rms_norm(x, r, shape, w, 1e-6, bias=b if with_bias else None,
+                                    **options)  # fmt: skip
+
+    return rms, add
+
+
+def _sharded_cases(shape):
+    """name -> fn(x, residual, weight, bias) for every function and option set over ``shape``."""
+    cases = {}
+    for name, options in _rms_options().items():
+        rms, add = _rms_call(options, shape)
+        cases[f"rms_norm {name}"] = rms
+        if name in ("default", "eps_rms_offset_bias", "partial_spanning_shards"):
+            cases[f"add_rms_norm {name}"] = add
+    cases["layer_norm"] = lambda x, r, w, b: (rmsnorm.layer_norm(x, shape, w, b),)
+    cases["layer_norm no affine"] = lambda x, r, w, b: (rmsnorm.layer_norm(x, shape),)
+    return cases
+
+
+def _comms(mode) -> dict[str, int]:
+    return {str(op).rsplit(".", 1)[-1]: n for op, n in mode.get_comm_counts().items()}
+
+
+def _distributed_run(
+    fn, tensors, cot, placements, params_plain=False, create_graph=False, count=True
+):
+    """fn on DTensors laid out as ``placements`` (x, residual, weight, bias; weight and bias plain
+    tensors with ``params_plain``): outputs, gradients, the inputs, and the collectives of forward
+    and backward (names -> counts)."""
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    mesh = _mesh()
+    inputs = [distribute_tensor(t, mesh, [p]) for t, p in zip(tensors[:2], placements[:2],
+                                                                strict=True)]  # fmt: skip
+    if params_plain:
+        inputs += [t.clone() for t in tensors[2:]]
+    else:
+        inputs += [distribute_tensor(t, mesh, [p]) for t, p in zip(tensors[2:], placements[2:],
+                                                                     strict=True)]  # fmt: skip
+    for t in inputs:
+        t.requires_grad_(True)
+    # (torch.compile refuses to run under a dispatch mode such as CommDebugMode)
+    with CommDebugMode() if count else contextlib.nullcontext() as fwd:
+        outs = fn(*inputs)
+    cots = [distribute_tensor(cot.to(o.dtype), mesh, o.placements) for o in outs]
+    loss = sum((o * c).sum() for o, c in zip(outs, cots, strict=True))  # reduced: not counted
+    with CommDebugMode() if count else contextlib.nullcontext() as bwd:
+        grads = torch.autograd.grad(loss, inputs, allow_unused=True, create_graph=create_graph)
+    return outs, grads, inputs, count and _comms(fwd), count and _comms(bwd)
+
+
+def _whole_run(fn, tensors, cot, create_graph=False):
+    inputs = [t.clone().requires_grad_(True) for t in tensors]
+    outs = fn(*inputs)
+    loss = sum((o * cot.to(o.dtype)).sum() for o in outs)
+    grads = torch.autograd.grad(loss, inputs, allow_unused=True, create_graph=create_graph)
+    return outs, grads, inputs
+
+
+def check_dtensor_normalized_dim_sharded(rank: int) -> None:
+    """Inputs sharded on a normalized dim (evenly or not, the outer or the inner of two): output
+    and d input stay sharded as the input; the forward runs exactly one collective of the row
+    statistics (an all-reduce of Σx² for RMSNorm, an all-gather of each rank's count, mean and
+    Σ(x − mean)² for LayerNorm) and no gather of the rows; the backward one more, its adjoint;
+    d weight / d bias are partial sums; values and gradients those of whole tensors, for every
+    option."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    g = torch.Generator().manual_seed(6)
+    x_shape = (3, 5, 4, 5)  # 5 = 3 + 2 on two ranks
+    x = torch.randn(x_shape, generator=g, dtype=torch.float64) + 1.5  # a mean: LN ≠ RMS
+    res, cot = (torch.randn(x_shape, generator=g, dtype=torch.float64) for _ in range(2))
+    for shape, p in (((5,), Shard(3)), ((4, 5), Shard(2)), ((4, 5), Shard(3))):
+        w = 1 + 0.3 * torch.randn(shape, generator=g, dtype=torch.float64)
+        b = 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        for name, fn in _sharded_cases(shape).items():
+            what = f"{name} over {shape}, input {p}"
+            want, want_grads, _ = _whole_run(fn, (x, res, w, b), cot)
+            outs, grads, _, fwd, bwd = _distributed_run(
+                fn, (x, res, w, b), cot, (p, p, Replicate(), Replicate())
+            )
+            stat = "all_gather_into_tensor" if name.startswith("layer_norm") else "all_reduce"
+            assert fwd == {stat: 1}, (what, fwd)
+            adjoint = "reduce_scatter_tensor" if stat != "all_reduce" else "all_reduce"
+            assert bwd == {adjoint: 1}, (what, bwd)
+            for o, o_want in zip(outs, want, strict=True):
+                assert o.placements == (p,), (what, o.placements)
+                _close(o.full_tensor(), o_want, what)
+            for i, (gr, gr_want) in enumerate(zip(grads, want_grads, strict=True)):
+                if gr_want is None:
+                    assert gr is None, (what, i)
+                    continue
+                assert gr.placements == ((p,) if i < 2 else (Partial("sum"),)), (what, i, gr)
+                _close(gr.full_tensor(), gr_want, f"{what}, gradient {i}")
+
+
+def check_dtensor_normalized_dim_low_precision(rank: int) -> None:
+    """bfloat16 inputs with a float32 weight (the casting modes differ there) sharded on the
+    normalized dim: within the shared tolerance rule of the float64 result, as the whole-tensor
+    call in bfloat16 is; float32 rows whose statistics overflow float32 too."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from rmsnorm.testing import assert_close_to_reference
+
+    g = torch.Generator().manual_seed(7)
+    x64 = torch.randn(6, 4, 48, generator=g, dtype=torch.float64) * 3 + 1
+    res64, cot64 = (torch.randn(6, 4, 48, generator=g, dtype=torch.float64) for _ in range(2))
+    w64 = 1 + 0.3 * torch.randn(48, generator=g, dtype=torch.float64)
+    b64 = 0.1 * torch.randn(48, generator=g, dtype=torch.float64)
+    for name, fn in _sharded_cases((48,)).items():
+        tensors = (x64.bfloat16(), res64.bfloat16(), w64.float(), b64.float())
+        outs, grads, _, _, _ = _distributed_run(
+            fn, tensors, cot64, (Shard(2), Shard(2), Replicate(), Replicate())
+        )
+        eager, eager_grads, _ = _whole_run(fn, tensors, cot64)
+        want, want_grads, _ = _whole_run(fn, tuple(t.double() for t in tensors), cot64)
+        for o, e, o_want in zip(outs, eager, want, strict=True):
+            assert_close_to_reference(o.full_tensor(), o_want, e, name=f"{name} output")
+        for i, (gr, e, gr_want) in enumerate(zip(grads, eager_grads, want_grads, strict=True)):
+            if gr is not None:
+                rows = 24 if i >= 2 else 1
+                assert_close_to_reference(gr.full_tensor(), gr_want, e, name=f"{name} grad {i}",
+                                          rows=rows)  # fmt: skip
+    # float32 rows near float32's largest value, whose statistics (and x − μ) overflow float32:
+    # finite, as the spec's rescaled rows are.
+    big = torch.randn(3, 48, generator=g, dtype=torch.float64)
+    big[0] *= 1e37  # Σx² past float32's range
+    big[1] = 3e38 + 1e36 * big[1]  # x − μ fine, μ near the top
+    big[2] = 3e38 + 1e36 * big[2]
+    big[2, ::16] = -3e38  # 3 of 48: μ ≈ 2.6e38, x − μ ≈ -5.6e38 past float32's range
+    mesh = _mesh()
+    from torch.distributed.tensor import distribute_tensor
+
+    for name in ("rms_norm default", "layer_norm"):
+        fn = _sharded_cases((48,))[name]
+        got = fn(distribute_tensor(big.float(), mesh, [Shard(1)]), None, None, None)[0]
+        eager = fn(big.float(), None, None, None)[0]
+        want = fn(big, None, None, None)[0]
+        assert torch.isfinite(got.full_tensor()).all(), name
+        assert_close_to_reference(got.full_tensor(), want, eager, name=f"{name} near overflow")
+
+
+def check_dtensor_plain_parameters(rank: int) -> None:
+    """A plain weight / bias with a DTensor input is taken as replicated on the input's mesh: the
+    results are those of whole tensors and the plain parameters' gradients arrive summed over the
+    mesh, the same on every rank. A plain residual is refused, saying what to do."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    g = torch.Generator().manual_seed(8)
+    x, res, cot = (torch.randn(_X_SHAPE, generator=g) for _ in range(3))
+    w, b = 1 + 0.3 * torch.randn(6, generator=g), 0.1 * torch.randn(6, generator=g)
+    for p in (Shard(0), Shard(1), Replicate(), Shard(3)):
+        for name, fn in _functional_cases((6,)).items():
+            what = f"{name}, input {p}, plain weight and bias"
+            want, want_grads, _ = _whole_run(fn, (x, res, w, b), cot)
+            outs, grads, _, _, _ = _distributed_run(
+                fn, (x, res, w, b), cot, (p, p), params_plain=True
+            )
+            for o, o_want in zip(outs, want, strict=True):
+                _close(o.full_tensor(), o_want, what)
+            for i in (2, 3):
+                assert type(grads[i]) is torch.Tensor, (what, type(grads[i]))
+                _close(grads[i], want_grads[i], f"{what}, gradient {i}")
+    mesh = _mesh()
+    from torch.distributed.tensor import distribute_tensor
+
+    with pytest.raises(TypeError, match="residual must be a DTensor when input is one"):
+        rmsnorm.add_rms_norm(distribute_tensor(x, mesh, [Shard(0)]), res, 6)
+    with pytest.raises(TypeError, match="input must be a DTensor when residual is one"):
+        rmsnorm.add_rms_norm(x, distribute_tensor(res, mesh, [Shard(0)]), 6)
+
+
+def check_dtensor_normalized_dim_double_backward(rank: int) -> None:
+    """create_graph=True through the collectives: second-order gradients those of whole
+    tensors."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 4, 5, generator=g, dtype=torch.float64) + 1
+    res, cot = (torch.randn(3, 4, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    w = 1 + 0.3 * torch.randn(5, generator=g, dtype=torch.float64)
+    b = 0.1 * torch.randn(5, generator=g, dtype=torch.float64)
+    cases = _sharded_cases((5,))
+    names = ("rms_norm eps_rms_offset_bias", "rms_norm partial_spanning_shards", "rms_norm llama",
+             "rms_norm none", "add_rms_norm default", "layer_norm")  # fmt: skip
+    for name in names:
+        fn = cases[name]
+        _, want_grads, inputs = _whole_run(fn, (x, res, w, b), cot, create_graph=True)
+        want = torch.autograd.grad(want_grads[0].sin().sum(), inputs[0])[0]
+        _, grads, inputs, _, _ = _distributed_run(
+            fn, (x, res, w, b), cot, (Shard(2), Shard(2), Replicate(), Replicate()),
+            create_graph=True,
+        )  # fmt: skip
+        got = torch.autograd.grad(grads[0].sin().sum(), inputs[0])[0]
+        _close(grads[0].full_tensor(), want_grads[0], f"{name}, first order")
+        _close(got.full_tensor(), want, f"{name}, second order")
+
+
+def check_dtensor_normalized_dim_2d_mesh(rank: int) -> None:
+    """A 2-D mesh (2 × 1): the normalized dim sharded on one mesh dim, the rows on the other:
+    output sharded as the input, d weight partial over both, values those of whole tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (WORLD, 1))
+    g = torch.Generator().manual_seed(10)
+    x, cot = (torch.randn(4, 3, 6, generator=g) for _ in range(2))
+    w = 1 + 0.3 * torch.randn(6, generator=g)
+    for name, fn in (("rms_norm", lambda x, w: rmsnorm.rms_norm(x, 6, w, partial=0.5)),
+                     ("layer_norm", lambda x, w: rmsnorm.layer_norm(x, 6, w))):  # fmt: skip
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        (fn(xr, wr) * cot).sum().backward()
+        xd = distribute_tensor(x, mesh, [Shard(2), Shard(0)]).requires_grad_()
+        wd = distribute_tensor(w, mesh, [Replicate(), Replicate()]).requires_grad_()
+        y = fn(xd, wd)
+        assert y.placements == (Shard(2), Shard(0)), (name, y.placements)
+        (y * distribute_tensor(cot, mesh, y.placements)).sum().backward()
+        _close(y.full_tensor(), fn(x, w), name)
+        _close(xd.grad.full_tensor(), xr.grad, f"{name} d input")
+        assert wd.grad.placements == (Partial("sum"),) * 2, (name, wd.grad.placements)
+        _close(wd.grad.full_tensor(), wr.grad, f"{name} d weight")
+
+
+def check_dtensor_normalized_dim_compile(rank: int) -> None:
+    """torch.compile(fullgraph=True, aot_eager) of the functions on inputs sharded on the
+    normalized dim: no graph break; outputs and gradients those of eager."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    g = torch.Generator().manual_seed(11)
+    x, res, cot = (torch.randn(2, 3, 8, generator=g) for _ in range(3))
+    w, b = 1 + 0.3 * torch.randn(8, generator=g), 0.1 * torch.randn(8, generator=g)
+    cases = {name: (fn, False) for name, fn in _functional_cases((8,)).items()}
+    cases["rms_norm llama"] = (_sharded_cases((8,))["rms_norm llama"], False)  # _ValueOf
+    cases["rms_norm, plain weight and bias"] = (_functional_cases((8,))["rms_norm"], True)
+    for name, (fn, plain) in cases.items():
+        runs = []
+        for compiled in (False, True):
+            torch._dynamo.reset()
+            f = torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
+            outs, grads, _, _, _ = _distributed_run(
+                f, (x, res, w, b), cot, (Shard(2), Shard(2), Replicate(), Replicate()),
+                params_plain=plain, count=False,
+            )  # fmt: skip
+            runs.append([*outs, *(gr for gr in grads if gr is not None)])
+        for i, (got, want) in enumerate(zip(*runs, strict=True)):
+            assert type(got) is type(want), (name, i)
+            if plain and i >= 1:
+                _close(got, want, f"compiled {name}, tensor {i}")
+                continue
+            assert got.placements == want.placements, (name, i)
+            _close(got.full_tensor(), want.full_tensor(), f"compiled {name}, tensor {i}")
+
+
+def check_dtensor_partial_and_sharded_parameters(rank: int) -> None:
+    """Partial inputs (a row-parallel matmul's output) are reduced first; a weight and bias
+    sharded differently from the input are redistributed to match it."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    g = torch.Generator().manual_seed(12)
+    x, res, cot = (torch.randn(_X_SHAPE, generator=g) for _ in range(3))
+    w, b = 1 + 0.3 * torch.randn(6, generator=g), 0.1 * torch.randn(6, generator=g)
+    for p, p_param in ((Shard(0), Shard(0)), (Shard(3), Shard(0))):
+        for name, fn in _functional_cases((6,)).items():
+            what = f"{name}, input {p}, weight and bias {p_param}"
+            want, want_grads, _ = _whole_run(fn, (x, res, w, b), cot)
+            outs, grads, _, _, _ = _distributed_run(
+                fn, (x, res, w, b), cot, (p, p, p_param, p_param)
+            )
+            for o, o_want in zip(outs, want, strict=True):
+                _close(o.full_tensor(), o_want, what)
+            for i, (gr, gr_want) in enumerate(zip(grads, want_grads, strict=True)):
+                if gr_want is not None:
+                    _close(gr.full_tensor(), gr_want, f"{what}, gradient {i}")
+    mesh = _mesh()
+    share = (rank + 1) / (WORLD * (WORLD + 1) / 2)  # the ranks' shares add up to 1
+    for name, fn in _functional_cases((6,)).items():
+        got = fn(*(DTensor.from_local(t * share, mesh, [Partial()]) for t in (x, res)),
+                 *(DTensor.from_local(t, mesh, [Replicate()]) for t in (w, b)))  # fmt: skip
+        want = fn(x, res, w, b)
+        for o, o_want in zip(got, want, strict=True):
+            assert not any(isinstance(q, Partial) for q in o.placements), (name, o.placements)
+            _close(o.full_tensor(), o_want, f"{name}, partial input")
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from . import _launch
+from . import _launch, _layout
 from . import reference as ref
 
 
@@ -97,10 +97,10 @@ def gated_rms_norm_backward(
             dy, x, gate, norm_dims, weight, bias, rstd, None, *params, input_dtype,
             need_w or need_b,
         )  # fmt: skip
-    return (
-        dx if need_x else None, dz if need_z and gate is not None else None,
-        dw if need_w else None, db if need_b else None,
-    )  # fmt: skip
+    # dx and d gate come back contiguous; torch's composite backward gives them dy's layout.
+    dx = _layout.input_grad(dx, dy) if need_x else None
+    dz = _layout.input_grad(dz, dy) if need_z and gate is not None else None
+    return dx, dz, dw if need_w else None, db if need_b else None
 
 
 def rms_norm_backward(
@@ -111,6 +111,7 @@ def rms_norm_backward(
     ops (``torch.ops.rmsnorm``) or :mod:`rmsnorm._launch`, which have the same signatures."""
     if not (need_x or need_w or need_b):
         return None, None, None
+    dy_given = dy
     if dy is None:  # only h's gradient reached add_rms_norm
         dy = torch.zeros_like(x, dtype=ref.output_dtype(input_dtype, weight, params[2]))
     if torch.is_grad_enabled():  # create_graph=True: keep the backward differentiable
@@ -121,7 +122,9 @@ def rms_norm_backward(
         dx, dw, db = ops.rms_norm_bwd(
             dy, x, norm_dims, weight, bias, rstd, dh, *params, input_dtype, need_w or need_b
         )
-    return dx if need_x else None, dw if need_w else None, db if need_b else None
+    # dx comes back contiguous; torch's composite backward gives it dy's layout (channels_last).
+    dx = _layout.input_grad(dx, dy_given, dh) if need_x else None
+    return dx, dw if need_w else None, db if need_b else None
 
 
 def layer_norm_backward(

@@ -1,10 +1,9 @@
-"""DTensor sharding rules for the custom ops, so tensor- and sequence-parallel plans run this
-library's norms: rows sharded or replicated, outputs and statistics following them, weight and bias
-replicated, their gradients partial sums over sharded rows (inputs sharded on a normalized dim, or
-partial, match no rule, so DTensor redistributes them; grouped and gated inputs sharded on group
-boundaries are normalized on each rank's groups). Importing ``torch.distributed.tensor`` takes
-about 1 s, so ``import rmsnorm`` never does: the rules are registered as soon as it is imported.
-"""
+"""DTensor support: sharding rules for the custom ops (rows sharded or replicated, outputs and
+statistics following them, weight and bias replicated, their gradients partial sums), and the
+functional API's DTensor calls, which also take plain weights and normalize inputs sharded on a
+normalized dim in place with one collective of the row statistics (grouped and gated inputs
+sharded on group boundaries with none). Importing ``torch.distributed.tensor`` takes about 1 s,
+so ``import rmsnorm`` never does: the rules are registered as soon as it is imported."""
 
 from __future__ import annotations
 
@@ -15,6 +14,8 @@ import threading
 import warnings
 
 import torch
+
+from . import reference as ref
 
 _MODULE = "torch.distributed.tensor"
 _lock = threading.Lock()
@@ -182,11 +183,13 @@ def _register() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Grouped and gated calls on DTensors (from the functional API). Rows sharded or replicated run
-# the op under the rules above. Normalized dims sharded so that every rank holds whole groups
-# (Mamba2's n_groups split over tensor-parallel ranks; a per-head norm with the heads sharded) are
-# normalized where they lie: each rank runs the op on its own groups, with its slice of the
-# weight, and no collective. Normalized dims sharded across group boundaries are refused.
+# Calls on DTensors from the functional API. A plain weight or bias is taken as replicated on the
+# input's mesh. Rows sharded or replicated run the ops under the rules above. An input sharded on
+# a normalized dim is normalized where it lies: each rank reduces its part of every row, one
+# collective combines the row statistics, and the normalization runs on the local shards
+# (torch operations and differentiable functional collectives, so autograd, double backward
+# and torch.compile follow; the backward's row reductions are combined by the collective's
+# own backward).
 # ----------------------------------------------------------------------------------------------
 def is_dtensor(t: object) -> bool:
     """Whether t is a DTensor (False, without importing it, when DTensor was never imported)."""
@@ -194,104 +197,427 @@ def is_dtensor(t: object) -> bool:
     return module is not None and isinstance(t, module.DTensor)
 
 
-def _on_mesh(p, x, name: str):
-    """A weight or bias as a DTensor on x's mesh (a plain tensor is taken as replicated); a gate
-    must be a DTensor laid out as x."""
-    if p is None:
-        return None
+def _as_dtensor(p, x, name: str):
+    """p (a weight, bias or residual) as a DTensor on x's mesh: a plain weight or bias is taken
+    as replicated (its gradient then arrives summed over the mesh, on every rank)."""
+    if p is None or is_dtensor(p):
+        return p
     from torch.distributed.tensor import DTensor, Replicate
 
+    if name == "residual":
+        raise TypeError(
+            "residual must be a DTensor when input is one (got a torch.Tensor): make it one on "
+            "input's mesh, e.g. DTensor.from_local(residual, mesh, placements)"
+        )
     mesh = x.device_mesh
-    if not is_dtensor(p):
-        if name == "gate":
-            raise TypeError(
-                "gate must be a DTensor when input is one (got a torch.Tensor): make it one on "
-                "input's mesh, e.g. DTensor.from_local(gate, mesh, placements)"
-            )
-        return DTensor.from_local(p, mesh, [Replicate()] * mesh.ndim, run_check=False)
-    if name == "gate" and tuple(p.placements) != tuple(x.placements):
-        p = p.redistribute(mesh, x.placements)
-    return p
+    return DTensor.from_local(p, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
-def _normalized_shards(x, norm_dims: int) -> bool:
-    """Whether a mesh dim shards a normalized dim of x."""
+def _without_partial(x):
+    """x with each Partial placement reduced (Replicate): a sum of partial rows is normalized
+    only once it is summed."""
+    from torch.distributed.tensor import Replicate
+
+    if not any(p.is_partial() for p in x.placements):
+        return x
+    return x.redistribute(
+        x.device_mesh, [Replicate() if p.is_partial() else p for p in x.placements]
+    )
+
+
+def _normalized_mesh_dims(x, norm_dims: int) -> list[int] | None:
+    """The mesh dims that shard a normalized dim of x (each by a plain Shard), or None when no
+    mesh dim does, or one shards it in another way (DTensor then redistributes under the ops'
+    rules)."""
+    from torch.distributed.tensor import Shard
+
     lead = x.ndim - norm_dims
-    return any(p.is_shard() and p.dim >= lead for p in x.placements)
+    dims = []
+    for i, p in enumerate(x.placements):
+        if p.is_shard() and p.dim >= lead:
+            if type(p) is not Shard:
+                return None
+            dims.append(i)
+    return dims or None
 
 
+def rms_norm(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    """rms_norm of the DTensor x (see the section comment)."""
+    weight, bias = _as_dtensor(weight, x, "weight"), _as_dtensor(bias, x, "bias")
+    x = _without_partial(x)
+    mesh_dims = _normalized_mesh_dims(x, norm_dims)
+    if mesh_dims is None:
+        ops = torch.ops.rmsnorm
+        return ops.rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k)[
+            0
+        ]
+    rows = _Rows(x, norm_dims, mesh_dims)
+    y = rows.rms_norm(rows.local(x), x.dtype, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    return rows.dtensor(y)
+
+
+def add_rms_norm(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    """add_rms_norm of the DTensors x and residual (see the section comment)."""
+    if not is_dtensor(x):
+        raise TypeError(
+            "input must be a DTensor when residual is one (got a torch.Tensor): make it one on "
+            "residual's mesh, e.g. DTensor.from_local(input, mesh, placements)"
+        )
+    residual = _as_dtensor(residual, x, "residual")
+    weight, bias = _as_dtensor(weight, x, "weight"), _as_dtensor(bias, x, "bias")
+    x = _without_partial(x)
+    residual = residual.redistribute(x.device_mesh, x.placements)
+    mesh_dims = _normalized_mesh_dims(x, norm_dims)
+    if mesh_dims is None:
+        y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
+            x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+        )
+        return y, h
+    rows = _Rows(x, norm_dims, mesh_dims)
+    cd = torch.promote_types(ref.compute_dtype(x.dtype), ref.compute_dtype(residual.dtype))
+    # As the spec: summed in the compute dtype, stored (and normalized) in the residual's dtype.
+    h = (rows.local(x).to(cd) + rows.local(residual).to(cd)).to(residual.dtype)
+    y = rows.rms_norm(h, x.dtype, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    return rows.dtensor(y), rows.dtensor(h)
+
+
+def layer_norm(x, norm_dims, weight, bias, eps):
+    """layer_norm of the DTensor x (see the section comment)."""
+    weight, bias = _as_dtensor(weight, x, "weight"), _as_dtensor(bias, x, "bias")
+    x = _without_partial(x)
+    mesh_dims = _normalized_mesh_dims(x, norm_dims)
+    if mesh_dims is None:
+        return torch.ops.rmsnorm.layer_norm_fwd(x, norm_dims, weight, bias, eps)[0]
+    rows = _Rows(x, norm_dims, mesh_dims)
+    xc = rows.local(x).to(ref.compute_dtype(x.dtype))  # gradients meet here, in fp32 or fp64
+    xd = xc.to(torch.float64)
+    mean, var = rows.mean_var(xd)
+    # (x − μ)·r in float64, rounded once: x − μ cannot overflow there as it can in float32.
+    y = ((xd - mean[:, None]) * torch.rsqrt(var + eps)[:, None]).to(xc.dtype)
+    w, b = rows.param(weight), rows.param(bias)
+    if w is not None:
+        y = y * w.to(xc.dtype)
+    if b is not None:
+        y = y + b.to(xc.dtype)
+    return rows.dtensor(y.to(x.dtype))
+
+
+class _Rows:
+    """A DTensor x whose normalized dims are sharded over the mesh dims ``mesh_dims``, seen as
+    this rank's (M, n) block of rows: M local rows, n of each row's N elements."""
+
+    def __init__(self, x, norm_dims: int, mesh_dims: list[int]) -> None:
+        from torch.distributed.tensor import Partial, Replicate
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        self.x, self.mesh, self.mesh_dims = x, x.device_mesh, mesh_dims
+        self.lead = lead = x.ndim - norm_dims
+        self.local_shape, self.offset = compute_local_shape_and_global_offset(
+            x.shape, self.mesh, x.placements
+        )
+        self.m = math.prod(self.local_shape[:lead])
+        self.n = math.prod(self.local_shape[lead:])
+        self.big_n = math.prod(x.shape[lead:])
+        # d weight / d bias: this rank's rows and this rank's slice of the row, a partial sum on
+        # every mesh dim that shards x (zero outside the slice), as the ops' rules give it.
+        self.grad_placements = [Partial("sum") if p.is_shard() else Replicate()
+                                for p in x.placements]  # fmt: skip
+
+    def local(self, t) -> torch.Tensor:
+        """t's local shard (t laid out as x) as (M, n) rows."""
+        return t.to_local().reshape(self.m, self.n)
+
+    def param(self, p) -> torch.Tensor | None:
+        """This rank's slice of a weight or bias, as an (n,) vector."""
+        if p is None:
+            return None
+        from torch.distributed.tensor import Replicate
+
+        if not all(q.is_replicate() for q in p.placements):
+            p = p.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)
+        local = p.to_local(grad_placements=self.grad_placements)
+        for d in range(self.lead, self.x.ndim):
+            if self.local_shape[d] != self.x.shape[d]:
+                local = local.narrow(d - self.lead, self.offset[d], self.local_shape[d])
+        return local.reshape(self.n)
+
+    def dtensor(self, rows: torch.Tensor):
+        """(M, n) local rows as a DTensor laid out as x (contiguous)."""
+        from torch.distributed.tensor import DTensor
+
+        shape = self.x.shape
+        return DTensor.from_local(
+            rows.reshape(self.local_shape), self.mesh, self.x.placements, run_check=False,
+            shape=shape, stride=_contiguous_strides(shape),
+        )  # fmt: skip
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        for i in self.mesh_dims:
+            t = _AllReduce.apply(t, self.mesh, i)
+        return t
+
+    def index(self) -> torch.Tensor:
+        """(n,) the position of each of this rank's elements in the row (flattened normalized
+        dims), in local order."""
+        device = self.x.device
+        index = torch.zeros((), dtype=torch.int64, device=device)
+        stride = 1
+        for d in range(self.x.ndim - 1, self.lead - 1, -1):
+            pos = torch.arange(self.local_shape[d], device=device) + self.offset[d]
+            index = index.unsqueeze(0) + (pos * stride).reshape(-1, *([1] * index.dim()))
+            stride *= self.x.shape[d]
+        return index.reshape(self.n)
+
+    def _first_k(self, k: int) -> torch.Tensor | None:
+        """(n,) mask of this rank's elements among the first k of the row (flattened normalized
+        dims, in order), or None when k = N."""
+        if k >= self.big_n:
+            return None
+        return self.index() < k
+
+    def rms_norm(self, xl, in_dtype, weight, bias, eps, eps_mode, casting_mode, offset, k):
+        """RMSNorm of the local rows xl with ``in_dtype`` the input dtype of the casting mode.
+        The value is the spec's (:func:`rmsnorm.reference.rms_norm_apply`, its roundings
+        included); the gradient is the spec's backward (docs/spec.md, section 3): that of the
+        unrounded function in the compute dtype, with x̂ rounded to the input dtype for d weight
+        in ``"llama"`` mode."""
+        cd = torch.promote_types(ref.compute_dtype(xl.dtype), ref.compute_dtype(in_dtype))
+        xc = xl.to(cd)  # gradients meet here, in fp32 or fp64
+        r = self.rms_rstd(xc.to(torch.float64), eps, eps_mode, k).to(cd)
+        w, b = self.param(weight), self.param(bias)
+        xhat = xc * r[:, None]
+        if casting_mode == "llama":  # d weight sees x̂ as the forward rounded it
+            xhat = xhat + (xhat.detach().to(in_dtype).to(cd) - xhat.detach())
+        y = xhat
+        if w is not None:
+            y = y * (w.to(cd) + offset if offset != 0.0 else w.to(cd))
+        if b is not None:
+            y = y + b.to(cd)
+        out_dtype = ref.output_dtype(in_dtype, weight, casting_mode)
+        y = y.to(out_dtype)
+        if casting_mode == "gemma":  # rounded once, at the end: its own value
+            return y
+        with torch.no_grad():
+            value = ref.rms_norm_apply(
+                xl.detach(), r.detach(), None if w is None else w.detach(),
+                None if b is None else b.detach(), casting_mode, offset, in_dtype,
+            )  # fmt: skip
+        return _ValueOf.apply(value, y)
+
+    def rms_rstd(self, xd: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
+        """r per row from the first k elements, x given in float64 (squares of any float32 value
+        and their sums cannot overflow there): Σx² of this rank's part of each row,
+        all-reduced."""
+        sq = xd.square()
+        mask = self._first_k(k)
+        if mask is not None:
+            sq = sq * mask
+        ms = self._all_reduce(sq.sum(dim=-1)) / k  # (M,)
+        if eps_mode == "mean_square":
+            return torch.rsqrt(ms + eps)
+        # "rms": 1/(sqrt(ms) + ε); sqrt's derivative at an all-zero row taken as 0 (the spec's
+        # limit: dx = g/ε there, finite).
+        positive = ms > 0
+        root = torch.where(positive, torch.where(positive, ms, 1.0).sqrt(), 0.0)
+        return 1.0 / (root + eps)
+
+    def mean_var(self, xd: torch.Tensor):
+        """(μ, σ²) per row in float64: each rank's count, mean and Σ(x − mean)² of its part
+        (two-pass), gathered and merged in rank order (Chan et al.'s pairwise update), so that
+        no Σx² − (Σx)²/N cancellation enters."""
+        count = torch.full((self.m,), float(self.n), dtype=torch.float64, device=xd.device)
+        if self.n:
+            mean = xd.mean(dim=-1)
+            m2 = (xd - mean[:, None]).square().sum(dim=-1)
+        else:  # an empty shard (uneven sharding): nothing to add
+            mean = m2 = torch.zeros_like(count)
+        for i in self.mesh_dims:
+            world = self.mesh.size(i)
+            stats = torch.stack([count, mean, m2])  # (3, M)
+            parts = _AllGather.apply(stats, self.mesh, i).reshape(world, 3, self.m)
+            count, mean, m2 = parts[0]
+            for j in range(1, world):
+                count_j, mean_j, m2_j = parts[j]
+                total = count + count_j
+                share = torch.where(total > 0, count_j / total.clamp_min(1.0), 0.0)
+                delta = mean_j - mean
+                mean = mean + delta * share
+                m2 = m2 + m2_j + delta * delta * count * share
+                count = total
+        return mean, m2 / self.big_n
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped and gated calls on DTensors. Rows sharded or replicated run the op under the rules above.
+# Normalized dims sharded so that every rank holds whole groups (Mamba2's n_groups split over
+# tensor-parallel ranks; a per-head norm with the heads sharded) are normalized where they lie:
+# each rank runs the op on its own groups with its slice of the weight, and no collective. One
+# group (no group_size) sharded takes the plain norm's path: one all-reduce of the row statistics.
+# Groups cut by the sharding are refused, naming the shard boundaries a group must not cross.
+# ----------------------------------------------------------------------------------------------
 def gated_rms_norm(x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k,
                    group_size, norm_before_gate, activation, input_dtype):  # fmt: skip
-    """(y, rstd) of the grouped / gated op on the DTensor x (see the section comment)."""
-    gate = _on_mesh(gate, x, "gate")
-    weight, bias = _on_mesh(weight, x, "weight"), _on_mesh(bias, x, "bias")
+    """y of the grouped / gated op on the DTensor x (see the section comment)."""
+    if gate is not None and not is_dtensor(gate):
+        raise TypeError(
+            "gate must be a DTensor when input is one (got a torch.Tensor): make it one on "
+            "input's mesh, e.g. DTensor.from_local(gate, mesh, placements)"
+        )
+    if not is_dtensor(x):
+        raise TypeError(
+            "input must be a DTensor when gate is one (got a torch.Tensor): make it one on "
+            "gate's mesh, e.g. DTensor.from_local(input, mesh, placements)"
+        )
+    weight, bias = _as_dtensor(weight, x, "weight"), _as_dtensor(bias, x, "bias")
+    x = _without_partial(x)
+    if gate is not None:
+        gate = gate.redistribute(x.device_mesh, x.placements)
     options = (eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate, activation,
                input_dtype)  # fmt: skip
-    if not _normalized_shards(x, norm_dims):
-        return torch.ops.rmsnorm.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *options)
-    return _local_groups(x, gate, norm_dims, weight, bias, *options)
+    mesh_dims = _normalized_mesh_dims(x, norm_dims)
+    if mesh_dims is None:
+        return torch.ops.rmsnorm.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *options)[0]
+    rows = _Rows(x, norm_dims, mesh_dims)
+    index = rows.index()
+    g = rows.big_n if group_size is None else group_size
+    if rows.n == 0 or _whole_groups(index, g):
+        return _local_groups(rows, index, x, gate, weight, bias, *options)
+    if group_size is None:
+        return _one_group(rows, x, gate, weight, bias, *options)
+    raise ValueError(
+        f"gated_rms_norm / grouped rms_norm: input is a DTensor sharded on its normalized dims "
+        f"(placements {list(x.placements)}, shape {list(x.shape)}) so that a rank holds part of "
+        f"a group of group_size={g}; each rank must hold whole groups (shard boundaries at "
+        "multiples of group_size in the flattened normalized dims), or redistribute the "
+        "normalized dims to Replicate() first"
+    )
 
 
-def _local_groups(x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k,
-                  group_size, norm_before_gate, activation, input_dtype):  # fmt: skip
-    from torch.distributed.tensor import DTensor, Partial, Replicate
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    lead = x.ndim - norm_dims
-    big_n = math.prod(x.shape[lead:])
-    g = big_n if group_size is None else group_size
-    mesh = x.device_mesh
-    local_shape, offsets = compute_local_shape_and_global_offset(x.shape, mesh, x.placements)
-    index = _flat_index(x.shape[lead:], local_shape[lead:], offsets[lead:], x.device)
+def _whole_groups(index: torch.Tensor, g: int) -> bool:
+    """Whether the local elements (their indices in the flattened row, in local order) are whole
+    groups of g, each in order."""
     n = index.numel()
-    # whole groups, in order: every run of g local elements is one group of the row
-    starts = index.reshape(-1, g)[:, 0] if n and n % g == 0 else None
-    if n and (
-        starts is None
-        or not torch.equal(index.reshape(-1, g) - starts[:, None], torch.arange(g, device=x.device))
-        or bool((starts % g).any())
-    ):
-        raise ValueError(
-            f"gated_rms_norm / grouped rms_norm: input is a DTensor sharded on its normalized "
-            f"dims (placements {list(x.placements)}, shape {list(x.shape)}) so that a rank holds "
-            f"part of a group of group_size={g}; each rank must hold whole groups (shard at "
-            "multiples of group_size), or redistribute the normalized dims to Replicate() first"
-        )
-    grad_placements = [Partial("sum") if p.is_shard() else Replicate() for p in x.placements]
+    if n % g:
+        return False
+    runs = index.reshape(-1, g)
+    starts = runs[:, 0]
+    step = torch.arange(g, device=index.device).expand_as(runs)
+    return bool(((starts % g) == 0).all()) and torch.equal(runs - starts[:, None], step)
+
+
+def _local_groups(rows, index, x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k,
+                  group_size, norm_before_gate, activation, input_dtype):  # fmt: skip
+    """Each rank's whole groups through the op, its slice of the weight gathered by index."""
 
     def local_param(p):
         if p is None:
             return None
+        from torch.distributed.tensor import Replicate
+
         if not all(q.is_replicate() for q in p.placements):
-            p = p.redistribute(mesh, [Replicate()] * mesh.ndim)
-        return p.to_local(grad_placements=grad_placements).reshape(-1).index_select(0, index)
+            p = p.redistribute(rows.mesh, [Replicate()] * rows.mesh.ndim)
+        local = p.to_local(grad_placements=rows.grad_placements).reshape(-1)
+        return local.index_select(0, index)
 
-    m = math.prod(local_shape[:lead])
-    xl = x.to_local().reshape(m, n)
-    zl = None if gate is None else gate.to_local().reshape(m, n)
-    local_group = None if n == g else g
-    y, rstd = torch.ops.rmsnorm.gated_rms_norm_fwd(
+    g = rows.big_n if group_size is None else group_size
+    xl = rows.local(x)
+    zl = None if gate is None else rows.local(gate)
+    y, _ = torch.ops.rmsnorm.gated_rms_norm_fwd(
         xl, zl, 1, local_param(weight), local_param(bias), eps, eps_mode, casting_mode, offset,
-        k, local_group, norm_before_gate, activation, input_dtype,
+        k, None if rows.n == g else g, norm_before_gate, activation, input_dtype,
     )  # fmt: skip
-    y = DTensor.from_local(y.reshape(local_shape), mesh, x.placements, run_check=False,
-                           shape=x.shape, stride=_contiguous(x.shape))  # fmt: skip
-    return y, rstd
+    return rows.dtensor(y)
 
 
-def _flat_index(shape, local_shape, offsets, device) -> torch.Tensor:
-    """The indices, in the flattened normalized dims of ``shape``, of the local block of
-    ``local_shape`` at ``offsets``, in the block's own row-major order."""
-    index = torch.zeros((), dtype=torch.int64, device=device)
-    stride = 1
-    for d in range(len(shape) - 1, -1, -1):
-        pos = torch.arange(local_shape[d], device=device) + offsets[d]
-        index = (pos * stride).reshape(-1, *([1] * index.dim())) + index.unsqueeze(0)
-        stride *= shape[d]
-    return index.reshape(-1)
+def _one_group(rows, x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+               norm_before_gate, activation, input_dtype):  # fmt: skip
+    """One group (the whole row) sharded: the plain norm's one all-reduce (``_Rows.rms_norm``),
+    with the gate applied as the spec applies it (docs/conventions.md, the gated casting table):
+    before the norm, u = x ⊙ act(z) is normalized; after it, n (unrounded in "gemma") times
+    act(z) in the compute dtype, rounded to the input dtype ("none": all in the input dtype)."""
+    in_dtype = x.dtype if input_dtype is None else input_dtype
+    xl = rows.local(x)
+    cd = torch.promote_types(ref.compute_dtype(xl.dtype), ref.compute_dtype(in_dtype))
+    norm = (eps, eps_mode, casting_mode, offset, k)
+    if gate is None:
+        return rows.dtensor(rows.rms_norm(xl, in_dtype, weight, bias, *norm))
+    a = ref.gate_activation(rows.local(gate).to(cd), activation)
+    if not norm_before_gate:
+        if casting_mode == "none":
+            u = xl.to(in_dtype) * a.to(in_dtype)
+        else:
+            u = xl.to(cd) * a
+        return rows.dtensor(rows.rms_norm(u, in_dtype, weight, bias, *norm))
+    if casting_mode == "none":
+        n = rows.rms_norm(xl, in_dtype, weight, bias, *norm)
+        return rows.dtensor(n * a.to(in_dtype))
+    n = rows.rms_norm(xl, cd if casting_mode == "gemma" else in_dtype, weight, bias, *norm)
+    return rows.dtensor((n.to(cd) * a).to(in_dtype))
 
 
-def _contiguous(shape) -> tuple[int, ...]:
+class _ValueOf(torch.autograd.Function):
+    """``value`` forward, the gradient of ``graph`` backward (the same shape and dtype): the
+    spec's rounded output with the spec's derivative."""
+
+    @staticmethod
+    def forward(ctx, value, graph):
+        return value
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, grad
+
+
+# The collectives as autograd functions, each the other's adjoint (torch registers these formulas
+# for its functional collectives only in recent versions): an all-reduce's backward all-reduces
+# the gradient; an all-gather's reduce-scatters it; a reduce-scatter's all-gathers it.
+def _funcol():
+    from torch.distributed import _functional_collectives as funcol
+
+    return funcol
+
+
+class _AllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, mesh, dim):
+        ctx.group = (mesh, dim)
+        funcol = _funcol()
+        return funcol.wait_tensor(funcol.all_reduce(t, "sum", (mesh, dim)))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllReduce.apply(grad, *ctx.group), None, None
+
+
+class _AllGather(torch.autograd.Function):
+    """Concatenated along dim 0, in rank order."""
+
+    @staticmethod
+    def forward(ctx, t, mesh, dim):
+        ctx.group = (mesh, dim)
+        funcol = _funcol()
+        gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+        return funcol.wait_tensor(gather(t.contiguous(), 0, (mesh, dim)))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _ReduceScatter.apply(grad, *ctx.group), None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, mesh, dim):
+        ctx.group = (mesh, dim)
+        funcol = _funcol()
+        scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+        return funcol.wait_tensor(scatter(t.contiguous(), "sum", 0, (mesh, dim)))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllGather.apply(grad, *ctx.group), None, None
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)

@@ -47,6 +47,8 @@ _OPTION_OF = {
     "text": "--text-file",
     "batch_size": "--batch",
     "budget_s": "--budget",
+    "source": "SOURCE",  # convert's arguments
+    "destination": "DESTINATION",
 }
 
 
@@ -249,6 +251,14 @@ def convert(
     repeats: Annotated[
         int, typer.Option(callback=_positive, help="Forwards per median inference time.")
     ] = 10,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace DESTINATION if it is a non-empty directory (once the new model is "
+            "complete).",
+        ),
+    ] = False,
     json_out: _Json = None,
     # The spelling of earlier versions, kept working but out of the help.
     old_json_out: Annotated[Path | None, typer.Option("--json-out", hidden=True)] = None,
@@ -258,7 +268,11 @@ def convert(
     Reads the local model directory SOURCE (Hugging Face GPT-2 / GPT-NeoX,
     or the lab transformer), centers every layer writing into the residual
     stream, swaps each LayerNorm for an RMSNorm with the same weights
-    (Jiang et al., NeurIPS 2023) and writes the result to DESTINATION.
+    (Jiang et al., NeurIPS 2023) and writes the result to DESTINATION:
+    a new directory, or an empty one (--overwrite replaces a non-empty
+    one), never SOURCE or a directory inside or around it. The model is
+    written beside DESTINATION and renamed into place once complete, so
+    a failure or Ctrl-C leaves DESTINATION as it was.
     Then compares the logits of both models on random tokens in each of
     --check-dtypes (comma-separated) and reports their median inference
     time over --repeats forwards; --json also writes the report.
@@ -284,6 +298,7 @@ def convert(
             batch=batch,
             seq_len=seq_len,
             repeats=repeats,
+            overwrite=overwrite,
             progress=lambda message: bar.update(task, description=message),
         )
     table = Table(title=f"{report.architecture}: {source} -> {destination}")

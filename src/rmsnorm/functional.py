@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from . import _autograd, _dtensor, _launch, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
+from . import _autograd, _dtensor, _launch, _layout, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
 from . import reference as ref
 from ._launch import backend_for
 from .reference import ACTIVATIONS, CASTING_MODES, EPS_MODES, default_eps, partial_size
@@ -229,21 +229,29 @@ def _subclass() -> int:
 
 
 def _like(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """out (computed contiguous) in the memory format torch's rms_norm gives it: a channels_last
-    (or channels_last_3d) input gets a channels_last output; any other layout a contiguous one."""
+    """out (computed contiguous) in the memory format torch's rms_norm gives it: an input laid
+    out as channels_last (or channels_last_3d), gaps allowed, gets a channels_last output; any
+    other layout a contiguous one."""
     if input.is_contiguous() or input.dim() not in (4, 5):
         return out
-    fmt = torch.channels_last if input.dim() == 4 else torch.channels_last_3d
-    return out.contiguous(memory_format=fmt) if input.is_contiguous(memory_format=fmt) else out
+    fmt = _layout.channels_last_format(input)
+    return out if fmt is None else out.contiguous(memory_format=fmt)
 
 
-def _like_sum(h: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+def _like_sum(h: torch.Tensor, input: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """add_rms_norm's residual_out (computed contiguous) with the strides ``input + residual``
-    would have: a dense input's, whatever its permutation."""
+    has in torch: input's order of dims, residual's where input's strides do not tell."""
     if input.is_contiguous():
         return h
-    like = torch.empty_like(input, dtype=h.dtype)  # contiguous unless input is dense
-    return h if like.is_contiguous() else like.copy_(h)
+    order = _layout.iteration_order(h.shape, [input.stride(), residual.stride()])
+    return _layout.in_order(h, order)
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t as rows of n elements for the spec: t itself when only its last dim is normalized (the
+    spec's operations then keep a channels_last t's layout, in the output and its gradient, as
+    torch's do), else (M, n)."""
+    return t if t.dim() and t.shape[-1] == n else ref.row_matrix(t, n)
 
 
 def _autocast_to_fp32(input: torch.Tensor, devices: tuple[str, ...]) -> bool:
@@ -406,7 +414,7 @@ def _grouped_gated(
     in_dtype = input.dtype
     x, h = input, None
     if residual is not None:
-        x = h = _like_sum(ref.residual_sum(input, residual), input)
+        x = h = _like_sum(ref.residual_sum(input, residual), input, residual)
     if path == _LAUNCH:
         if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
             y = backend_for(x).gated_rms_norm_fwd(
@@ -424,7 +432,7 @@ def _grouped_gated(
             norm_before_gate, activation, in_dtype,
         )  # fmt: skip
     elif path == _OP:
-        y, _ = _gated_op(
+        y = _gated_op(
             x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
             norm_before_gate, activation, in_dtype,
         )  # fmt: skip
@@ -444,11 +452,11 @@ def _grouped_gated(
 
 
 def _gated_op(x, gate, norm_dims, weight, bias, *options):
-    """torch.ops.rmsnorm.gated_rms_norm_fwd, or for a DTensor whose normalized dims are sharded
-    on group boundaries, the op on each rank's groups (:mod:`rmsnorm._dtensor`)."""
-    if _dtensor.is_dtensor(x):
+    """y of torch.ops.rmsnorm.gated_rms_norm_fwd, or for DTensors, of :mod:`rmsnorm._dtensor`'s
+    call (plain parameters, normalized dims sharded)."""
+    if _dtensor.is_dtensor(x) or _dtensor.is_dtensor(gate):
         return _dtensor.gated_rms_norm(x, gate, norm_dims, weight, bias, *options)
-    return torch.ops.rmsnorm.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *options)
+    return torch.ops.rmsnorm.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *options)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -568,14 +576,17 @@ def rms_norm(
             input, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
         )
     elif path == _OP:
-        y, _ = torch.ops.rmsnorm.rms_norm_fwd(
-            input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+        if _dtensor.is_dtensor(input):  # plain parameters, sharded normalized dims
+            y = _dtensor.rms_norm(
+                input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
+        else:
+            y, _ = torch.ops.rmsnorm.rms_norm_fwd(
+                input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
-        y, _ = ref.rms_norm_fwd(
-            ref.row_matrix(input, n), w, b, eps, eps_mode, casting_mode, offset, k
-        )
+        y, _ = ref.rms_norm_fwd(_rows(input, n), w, b, eps, eps_mode, casting_mode, offset, k)
         y = y.reshape(input.shape)
     return _like(y, input)
 
@@ -658,17 +669,21 @@ def add_rms_norm(
             input, residual, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
         )
     elif path == _OP:
-        y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
-            input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+        if _dtensor.is_dtensor(input) or _dtensor.is_dtensor(residual):
+            y, h = _dtensor.add_rms_norm(
+                input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
+        else:
+            y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
+                input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
+            )
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, h, _ = ref.add_rms_norm_fwd(
-            ref.row_matrix(input, n), ref.row_matrix(residual, n), w, b, eps, eps_mode,
-            casting_mode, offset, k,
+            _rows(input, n), _rows(residual, n), w, b, eps, eps_mode, casting_mode, offset, k,
         )  # fmt: skip
         y, h = y.reshape(input.shape), h.reshape(input.shape)
-    return _like(y, input), _like_sum(h, input)
+    return _like(y, input), _like_sum(h, input, residual)
 
 
 def gated_rms_norm(
@@ -823,7 +838,10 @@ def layer_norm(
     elif path == _FUNCTION:
         y = _autograd.LayerNormFunction.apply(input, weight, bias, norm_dims, eps)
     elif path == _OP:
-        y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
+        if _dtensor.is_dtensor(input):
+            y = _dtensor.layer_norm(input, norm_dims, weight, bias, eps)
+        else:
+            y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
     else:
         w, b = ref.param_vector(weight), ref.param_vector(bias)
         y, _, _ = ref.layer_norm_fwd(ref.row_matrix(input, n), w, b, eps)

@@ -1,14 +1,20 @@
 """The conversion as a tool on model directories: load a model, convert it, save it, check its
-logits against the original and time both (what ``rmsnorm convert`` runs)."""
+logits against the original and time both (what ``rmsnorm convert`` runs). A model directory is
+written beside its destination and renamed into place once complete, so no failure or interruption
+leaves half a model, and nothing is written over a source or a non-empty directory unasked."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
+import os
+import shutil
 import statistics
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -16,7 +22,7 @@ import torch
 from torch import nn
 
 from .. import _backend
-from .._validate import positive_int
+from .._validate import ArgumentError, positive_int
 from ..integrations import replace_norms
 from .architectures import (
     ARCHITECTURES,
@@ -115,59 +121,242 @@ def time_inference(
 # ----------------------------------------------------------------------------------------------
 # Model directories
 # ----------------------------------------------------------------------------------------------
-def save_model(model: nn.Module, directory: str | Path) -> Path:
-    """Write ``model`` to ``directory``: Hugging Face models with ``save_pretrained`` (a converted
-    model's config records the conversion); the lab transformer as ``config.json`` (its format and
-    config) plus ``model.pt`` (the state_dict). Converted checkpoints keep the LayerNorms' keys
-    (``weight``, ``bias``), so plain transformers loads them too, as the equivalent LayerNorm model.
-    """
-    directory = Path(directory)
-    arch = None if hasattr(model, "save_pretrained") else find_architecture(model)
-    if arch is None and not hasattr(model, "save_pretrained"):
+def _refuse(text: str, **paths: Path) -> ArgumentError:
+    """An :class:`ArgumentError` whose fields ``{source}``, ``{destination}``, ``{overwrite}``
+    name the arguments, each path after its name: the library says ``destination /a/b`` and
+    ``overwrite``, the command line ``DESTINATION /a/b`` and ``--overwrite``."""
+
+    def escaped(path: Path) -> str:
+        return str(path).replace("{", "{{").replace("}", "}}")
+
+    fields = {"overwrite": "{overwrite}"}
+    fields.update({name: "{" + name + "} " + escaped(path) for name, path in paths.items()})
+    param = next(iter(paths))
+    plain = {"overwrite": "overwrite", **{name: f"{name} {path}" for name, path in paths.items()}}
+    return ArgumentError(param, text.format(**plain), template=text.format(**fields))
+
+
+def _is_empty_dir(path: Path) -> bool:
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
+
+
+def _check_destination(
+    destination: str | Path, *, source: str | Path | None = None, overwrite: bool = False
+) -> Path:
+    """The directory a model may be written to, resolved (symlinks followed), or an
+    :class:`~rmsnorm._validate.ArgumentError` saying why not: it is ``source``, or inside it, or
+    contains it (replacing it would delete the source); it exists and is not a directory; it is a
+    non-empty directory and ``overwrite`` is false."""
+    dst = Path(destination).expanduser().resolve()
+    if source is not None:
+        src = Path(source).expanduser().resolve()
+        if dst == src:
+            raise _refuse(
+                "{destination} is {source}: the conversion would write over the model it reads",
+                destination=dst,
+                source=src,
+            )
+        if dst.is_relative_to(src):
+            raise _refuse(
+                "{destination} is inside {source}: the converted model would be "
+                "written into the model it reads",
+                destination=dst,
+                source=src,
+            )
+        if src.is_relative_to(dst):
+            raise _refuse(
+                "{destination} contains {source}: replacing it would delete the model "
+                "being converted",
+                destination=dst,
+                source=src,
+            )
+    if dst.exists() and not dst.is_dir():
+        raise _refuse("{destination} exists and is not a directory", destination=dst)
+    if dst.is_dir() and not overwrite and not _is_empty_dir(dst):
+        raise _refuse(
+            "{destination} is not empty: refusing to mix a model into its files (set "
+            "{overwrite} to replace the directory once the new one is complete)",
+            destination=dst,
+        )
+    return dst
+
+
+def _new_sibling(path: Path, tag: str) -> Path:
+    """A new name beside ``path`` (hidden: a listing shows the models only)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.{tag}")
+
+
+@contextlib.contextmanager
+def _staged(destination: Path, overwrite: bool) -> Iterator[Path]:
+    """A fresh directory beside ``destination`` to write into; when the block ends without an
+    exception it becomes ``destination`` (an old ``destination`` is moved aside first and deleted
+    only once the new one is in place). On any exception, interruptions included, it is deleted
+    and ``destination`` is as it was."""
+    parent = destination.parent
+    missing = [p for p in (parent, *parent.parents) if not p.exists()]
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = _new_sibling(destination, "partial")
+    staging.mkdir()  # mode from the umask, as the final directory should have
+    try:
+        yield staging
+        _commit(staging, destination, overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for p in missing:  # directories made for this write only, innermost first
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
+def _commit(staging: Path, destination: Path, overwrite: bool) -> None:
+    """Rename the complete ``staging`` to ``destination``. The checks are repeated here, as the
+    destination may have changed while the model was written."""
+    if destination.is_dir() and not _is_empty_dir(destination):
+        _check_destination(destination, overwrite=overwrite)  # refused unless overwrite
+        old = _new_sibling(destination, "old")
+        os.rename(destination, old)
+        try:
+            os.rename(staging, destination)
+        except BaseException:
+            os.rename(old, destination)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    _check_destination(destination, overwrite=overwrite)  # a file that appeared meanwhile
+    if destination.is_dir():  # empty: POSIX renames over it; elsewhere remove it first
+        try:
+            os.rename(staging, destination)
+            return
+        except OSError:
+            destination.rmdir()
+    os.rename(staging, destination)
+
+
+def _saved_as(model: nn.Module) -> Architecture | None:
+    """How :func:`save_model` writes ``model``: None for ``save_pretrained``, else the entry of
+    the architecture whose format it writes; TypeError for a model it cannot write."""
+    if hasattr(model, "save_pretrained"):
+        return None
+    arch = find_architecture(model)
+    if arch is None:
         raise TypeError(
             f"cannot save {type(model).__name__}: expected the lab Transformer or a Hugging Face "
             "model"
         )
-    directory.mkdir(parents=True, exist_ok=True)
+    return arch
+
+
+def _write_model(model: nn.Module, directory: Path) -> None:
+    arch = _saved_as(model)
     if arch is None:
         model.save_pretrained(directory)
-        return directory
+        return
     meta = {"format": arch.name, "transformer_config": asdict(getattr(model, arch.config))}
     record = conversion_record(model)
     if record:
         meta["rmsnorm_conversion"] = record
     (directory / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
     torch.save(model.state_dict(), directory / _WEIGHTS)
+
+
+def save_model(model: nn.Module, directory: str | Path, *, overwrite: bool = False) -> Path:
+    """Write ``model`` to ``directory``: Hugging Face models with ``save_pretrained`` (a converted
+    model's config records the conversion); the lab transformer as ``config.json`` (its format and
+    config) plus ``model.pt`` (the state_dict). Converted checkpoints keep the LayerNorms' keys
+    (``weight``, ``bias``), so plain transformers loads them too, as the equivalent LayerNorm model.
+
+    The files are written to a new directory beside ``directory``, which is renamed to
+    ``directory`` once they are complete: a failure or an interruption leaves ``directory`` as it
+    was. A ``directory`` that exists must be empty, unless ``overwrite=True`` (then it is replaced
+    as a whole, and deleted only after the new one is in place). Returns the resolved path.
+    """
+    _saved_as(model)  # a model it cannot write is refused before any directory is made
+    directory = _check_destination(directory, overwrite=overwrite)
+    with _staged(directory, overwrite) as staging:
+        _write_model(model, staging)
     return directory
 
 
-def _load_state_dict_format(arch: Architecture, meta: dict, directory: Path) -> nn.Module:
-    config = dict(meta["transformer_config"])
-    record = meta.get("rmsnorm_conversion")
-    if record:  # build the LayerNorm layout, then swap its norms as the conversion did
-        config.update({attr: before for attr, before, _ in arch.converted_config})
-    model = arch.build(config)
-    if record:
-        swap_norms(model, record)
-    state = torch.load(directory / _WEIGHTS, map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
-    return model.eval()
+def _unreadable(path: Path, exc: BaseException, what: str) -> ValueError:
+    return ValueError(f"{path}: cannot be read as {what} ({type(exc).__name__}: {exc})")
 
 
-def load_model(directory: str | Path) -> nn.Module:
-    """Load a model directory written by :func:`save_model` or by Hugging Face ``save_pretrained``
-    (local files only; never the network). Converted models come back with their RMSNorms."""
-    directory = Path(directory)
+def _read_config(directory: Path) -> tuple[Path, dict]:
     config_path = directory / "config.json"
     if not directory.is_dir():
         raise FileNotFoundError(f"model directory not found: {directory}")
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {directory} (looked for {config_path})")
-    meta = json.loads(config_path.read_text())
+    try:
+        meta = json.loads(config_path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise _unreadable(config_path, exc, "JSON") from exc
+    if not isinstance(meta, dict):
+        raise ValueError(
+            f"{config_path}: expected a JSON object (a model config), got {type(meta).__name__}"
+        )
+    return config_path, meta
+
+
+def _load_state_dict_format(
+    arch: Architecture, meta: dict, directory: Path, config_path: Path
+) -> nn.Module:
+    try:
+        config = dict(meta["transformer_config"])
+        record = meta.get("rmsnorm_conversion")
+        if record:  # build the LayerNorm layout, then swap its norms as the conversion did
+            config.update({attr: before for attr, before, _ in arch.converted_config})
+        model = arch.build(config)
+        if record:
+            swap_norms(model, record)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{config_path}: not a valid {arch.name} config ({type(exc).__name__}: {exc})"
+        ) from exc
+    weights = directory / _WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"no {_WEIGHTS} in {directory} (looked for {weights})")
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated zip, a foreign pickle, ...: each its own type
+        raise _unreadable(weights, exc, "a state_dict") from exc
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f"{weights} does not hold the weights {config_path} describes: {exc}"
+        ) from exc
+    return model.eval()
+
+
+def _first_unreadable(directory: Path) -> tuple[Path, BaseException] | None:
+    """The first file of a Hugging Face model directory whose header or JSON cannot be read (what
+    to name when transformers fails on it), if any."""
+    for path in sorted(directory.iterdir()):
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_bytes())
+            elif path.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                with safe_open(path, framework="pt") as f:
+                    f.keys()
+        except Exception as exc:
+            return path, exc
+    return None
+
+
+def load_model(directory: str | Path) -> nn.Module:
+    """Load a model directory written by :func:`save_model` or by Hugging Face ``save_pretrained``
+    (local files only; never the network). Converted models come back with their RMSNorms. A
+    missing, corrupt or mismatched file is an error that names it."""
+    directory = Path(directory)
+    config_path, meta = _read_config(directory)
     fmt = _OLD_FORMATS.get(meta.get("format"), meta.get("format"))
     arch = ARCHITECTURES.get(fmt) if isinstance(fmt, str) else None
     if arch is not None and arch.build is not None:
-        return _load_state_dict_format(arch, meta, directory)
+        return _load_state_dict_format(arch, meta, directory, config_path)
     if "model_type" not in meta:
         formats = sorted(a.name for a in ARCHITECTURES.values() if a.build is not None)
         raise ValueError(
@@ -184,7 +373,19 @@ def load_model(directory: str | Path) -> nn.Module:
     cls = getattr(transformers, architectures[0], None) if architectures else None
     if cls is None:
         cls = transformers.AutoModelForCausalLM
-    model = cls.from_pretrained(directory, local_files_only=True)
+    try:
+        model = cls.from_pretrained(directory, local_files_only=True)
+    except (ImportError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # transformers and safetensors raise many types, some unnamed
+        bad = _first_unreadable(directory)
+        if bad is not None:
+            raise _unreadable(bad[0], bad[1], "part of a model") from exc
+        if isinstance(exc, OSError):  # a missing weights file: transformers names the directory
+            raise
+        raise ValueError(
+            f"{directory}: transformers could not load the model ({type(exc).__name__}: {exc})"
+        ) from exc
     record = getattr(model.config, "rmsnorm_conversion", None)
     if record:  # the weights are centered already: only the modules change
         swap_norms(model, record)
@@ -220,9 +421,17 @@ def convert_directory(
     batch: int = 2,
     seq_len: int = 32,
     repeats: int = 10,
+    overwrite: bool = False,
     progress: Callable[[str], object] | None = None,
 ) -> ConversionReport:
     """Load ``source``, convert it, write it to ``destination``, then check and time it.
+
+    ``destination`` may not be ``source``, lie inside it or contain it (paths are compared
+    resolved, symlinks followed); if it exists it must be an empty directory, unless
+    ``overwrite=True``. The model is written to a new directory beside ``destination`` and
+    reloaded from there; only then is it renamed to ``destination`` (an existing one is replaced
+    as a whole, and deleted only after the new one is in place). A failure or an interruption
+    before that leaves ``destination`` as it was and nothing else behind.
 
     Checks: the max abs logit difference between the original and the converted model on random
     tokens for each dtype in ``check_dtypes`` (float32 compares the saved model itself; other dtypes
@@ -238,15 +447,20 @@ def convert_directory(
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"check_dtypes entries must be torch float dtype names, got {name!r}")
         dtypes[name] = dtype
+    # Refused before minutes of loading and converting; checked again when renaming into place.
+    target = _check_destination(destination, source=source, overwrite=overwrite)
     step = progress or (lambda message: None)
     step("loading")
     original = load_model(source)
     arch = architecture_of(original)
     step("converting")
     converted = layernorm_to_rmsnorm(original)
-    save_model(converted, destination)
-    step("reloading the written model")
-    reloaded = load_model(destination)
+    with _staged(target, overwrite) as staging:
+        step(f"writing to {staging}")
+        _write_model(converted, staging)
+        step("reloading the written model")
+        reloaded = load_model(staging)
+        step(f"moving it to {target}")
     tokens = random_tokens(original, batch, seq_len)
     diffs = {}
     for name, dtype in dtypes.items():
