@@ -29,7 +29,11 @@ _CAST = {"gemma": G.GEMMA, "llama": G.LLAMA, "none": G.NONE}
 def _load() -> dict:
     cached = G.cache_state()
     if cached is False:
-        log.warning("rmsnorm: compiling the CPU kernels of grouped and gated RMSNorm (once, ~15 s)")
+        where = K.cache_state()[1]
+        log.warning(
+            "rmsnorm: compiling the grouped and gated RMSNorm kernels (once, ~15 s; cached in %s)",
+            where,
+        )
     t0 = time.perf_counter()
     G.compile_all()
     return {"compiled": cached is not True, "seconds": time.perf_counter() - t0}
