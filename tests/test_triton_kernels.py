@@ -615,3 +615,54 @@ def test_float_scalars_reach_kernels_exactly():
     y_e, rstd_e = R.rms_norm_fwd(x, w, None, 0.1, "mean_square", "gemma", 0.3, 16)
     assert math.isclose(rstd[0].item(), rstd_e[0].item(), rel_tol=1e-15)
     _close(y, y_e, y_e, "y")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "n, g", [(128, None), (4096, None), (8192, 1024), (32768, None), (16384, 128)]
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_gated_production_configs(n, g, dtype):
+    """The gated kernels at the shapes of the models that use them, with their default configs:
+    Qwen3-Next's per-head rows (N = 128, many to a tile), a row a tile (4096), Mamba2's 8 groups
+    of 1024 and a wide row (the looped layout), 128 groups of 128; both orders, forward and
+    backward, against float64."""
+    m = max(4, min(512, 2**22 // n))
+    x = _rand(m, n, dtype=dtype)
+    z = _rand(m, n, dtype=dtype, scale=2.0)
+    w = _rand(n, dtype=dtype, shift=1.0)
+    for order in (True, False):
+        opts = (EPS, "mean_square", "llama", 0.0, n if g is None else g, g, order, "silu")
+        (y, _), eager, exact = check_launcher(T, "gated_rms_norm_fwd", x, z, w, None, *opts)
+        dy = _rand(m, n, dtype=y.dtype)
+        rstd = exact[1].to(eager[1].dtype)
+        check_launcher(T, "gated_rms_norm_bwd", dy, x, z, w, None, rstd, None, *opts, dtype, True)
+
+
+@pytest.mark.gpu
+def test_gpu_gated_opcheck_compile_and_cuda_graph():
+    x = _rand(8, 6, 64, dtype=torch.bfloat16).requires_grad_()
+    z = _rand(8, 6, 64, dtype=torch.bfloat16).requires_grad_()
+    w = _rand(64, dtype=torch.float32, shift=1.0).requires_grad_()
+    args = (x, z, 2, w, None, EPS, "mean_square", "llama", 0.0, 16, 16, False, "silu", None)
+    torch.library.opcheck(torch.ops.rmsnorm.gated_rms_norm_fwd, args)
+
+    def fn(x, z, w):
+        return rmsnorm.gated_rms_norm(x, z, (6, 64), w.reshape(6, 64), 1e-6, group_size=16)
+
+    w6 = _rand(6 * 64, dtype=torch.float32, shift=1.0).requires_grad_()
+    out = torch.compile(fn, fullgraph=True)(x, z, w6)
+    out.float().sum().backward()
+    assert x.grad is not None and z.grad is not None and w6.grad is not None
+    torch.testing.assert_close(out.detach(), fn(x.detach(), z.detach(), w6.detach()))
+    xs, zs = x.detach()[0].clone(), z.detach()[0].clone()
+    wv = w6.detach()
+    rmsnorm.gated_rms_norm(xs, zs, (6, 64), wv.reshape(6, 64), 1e-6)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_g = rmsnorm.gated_rms_norm(xs, zs, (6, 64), wv.reshape(6, 64), 1e-6)
+    xs.copy_(_rand(6, 64, dtype=torch.bfloat16))
+    graph.replay()
+    want = rmsnorm.gated_rms_norm(xs, zs, (6, 64), wv.reshape(6, 64), 1e-6)
+    torch.testing.assert_close(y_g, want)

@@ -28,7 +28,7 @@ def _hf_llama_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w * h.to(dtype)
 
 
-def _hf_qwen3_next_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def hf_qwen3_next_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Hugging Face Qwen3NextRMSNormGated.forward, written out: normalize in fp32, cast, × weight,
     × silu(gate) in fp32, cast (norm, then gate)."""
     dtype = x.dtype
@@ -43,7 +43,7 @@ def _hf_qwen3_next_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> t
 GROUPS = 8  # the grouped gated op: Mamba2's n_groups
 
 
-def _hf_mamba2_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def hf_mamba2_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Hugging Face MambaRMSNormGated.forward, written out: x × silu(gate) in fp32, normalized
     per group of N / GROUPS, cast, × weight (gate, then norm)."""
     dtype = x.dtype
@@ -118,10 +118,10 @@ def providers_for(op: str, liger, compile: bool = True) -> dict[str, Callable]:
             "rmsnorm": lambda x, z, w: rmsnorm.gated_rms_norm(
                 x, z, (x.shape[-1],), w, EPS, casting_mode="llama"
             ),
-            "hf_qwen3_next_eager": _hf_qwen3_next_gated,
+            "hf_qwen3_next_eager": hf_qwen3_next_gated,
         }
         if compile:
-            p["torch_compile_hf"] = _compile(_hf_qwen3_next_gated)
+            p["torch_compile_hf"] = _compile(hf_qwen3_next_gated)
         return p
     if op == "gated_rms_norm_grouped":
         p = {
@@ -129,10 +129,10 @@ def providers_for(op: str, liger, compile: bool = True) -> dict[str, Callable]:
                 x, z, (x.shape[-1],), w, EPS, group_size=x.shape[-1] // GROUPS,
                 norm_before_gate=False, casting_mode="llama",
             ),
-            "hf_mamba2_eager": _hf_mamba2_gated,
+            "hf_mamba2_eager": hf_mamba2_gated,
         }  # fmt: skip
         if compile:
-            p["torch_compile_hf"] = _compile(_hf_mamba2_gated)
+            p["torch_compile_hf"] = _compile(hf_mamba2_gated)
         return p
     if op == "layer_norm":
         p = {
