@@ -23,7 +23,7 @@ from . import launchers as L
 __all__ = ["gated_rms_norm_fwd", "gated_rms_norm_bwd"]
 
 log = logging.getLogger("rmsnorm")
-_CAST = {"gemma": G.GEMMA, "llama": G.LLAMA, "none": G.NONE}
+_CAST = G._CAST_CODES
 
 
 def _load() -> dict:
@@ -87,7 +87,24 @@ def _fwd_plan(key: tuple) -> tuple:
         if fields is not None:
             gate_last = zdt is not None and not gate_first
             out = in_dt if gate_last else norm_out
-            flags = K.pack(x=(G.GX, L._CODES[xdt]), y=(G.GY, L._CODES[out]), **fields)
+            cast, cin, cx = G._CAST_CODES[casting_mode], L._CODES[in_dt], L._CODES[xdt]
+            sigmoid = activation == "sigmoid"
+            # the fused loops of gated.py: the output loop reads the raw gate where it has the
+            # input's dtype; gate-first's input loop reads x and the gate, both of that dtype
+            raw = gate_last and zdt == in_dt == xdt
+            gate = G.NO_GATE if not gate_last else G.PRE
+            if raw:
+                gate = G.RAW_SIGMOID if sigmoid else G.RAW_SILU
+            outv = G.out_variant(cast, cin, L._CODES[norm_out], gate)
+            if raw and outv < 0:  # no raw-gate loop for these dtypes: the precomputed one
+                raw, outv = False, G.out_variant(cast, cin, L._CODES[norm_out], G.PRE)
+            inv = -1
+            if gate_first and zdt == in_dt == xdt:
+                inv = G.in_variant(cx, sigmoid, casting_mode == "none")
+            flags = K.pack(
+                x=(G.GX, cx), y=(G.GY, L._CODES[out]), outv=(G.GOUTV, outv + 1),
+                inv=(G.GINV, inv + 1), raw=(G.GRAW, raw), **fields,
+            )  # fmt: skip
             plan = (out, flags)
     _fwd_plans[key] = plan
     return plan
