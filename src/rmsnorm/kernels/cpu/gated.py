@@ -535,7 +535,7 @@ def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
     eps = K._bits_f64(A[_EPS])
     groups = n // g
     s = carray(K._ptr_f32(A[_S]), n)
-    b = carray(K._ptr_f32(A[_B]), n)  # −0.0 without a bias
+    b = carray(K._ptr_f32(A[_B]), n)  # not read without a bias
     rstd = carray(K._ptr_f32(A[_RSTD]), A[_M] * groups)
     xb, xs = A[_X], A[_XS] * K._esize(x_code)
     zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else K._esize(z_code))
@@ -579,7 +579,7 @@ def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
                 _out(out_v, vq, xrow + o * xe, r, s[o : o + g], b[o : o + g], has_b,
                      ta[o : o + g], zrow + o * ze, row + o * ye)  # fmt: skip
             else:
-                _apply(vq, r, s[o : o + g], b[o : o + g], True, cast, c_in, c_out, ty[o : o + g])
+                _apply(vq, r, s[o : o + g], b[o : o + g], has_b, cast, c_in, c_out, ty[o : o + g])
         if out_v < 0:
             if last:  # the gate product, in float32 (rounded at the store)
                 for j in range(n):
@@ -764,14 +764,10 @@ def forward(ctrl, fn, xp, xs, zp, zs, yp, wp, ws, bp, bs, rstdp, m, n, g, k, eps
     """Grouped / gated RMSNorm over m rows of n elements in groups of g (statistics from the first
     k of each); y and rstd (m·n/g) contiguous. fn: FWD_BLOCK's address. ctrl: as kernels.forward."""
     c_param = K._field(flags, GPARAM)
-    has_b = K._field(flags, GHAS_B) == 1
     sp, bpp, owner = K._param_rows(
         n, wp, ws, K._field(flags, GW), K._field(flags, GHAS_W) == 1, bp, bs, K._field(flags, GB),
-        has_b, offset, c_param,
+        K._field(flags, GHAS_B) == 1, offset, c_param,
     )  # fmt: skip
-    zeros = np.full(0 if has_b else n, -0.0, np.float32)  # the bias of no bias (see _make_out)
-    if not has_b:
-        bpp = np.int64(zeros.ctypes.data)
     A = np.zeros(_WORDS, np.int64)
     rpb = max(1, 16384 // n)  # ~16 K elements a block, as kernels.forward
     nb = (m + rpb - 1) // rpb
@@ -784,7 +780,6 @@ def forward(ctrl, fn, xp, xs, zp, zs, yp, wp, ws, bp, bs, rstdp, m, n, g, k, eps
     else:
         K.run_blocks(ctrl, fn, np.int64(A.ctypes.data), nb)
     owner[:0] = 0.0  # the parameter rows and the argument block live until every block is done
-    zeros[:0] = 0.0
     A[:0] = 0
 
 
