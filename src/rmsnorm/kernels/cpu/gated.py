@@ -63,10 +63,11 @@ def _njit(fn=None, **options):
 
 # ----------------------------------------------------------------------------------------------
 # The activation: σ(z) = 1/(1 + exp(−z)) in float32, as torch computes SiLU (z/(1 + exp(−z))) and
-# the sigmoid, with exp written so that LLVM vectorizes it (8 lanes; no libm call, no float-to-int
-# conversion): exp(t) = 2^n · exp(r), n = round(t/ln 2), r = t − n·ln 2 in two parts (Cody-Waite),
-# exp(r) by Cephes' degree-7 polynomial. Measured against float64 on 2^22 points of [−90, 90]
-# (values above 1e-30): σ within 1.24 ulp and SiLU within 1.59 ulp, torch's within 1.24 and 1.44.
+# the sigmoid, with exp written so that LLVM vectorizes it (16 lanes with AVX-512; no libm call,
+# no float-to-int conversion): exp(t) = 2^n · exp(r), n = round(t/ln 2), r = t − n·ln 2 in two
+# parts (Cody-Waite), exp(r) by Cephes' degree-7 polynomial. Measured against float64 on 2^22
+# points of [−90, 90] (values above 1e-30): σ within 1.24 ulp and SiLU within 1.44 ulp, as
+# torch's (1.24 and 1.44); NaN and ±inf where torch's are.
 # ----------------------------------------------------------------------------------------------
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)  # exact in 9 bits: n·LN2_HI is exact for |n| < 2^15
@@ -350,10 +351,11 @@ def _dw_partial(dn, v, r, llama, c_in, pw, t):
 # gate row, or from a precomputed row) and the store in one pass; gate-first's input loop forms
 # u = x·act(z) from both raw rows in one. Fused, the activation's arithmetic overlaps the loads
 # and stores instead of taking a pass of its own: the (2048, 4096) bf16 forward of Qwen3-Next's
-# order took 0.63 ns an element on one core against 1.04 with one pass per step (and 0.59 for
-# torch.compile of the Hugging Face forward). Other combinations (float16 or
-# float64 gates, a gate in another dtype than the input) take the activation from a precomputed
-# row; what no loop covers is rounded pass by pass (_apply).
+# order took 0.82–0.98 ns an element on one core against 1.04–1.15 with a pass per step
+# (torch.compile of the Hugging Face forward, which drops its intermediate bf16 roundings:
+# 0.56–0.89; one loaded 2-core machine, the spread of repeated runs). Other combinations
+# (float16 or float64 gates, a gate in another dtype than the input) take the activation from a
+# precomputed row; what no loop covers is rounded pass by pass (_apply).
 # ----------------------------------------------------------------------------------------------
 NO_GATE, PRE, RAW_SILU, RAW_SIGMOID = 0, 1, 2, 3  # how the gate enters the output loop
 
