@@ -37,6 +37,36 @@ def test_simulate_writes_files(runner, tmp_path):
     assert data["config"]["planted_mean"] == 0.1 and data["config"]["n_layers"] == 2
 
 
+def test_simulate_over_seeds_gives_a_verdict(runner, tmp_path):
+    result = runner.invoke(
+        app, ["simulate", "--out", str(tmp_path), *TINY, "--seeds", "3", "--activation", "relu",
+              "--planted-bias", "0.05"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = plain(result)
+    assert "median over 3 seeds" in text and "init, all layers:" in text and "interval" in text
+    assert re.search(r"(as centered|more centered|less centered|cannot tell)", text)
+    assert "the MLPs wrote" in text and "shared" in text
+    for name in ("ratio_by_layer_seeds.png", "decomposition.png", "seeds.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    seeds = json.loads((tmp_path / "seeds.json").read_text())
+    assert seeds["seeds"] == [0, 1, 2] and seeds["verdict"]["n"] == 3
+    cfg = json.loads((tmp_path / "simulation.json").read_text())["config"]
+    assert cfg["activation"] == "relu" and cfg["planted_bias"] == 0.05
+    assert not cfg["center_activation"]
+
+
+def test_simulate_one_seed_says_it_cannot_tell(runner, tmp_path):
+    result = runner.invoke(
+        app, ["simulate", "--out", str(tmp_path), *TINY, "--center-activation", "--seeds", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "one seed has no spread" in plain(result)
+    assert not (tmp_path / "seeds.json").exists()
+    cfg = json.loads((tmp_path / "simulation.json").read_text())["config"]
+    assert cfg["center_activation"]
+
+
 def test_inspect_writes_json(runner, tmp_path):
     out = tmp_path / "inspect.json"
     result = runner.invoke(
@@ -45,17 +75,28 @@ def test_inspect_writes_json(runner, tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["norm_layers"] == 25 and "UTF-8 bytes" in data["inputs"]
+    assert data["layers"][0]["outliers"]["dominant_channels"]
     assert "norm_f" in result.output and "LN" in result.output
+    assert "channels" in result.output and "dominant" in result.output
+    quiet = runner.invoke(app, ["inspect", "--model", "builtin", "--text", "hi", "--no-channels"])
+    assert quiet.exit_code == 0 and "dominant" not in quiet.output
 
 
 def test_report_quick_writes_files(runner, tmp_path):
     result = runner.invoke(
         app,
-        ["report", "--quick", "--train-steps", "0", "--planted-mean", "0", "--out", str(tmp_path)],
-    )
+        ["report", "--quick", "--train-steps", "0", "--planted-bias", "0", "--no-sweep",
+         "--seeds", "4", "--out", str(tmp_path)],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     for name in ("report.md", "report.html", "report.json", "figures/sigma_mu_plane.png"):
         assert (tmp_path / name).stat().st_size > 0
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["simulation"]["n_seeds"] == 4 and data["mode"] == "quick"
+    assert not {"training", "swap", "planted", "sweep"} & set(data)
+    assert "at initialization: median |μ|/σ ÷ i.i.d. median" in plain(result)
+    # the old spelling of the planted-mean option still works, out of the help
+    assert "--planted-mean" not in plain(runner.invoke(app, ["report", "--help"]))
 
 
 @pytest.mark.parametrize(
@@ -72,6 +113,10 @@ def test_report_quick_writes_files(runner, tmp_path):
         (["inspect", "--model", "/nonexistent/model"], "no such directory"),
         (["report", "--model", "/nonexistent/model", "--quick"], "no such directory"),
         (["report", "--train-steps", "-3"], "--train-steps"),
+        (["report", "--seeds", "0"], "--seeds"),
+        (["report", "--quick", "--full"], "--quick and --full exclude each other"),
+        (["simulate", "--seeds", "0"], "--seeds"),
+        (["simulate", "--activation", "tanh"], "--activation must be one of"),
     ],
 )
 def test_bad_arguments(runner, tmp_path, args, message):

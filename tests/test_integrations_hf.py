@@ -126,6 +126,128 @@ CASES = {
     ),
 }  # fmt: skip
 
+# The hybrid linear-attention and state-space families, whose mixers normalize with a gated RMSNorm
+# (norm, then gate: Qwen3-Next ... LaraMini; gate, then norm, per group: Mamba2 ... Zamba2;
+# Falcon-H1 either way). Each is two layers, one of them a linear-attention / Mamba layer, running
+# the pure-torch paths (no fla / mamba_ssm kernels here).
+_LINEAR = dict(
+    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+    linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"],
+)  # fmt: skip
+_SMALL_MOE = dict(
+    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+    shared_expert_intermediate_size=16,
+)  # fmt: skip
+_MLA = dict(
+    moe_intermediate_size=16, num_experts=4, num_experts_per_token=2, kv_lora_rank=8,
+    qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=4, linear_head_dim=8, linear_num_heads=4,
+    layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
+    num_key_value_heads=4,
+)  # fmt: skip
+_MAMBA = dict(
+    mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=4
+)
+GATED_CASES = {
+    "qwen3_next": Case(
+        "Qwen3NextConfig", "Qwen3NextForCausalLM", dict(head_dim=8, **_LINEAR, **_SMALL_MOE),
+        ("qwen3_next.Qwen3NextRMSNorm", "qwen3_next.Qwen3NextRMSNormGated"),
+    ),
+    "qwen3_5": Case(
+        "Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(head_dim=8, **_LINEAR),
+        ("qwen3_5.Qwen3_5RMSNorm", "qwen3_5.Qwen3_5RMSNormGated"),
+    ),
+    "qwen3_5_moe": Case(
+        "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(head_dim=8, **_LINEAR, **_SMALL_MOE),
+        ("qwen3_5_moe.Qwen3_5MoeRMSNorm", "qwen3_5_moe.Qwen3_5MoeRMSNormGated"),
+    ),
+    # The sigmoid gate (output_gate_type), and Qwen4-Exp's grouped plain norm.
+    "qwen4_exp": Case(
+        "Qwen4ExpTextConfig", "Qwen4ExpForCausalLM",
+        dict(
+            head_dim=8, **_LINEAR, **_SMALL_MOE, hc_lowrank=4, ple_embed_dim=8,
+            output_gate_type="sigmoid", indexer_n_heads=2, indexer_kv_heads=1,
+            indexer_head_dim=8, indexer_budget=8, indexer_compress_ratio=4,
+        ),
+        ("qwen4_exp.Qwen4ExpTextRMSNorm", "qwen4_exp.Qwen4ExpTextRMSNormGated"),
+    ),
+    "olmo_hybrid": Case(
+        "OlmoHybridConfig", "OlmoHybridForCausalLM", dict(head_dim=8),
+        ("olmo_hybrid.OlmoHybridRMSNorm", "olmo_hybrid.OlmoHybridRMSNormGated"),
+    ),
+    "kimi_linear": Case(
+        "KimiLinearConfig", "KimiLinearForCausalLM", _MLA,
+        ("kimi_linear.KimiLinearRMSNorm", "kimi_linear.KimiLinearRMSNormGated"),
+    ),
+    "bailing_hybrid": Case(
+        "BailingHybridConfig", "BailingHybridForCausalLM",
+        dict(
+            _MLA, num_expert_group=1, topk_group=1, layer_group_size=2,
+            num_nextn_predict_layers=0,
+        ),
+        ("bailing_hybrid.BailingHybridRMSNorm", "bailing_hybrid.BailingHybridRMSNormGated"),
+    ),
+    "lara_mini": Case(
+        "LaraMiniConfig", "LaraMiniForCausalLM", dict(head_dim=8, **_LINEAR, **_SMALL_MOE),
+        ("lara_mini.LaraMiniRMSNorm", "lara_mini.LaraMiniRMSNormGated"),
+    ),
+    "mamba2": Case(
+        "Mamba2Config", "Mamba2ForCausalLM",
+        dict(num_heads=8, head_dim=8, n_groups=2, state_size=8, expand=2, chunk_size=4),
+        ("mamba2.Mamba2RMSNorm", "mamba2.MambaRMSNormGated"),
+    ),
+    "bamba": Case(
+        "BambaConfig", "BambaForCausalLM", dict(_MAMBA, attn_layer_indices=[1]),
+        ("bamba.BambaRMSNorm", "bamba.BambaRMSNormGated"),
+    ),
+    "nemotron_h": Case(
+        "NemotronHConfig", "NemotronHForCausalLM",
+        dict(
+            layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+            num_hidden_layers=4, head_dim=8, ssm_state_size=8, mamba_num_heads=8,
+            mamba_head_dim=8, n_groups=2, chunk_size=4, n_routed_experts=4,
+            moe_intermediate_size=16, moe_shared_expert_intermediate_size=16,
+            use_mamba_kernels=False,
+        ),
+        ("nemotron_h.NemotronHRMSNorm", "nemotron_h.NemotronHRMSNormGated"),
+    ),
+    "granitemoehybrid": Case(
+        "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+        dict(
+            _MAMBA, layer_types=["linear_attention", "full_attention"], num_local_experts=4,
+            shared_intermediate_size=16,
+        ),
+        ("granitemoehybrid.GraniteMoeHybridRMSNorm",
+         "granitemoehybrid.GraniteMoeHybridRMSNormGated"),
+    ),
+    "zamba2": Case(
+        "Zamba2Config", "Zamba2ForCausalLM",
+        dict(
+            layers_block_type=["linear_attention", "hybrid"], mamba_d_state=8, mamba_ngroups=2,
+            n_mamba_heads=8, chunk_size=4, adapter_rank=4, use_mamba_kernels=False,
+        ),
+        ("zamba2.Zamba2RMSNorm", "zamba2.Zamba2RMSNormGated"),
+    ),
+    # Falcon-H1: the gated norm is built only with mamba_rms_norm=True; norm, then gate.
+    "falcon_h1": Case(
+        "FalconH1Config", "FalconH1ForCausalLM",
+        dict(_MAMBA, head_dim=8, mamba_d_ssm=64, mamba_rms_norm=True),
+        ("falcon_h1.FalconH1RMSNorm", "falcon_h1.FalconH1RMSNormGated"),
+    ),
+    # AXK2's gated norm is a container (refused, with why); its inner AXK2RMSNorm is patched. Its
+    # torch LayerNorm (the indexer's) is left alone: torch's class is patched only in GPT-2 /
+    # GPT-NeoX.
+    "axk2": Case(
+        "AXK2Config", "AXK2ForCausalLM",
+        dict(
+            _MLA, layer_types=["indexed_attention", "indexed_attention"], q_lora_rank=8,
+            n_routed_experts=4, num_experts_per_tok=2, index_head_dim=8, index_n_heads=2,
+            head_dim=4, gated_norm_rank=4,
+        ),
+        ("axk2.AXK2RMSNorm",), refused=("axk2.AXK2GatedRMSNorm", "torch.LayerNorm"),
+    ),
+}  # fmt: skip
+CASES.update(GATED_CASES)
+
 
 def _qualified(short: str) -> str:
     if short == "torch.LayerNorm":
@@ -746,14 +868,20 @@ def _recognised_classes() -> list[type]:
     return found
 
 
+# Options of the grouped and gated norms, with the values to build them with at WIDTH: a required
+# one takes the first value, an optional one is also built once with each value.
+_OPTION_VALUES = {"group_size": [8, WIDTH], "n_groups": [3], "activation": ["sigmoid", "swish"]}
+
+
 def _constructions(cls: type) -> list[dict] | None:
     """Keyword arguments that build ``cls`` at WIDTH (one set, plus one per boolean option
-    flipped, e.g. Gemma 3n's with_scale), or None when an argument is not a width, ε or flag."""
+    flipped, e.g. Gemma 3n's with_scale, and one per value of a group or activation option), or
+    None when an argument is not a width, ε, flag or such an option."""
     try:
         params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     except (TypeError, ValueError):
         return None
-    base, flags = {}, []
+    base, variants = {}, []
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -762,10 +890,16 @@ def _constructions(cls: type) -> list[dict] | None:
         elif p.name == "eps":
             base["eps"] = EPS
         elif isinstance(p.default, bool):
-            flags.append(p)
+            variants.append({p.name: not p.default})
+        elif p.name in _OPTION_VALUES:
+            values = _OPTION_VALUES[p.name]
+            if p.default is p.empty:
+                base[p.name] = values[0]
+                values = values[1:]
+            variants += [{p.name: v} for v in values]
         elif p.default is p.empty:
             return None
-    return [base] + [{**base, p.name: not p.default} for p in flags]
+    return [base] + [{**base, **v} for v in variants]
 
 
 def _x(dtype: torch.dtype) -> torch.Tensor:
@@ -785,15 +919,30 @@ def _randomize(module: nn.Module) -> None:
                 t.copy_(torch.randn(t.shape, generator=g) * 0.5 + 0.8)
 
 
-def _run(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    x = x.clone().requires_grad_(True)
-    y = module(x)
+def _z(dtype: torch.dtype) -> torch.Tensor:
+    """A gate of _x's shape: silu(z) from −0.28 to ~9, the sigmoid from ~0 to ~1."""
+    g = torch.Generator().manual_seed(6)
+    return (torch.randn(2, 3, WIDTH, generator=g, dtype=torch.float64) * 3).to(dtype)
+
+
+def _run(module: nn.Module, *inputs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    leaves = [t.clone().requires_grad_(True) for t in inputs]
+    y = module(*leaves)
     g = torch.Generator().manual_seed(4)
     cot = torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.dtype)
     (y * cot).sum().backward()
-    grads = {"input": x.grad, **{n: p.grad for n, p in module.named_parameters()}}
+    names = ["input", "gate"][: len(leaves)]
+    grads = {k: t.grad for k, t in zip(names, leaves, strict=True)}
+    grads.update({n: p.grad for n, p in module.named_parameters()})
     module.zero_grad(set_to_none=True)
     return y.detach(), grads
+
+
+def _gate_cases(conv: hf.Convention) -> list[bool]:
+    """Whether to pass a gate: always for a gated class; also without one where it is optional."""
+    if conv.gate is None:
+        return [False]
+    return [True, False] if conv.gate == "optional" else [True]
 
 
 def _check_parity(cls: type, module: nn.Module, conv: hf.Convention, label: str) -> None:
@@ -802,11 +951,16 @@ def _check_parity(cls: type, module: nn.Module, conv: hf.Convention, label: str)
     assert norm_kind(ref) == conv.kind, label  # "is this a norm layer?" has one answer
     assert hf.patch(module) == [""], label
     assert hf.is_patched(module) and type(module).__name__ == cls.__name__, label
-    # float32: values and gradients.
-    x = _x(torch.float32)
-    x_before = x.clone()
-    (y, grads), (y_ref, grads_ref) = _run(module, x), _run(ref, x)
-    assert torch.equal(x, x_before), label
+    for gated in _gate_cases(conv):
+        _check_values(module, ref, gated, f"{label}{' gated' if gated else ''}")
+
+
+def _check_values(module: nn.Module, ref: nn.Module, gated: bool, label: str) -> None:
+    # float32: values and gradients (of the input, the gate and every parameter).
+    inputs = [_x(torch.float32), _z(torch.float32)][: 1 + gated]
+    before = [t.clone() for t in inputs]
+    (y, grads), (y_ref, grads_ref) = _run(module, *inputs), _run(ref, *inputs)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, before, strict=True)), label
     assert y.dtype == y_ref.dtype, label
     assert (y - y_ref).abs().max().item() <= 1e-5, (label, (y - y_ref).abs().max().item())
     assert grads.keys() == grads_ref.keys(), label
@@ -817,11 +971,12 @@ def _check_parity(cls: type, module: nn.Module, conv: hf.Convention, label: str)
         err = (grads[key] - g_ref).abs().max().item()
         assert err <= 1e-5 * max(1.0, g_ref.abs().max().item()), (label, key, err)
     # bfloat16: a bf16 module, and fp32 weights with bf16 inputs (autocast's case).
-    x16 = _x(torch.bfloat16)
+    half = [_x(torch.bfloat16), _z(torch.bfloat16)][: 1 + gated]
     for weights in (torch.bfloat16, torch.float32):
-        expected = copy.deepcopy(ref).to(weights).double()(x16.double())
-        eager = copy.deepcopy(ref).to(weights)(x16)
-        out = copy.deepcopy(module).to(weights)(x16)
+        expected = copy.deepcopy(ref).to(weights).double()(*[t.double() for t in half])
+        eager = copy.deepcopy(ref).to(weights)(*half)
+        out = copy.deepcopy(module).to(weights)(*half)
+        assert out.dtype == eager.dtype, (label, weights, out.dtype, eager.dtype)
         assert_close_to_reference(out.detach(), expected, eager.detach(), name=f"{label} {weights}")
 
 

@@ -1,5 +1,6 @@
 """The lab package as a whole (lab/__init__.py): importing it, or any of its experiments, pulls in
-none of the extras (matplotlib, rich, transformers); each is imported when a command needs it."""
+none of the extras (matplotlib, rich, scipy, transformers); each is imported when a command needs
+it."""
 
 import subprocess
 import sys
@@ -10,8 +11,11 @@ import rmsnorm.lab
 def test_importing_the_lab_needs_no_extra():
     code = (
         "import sys, rmsnorm.lab, rmsnorm.lab.simulation, rmsnorm.lab.inspection, "
-        "rmsnorm.lab.comparison, rmsnorm.lab.report; "
-        "bad = [m for m in ('matplotlib', 'rich', 'transformers', 'triton') if m in sys.modules]; "
+        "rmsnorm.lab.comparison, rmsnorm.lab.report, rmsnorm.lab.seeds, rmsnorm.lab.sweep, "
+        "rmsnorm.lab.trained, rmsnorm.lab.swap, rmsnorm.lab.outliers, rmsnorm.lab.planted, "
+        "rmsnorm.lab.conventions, rmsnorm.lab.decomposition; "
+        "bad = [m for m in ('matplotlib', 'rich', 'scipy', 'transformers', 'triton') "
+        "if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

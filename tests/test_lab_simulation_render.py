@@ -40,7 +40,9 @@ def test_ratio_figure_draws_the_iid_reference_of_the_statistic_it_shows():
         for line in ax.get_lines()
         if line.get_color() == "gray" and len(set(line.get_ydata())) == 1
     )
-    assert len(drawn) == 3 and any(IID_LABEL in t.get_text() for t in ax.get_legend().texts)
+    # the legend sits below the axes (on the figure), where it covers no data
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    assert len(drawn) == 3 and any(IID_LABEL in t.get_text() for t in fig.legends[0].texts)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(200_000, TINY["d_model"], generator=gen, dtype=torch.float64)
     r = row_stats(x).ratio
@@ -48,3 +50,21 @@ def test_ratio_figure_draws_the_iid_reference_of_the_statistic_it_shows():
     assert drawn == pytest.approx(expected, rel=0.01)
     # the mean of i.i.d. rows (≈ √(2/(πd))) is not what is drawn against the medians
     assert abs(drawn[1] - float(r.mean())) > 0.1 * drawn[1]
+
+
+def test_simulation_json_carries_the_decomposition(tmp_path):
+    res = simulate(SimulationConfig(**TINY))
+    data = json.loads(write_simulation(res, tmp_path)["json"].read_text())
+    dec = data["stages"]["init"]["decomposition"]
+    assert len(dec["shared"]) == len(dec["share"]) == 3 and len(dec["from_mlp"]) == 3
+    assert data["config"]["activation"] == "gelu"
+
+
+def test_seed_study_files(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rmsnorm.lab.seeds import replicate
+    from rmsnorm.lab.simulation import write_seed_study
+
+    files = write_seed_study(replicate(SimulationConfig(**TINY), 3), tmp_path)
+    assert {"ratio_by_layer_seeds", "decomposition", "seeds_json"} == set(files)
+    assert json.loads(files["seeds_json"].read_text())["verdict"]["n"] == 3

@@ -3,6 +3,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,3 +97,12 @@ def test_bad_arguments_name_themselves():
         stats.divergence(torch.randn(2, 4), eps_mode="bogus")
     with pytest.raises(TypeError, match="floating-point"):
         stats.row_stats(torch.ones(2, 3, dtype=torch.int64))
+
+
+def test_median_is_numpys():
+    from rmsnorm.lab.stats import median
+
+    x = torch.tensor([3.0, 1.0, 4.0, 1.5, float("nan"), float("inf")])
+    assert median(x) == np.median([3.0, 1.0, 4.0, 1.5]) == 2.25
+    assert median(torch.tensor([2.0, 7.0, 1.0])) == 2.0
+    assert math.isnan(median(torch.tensor([float("nan")])))

@@ -99,6 +99,7 @@ def test_sdist_carries_what_its_tests_and_docs_need(built):
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     expected = {"LICENSE", "README.md", "pyproject.toml", "MANIFEST.in", "src/rmsnorm/py.typed"}
     expected |= {str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py")}
+    expected |= {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "golden").glob("*.txt")}
     expected |= {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")}
     assert "tests/conftest.py" in expected
     assert expected <= names, sorted(expected - names)

@@ -31,7 +31,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 # The optional modules some commands need, and the extra that installs each.
-_EXTRA_OF = {"matplotlib": "lab", "transformers": "hf"}
+_EXTRA_OF = {"matplotlib": "lab", "scipy": "lab", "transformers": "hf"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -348,6 +348,28 @@ def _set_torch_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+_Seeds = Annotated[
+    int | None,
+    typer.Option(
+        callback=_positive,
+        help="Run at this many seeds (--seed, --seed + 1, ...) for a verdict on the centering "
+        "that rests on the seed-to-seed spread (default 8; 1 with --train-steps, where each seed "
+        "trains).",
+    ),
+]
+
+
+def _verdict_line(name: str, verdict: dict) -> str:
+    v = verdict
+    if v["n"] < 2:
+        return f"{name}: one seed has no spread; --seeds 8 gives a verdict"
+    return (
+        f"{name}: median |μ|/σ ÷ i.i.d. median {v['ratio']:.3f} over {v['n']} seeds, "
+        f"{100 * v['confidence']:.0f}% interval {v['ci_low']:.3f}–{v['ci_high']:.3f} "
+        f"(seed SD {100 * v['seed_sd']:.0f}%): {v['verdict']}"
+    )
+
+
 @app.command()
 def simulate(
     out: Annotated[Path, typer.Option(help="Output directory.")] = _SIM_DIR,
@@ -363,8 +385,18 @@ def simulate(
     seed: Annotated[
         int, typer.Option(callback=_non_negative, help="Seed of weights and inputs.")
     ] = 0,
+    seeds: _Seeds = None,
     norm: Annotated[str, typer.Option(help="layernorm, rmsnorm, prmsnorm or none.")] = "layernorm",
     position: Annotated[str, typer.Option(help="pre (pre-LN) or post (post-LN).")] = "pre",
+    activation: Annotated[str, typer.Option(help="The MLP's: gelu, relu or swiglu.")] = "gelu",
+    center_activation: Annotated[
+        bool,
+        typer.Option(
+            "--center-activation",
+            help="Remove each MLP unit's mean over the tokens before its output projection (the "
+            "MLPs then write no offset shared by every token).",
+        ),
+    ] = False,
     init_std: Annotated[float, typer.Option(help="Std of the weights at init.")] = 0.02,
     inputs: Annotated[
         str, typer.Option(help="tokens, gaussian, text, or auto (tokens; text when training).")
@@ -372,6 +404,12 @@ def simulate(
     text_file: _TextFile = None,
     planted_mean: Annotated[
         float, typer.Option(help="Constant added to every element of the input embeddings.")
+    ] = 0.0,
+    planted_bias: Annotated[
+        float,
+        typer.Option(
+            help="Bias on every unit of block 1's MLP output: a mean planted inside a block."
+        ),
     ] = 0.0,
     train_steps: Annotated[
         int, typer.Option(callback=_non_negative, help="Train this many steps, then measure again.")
@@ -385,11 +423,12 @@ def simulate(
     heads: Annotated[int | None, typer.Option(callback=_positive, hidden=True)] = None,
     text: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, hidden=True)] = None,
 ) -> None:
-    """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer."""
-    from .lab.simulation import SimulationConfig, write_simulation
-    from .lab.simulation import simulate as run
+    """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer, the
+    token-shared part of μ, and over --seeds a verdict against i.i.d. Gaussian rows."""
+    from .lab.seeds import SeedStudy, replicate
+    from .lab.simulation import SimulationConfig, write_seed_study, write_simulation
 
-    _require("simulate", "matplotlib")
+    _require("simulate", "matplotlib", "scipy")
     _set_torch_threads(threads)
     text_file = text_file or text
     with _reported("simulate", ValueError, OSError):
@@ -403,25 +442,65 @@ def simulate(
             norm=norm,
             norm_position=position,
             init_std=init_std,
+            activation=activation,
+            center_activation=center_activation,
             inputs=inputs,
             text=None if text_file is None else str(text_file),
             planted_mean=planted_mean,
+            planted_bias=planted_bias,
             train_steps=train_steps,
             train_batch=train_batch,
         )
+    if seeds is None:
+        seeds = 1 if train_steps else 8
     with _progress() as progress:
-        result = run(cfg, progress)
+        study = replicate(cfg, seeds, progress, "simulate")
+        result = study.results[0]
         files = write_simulation(result, out, progress)
-    table = Table(title=f"residual stream, {cfg.resolved_inputs} inputs", title_justify="left")
-    for col in ("layer", "stage", "median |μ|/σ", "95% |μ|/σ", "mean cos(LN, RMS)"):
-        table.add_column(col, justify="left" if col in ("layer", "stage") else "right")
-    for stage, st in result.stages.items():
-        for name, s in zip(result.layer_names, st.summary(), strict=True):
-            r = s["mu_over_sigma"]
-            cos = s["predicted_cosine"]["mean"]
-            table.add_row(name, stage, f"{r['q50']:.4f}", f"{r['q95']:.4f}", f"{cos:.6f}")
+        studies = {"init": study}
+        if result.trained is not None:
+            studies["trained"] = SeedStudy(cfg, study.results, stage="trained")
+        if seeds > 1:
+            files.update(write_seed_study(study, out, progress))
+    many = seeds > 1
+    title = f"residual stream, {cfg.resolved_inputs} inputs" + (
+        f", median over {seeds} seeds" if many else f", seed {seed}"
+    )
+    table = Table(title=title, title_justify="left")
+    columns = ["layer", "stage", "median |μ|/σ"]
+    columns += ["seed range", "verdict"] if many else ["95% |μ|/σ", "mean cos(LN, RMS)"]
+    columns += ["shared\nshare"]
+    for col in columns:
+        table.add_column(
+            col,
+            justify="left" if col in ("layer", "stage", "verdict") else "right",
+            overflow="fold",
+        )
+    for stage, st in studies.items():
+        band = st.band("median_ratio")
+        shares = st.band("shared_share")
+        per_layer = result.stages[stage].summary()
+        for i, name in enumerate(result.layer_names):
+            row = [name, stage, f"{band['median'][i]:.4f}"]
+            if many:
+                row += [f"{band['min'][i]:.3g}–{band['max'][i]:.3g}", st.layer_verdicts[i].verdict]
+            else:
+                s = per_layer[i]
+                row += [f"{s['mu_over_sigma']['q95']:.4f}", f"{s['predicted_cosine']['mean']:.6f}"]
+            row.append(f"{100 * shares['median'][i]:.1f}%")
+            table.add_row(*row)
     console.print(table)
-    console.print(f"{result.seconds['total']:.1f} s; wrote " + ", ".join(map(str, files.values())))
+    for stage, st in studies.items():
+        console.print(_verdict_line(f"{stage}, all layers", st.verdict.to_dict()), markup=False)
+        origin = st.origin()
+        if origin is not None and stage == "init":
+            console.print(
+                f"token-shared offset at {result.layer_names[-1]}: the MLPs wrote "
+                f"{100 * origin['mlp_explained']:.0f}% of Σ m̄² (activation mean over tokens: "
+                f"{origin['activation_mean']:.4f} averaged over units)",
+                markup=False,
+            )
+    console.print(f"{study.seconds:.1f} s; wrote " + ", ".join(map(str, files.values())))
 
 
 @app.command()
@@ -443,10 +522,19 @@ def inspect(
         int, typer.Option(callback=_non_negative, help="Seed of the random tokens.")
     ] = 0,
     json_out: _Json = None,
+    channels: Annotated[
+        bool,
+        typer.Option(
+            "--channels/--no-channels",
+            help="Also print each norm input's per-channel outliers (max|x|/RMS, kurtosis, the "
+            "top channels' share of Σx²).",
+        ),
+    ] = True,
     threads: _Threads = None,
 ) -> None:
-    """Hook every norm layer of a model: how centered are its inputs, what would a swap change?"""
-    from .lab.inspection import inspect_source, render_table
+    """Hook every norm layer of a model: how centered are its inputs, what would a swap change,
+    and which channels dominate them?"""
+    from .lab.inspection import inspect_source, render_outlier_table, render_table
     from .lab.io import write_json
 
     _set_torch_threads(threads)
@@ -456,6 +544,8 @@ def inspect(
         with console.status(f"running {model} with hooks on its norm layers"):
             result = inspect_source(model, text, batch=batch, seq_len=seq_len, seed=seed)
     console.print(render_table(result))
+    if channels:
+        console.print(render_outlier_table(result))
     if json_out is not None:
         write_json(result.to_dict(), json_out)
         console.print(f"wrote {json_out}")
@@ -469,34 +559,83 @@ def report(
         typer.Option(help="Also inspect this model (local HF directory or built-in name)."),
     ] = None,
     text_file: _TextFile = None,
+    seeds: Annotated[
+        int | None,
+        typer.Option(
+            callback=_positive,
+            help="Seeds of the simulation and of each sweep setting (default 8; --quick 3, "
+            "--full 16).",
+        ),
+    ] = None,
     train_steps: Annotated[
-        int,
-        typer.Option(callback=_non_negative, help="Steps of the short training run (0 skips it)."),
-    ] = 60,
-    planted_mean: Annotated[
-        float, typer.Option(help="Offset of the planted-mean contrast run (0 skips it).")
-    ] = 0.02,
+        int | None,
+        typer.Option(
+            callback=_non_negative,
+            help="Steps of each training run (default 60, --quick 3, --full 300; 0 skips "
+            "training and the swap).",
+        ),
+    ] = None,
+    train_seeds: Annotated[
+        int | None,
+        typer.Option(
+            callback=_positive,
+            help="Seeds per norm of the training (default 3, --quick 2, --full 5).",
+        ),
+    ] = None,
+    planted_bias: Annotated[
+        float | None,
+        typer.Option(
+            help="Bias planted on block 1's MLP output in the planted-mean contrast (default "
+            "0.02; 0 skips it)."
+        ),
+    ] = None,
+    sweep: Annotated[
+        bool, typer.Option("--sweep/--no-sweep", help="Run the architecture sweep.")
+    ] = True,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Tiny sizes: every file in seconds.")
+        bool, typer.Option("--quick", help="Tiny sizes: every section and file in seconds.")
+    ] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="The larger sweeps: 16 seeds, widths to 1024, depths to 48, 5 training seeds "
+            "of 300 steps (about 13 minutes on 2 busy cores).",
+        ),
     ] = False,
     threads: _LabThreads = 1,
+    # The spelling of earlier versions, kept working but out of the help.
+    planted_mean: Annotated[float | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """The main job: the centering report (report.md, self-contained report.html, figures)."""
+    """The main job: the centering report (report.md, self-contained report.html, report.json,
+    figures), one progress line per stage."""
     from .lab.report import ReportConfig, build_report
 
-    _require("report", "matplotlib")
+    _require("report", "matplotlib", "scipy")
     _set_torch_threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
+    if planted_bias is None:
+        planted_bias = planted_mean
     with _reported("report", ValueError, OSError, ImportError):
         cfg = ReportConfig.from_options(
-            quick=quick, model=model, text=text, planted_mean=planted_mean, train_steps=train_steps
+            quick=quick,
+            full=full,
+            model=model,
+            text=text,
+            planted_bias=planted_bias,
+            train_steps=train_steps,
+            seeds=seeds,
+            train_seeds=train_seeds,
+            sweep=sweep,
         )
         with _progress() as progress:
             summary = build_report(cfg, out, progress)
     sim, ident = summary["simulation"], summary["identity"]
     console.print(
-        f"median |μ|/σ {sim['median_mu_over_sigma']:.4f}, mean cos(LN, RMSNorm) "
-        f"{sim['mean_cosine']:.6f}; identity max rel error {ident['max_rel_error']:.1e}"
+        _verdict_line("at initialization", sim["verdict"])
+        + f"; mean cos(LN, RMSNorm) {sim['mean_cosine']:.6f}; identity max rel error "
+        f"{ident['max_rel_error']:.1e}",
+        markup=False,
     )
     console.print(
         f"{summary['seconds']['total']:.1f} s; open {out / 'report.html'} (or {out / 'report.md'})"

@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import math
 import os
+import sys
 import textwrap
 import types
 import warnings
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional
 from torch import nn
 
-from .. import layer_norm, rms_norm
+from .. import gated_rms_norm, layer_norm, rms_norm
 from ..reference import CASTING_MODES
 
 __all__ = [
@@ -41,6 +42,9 @@ __all__ = [
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
+# The gate activations of rmsnorm.gated_rms_norm, and the names transformers' ACT2FN gives them.
+GATE_ACTIVATIONS = ("silu", "sigmoid")
+_ACT2FN_NAMES = {"silu": "silu", "swish": "silu", "sigmoid": "sigmoid"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,20 @@ class Convention:
     on and off per instance (Gemma 3n's ``with_scale``).
     ``model_types``: for classes shared by every model (``torch.nn.LayerNorm``), patch only inside
     models whose ``config.model_type`` is listed.
+
+    Gated and grouped RMSNorm (``kind="rms"`` only; see :func:`rmsnorm.gated_rms_norm`):
+    ``gate``: ``None`` (the forward takes one input), ``"required"`` or ``"optional"`` (the
+    forward takes ``(hidden_states, gate=None)``; an optional gate of ``None`` means no gate).
+    ``norm_before_gate`` / ``activation`` (``"silu"`` or ``"sigmoid"``): the order and the gate's
+    activation, or read per instance from the attribute ``norm_before_gate_attr`` / the
+    ``ACT2FN`` name held in ``activation_attr``. ``group_size_attr`` names the attribute holding
+    g (``None`` there: one group), ``n_groups_attr`` the one holding N / g. ``ranks``: the input
+    ranks the class's forward takes (others raise), empty for any.
+    ``offset_in_weight_dtype``: offset + γ is summed in the weight's dtype (then read in fp32),
+    not in the compute dtype. ``optional_params``: ``weight`` and ``bias`` are both read and each
+    may be ``None``. ``fp32_reductions_attr``: a boolean attribute that must be true (the class
+    reduces in the input dtype where it is false, which this library does not do in half
+    precision).
     """
 
     kind: str
@@ -76,6 +94,17 @@ class Convention:
     eps: float | None = None
     shape_attr: str | None = None
     cast_to_weight: bool = False
+    gate: str | None = None
+    norm_before_gate: bool = True
+    norm_before_gate_attr: str | None = None
+    activation: str = "silu"
+    activation_attr: str | None = None
+    group_size_attr: str | None = None
+    n_groups_attr: str | None = None
+    ranks: tuple[int, ...] = ()
+    offset_in_weight_dtype: bool = False
+    optional_params: bool = False
+    fp32_reductions_attr: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("rms", "layer"):
@@ -121,6 +150,64 @@ class Convention:
             )
         if not isinstance(self.model_types, tuple):
             raise ValueError(f"Convention.model_types must be a tuple, got {self.model_types!r}")
+        self._check_gated()
+
+    def _check_gated(self) -> None:
+        if self.gate not in (None, "required", "optional"):
+            raise ValueError(
+                f"Convention.gate must be None, 'required' or 'optional', got {self.gate!r}"
+            )
+        if self.activation not in GATE_ACTIVATIONS:
+            raise ValueError(
+                f"Convention.activation must be one of {GATE_ACTIVATIONS}, got {self.activation!r}"
+            )
+        for name in ("norm_before_gate", "offset_in_weight_dtype", "optional_params"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"Convention.{name} must be True or False, got {getattr(self, name)!r}"
+                )
+        for name in (
+            "norm_before_gate_attr", "activation_attr", "group_size_attr", "n_groups_attr",
+            "fp32_reductions_attr",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value.isidentifier()):
+                raise ValueError(f"Convention.{name} must be an attribute name, got {value!r}")
+        if not (
+            isinstance(self.ranks, tuple)
+            and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in self.ranks)
+        ):
+            raise ValueError(f"Convention.ranks must be a tuple of ranks, got {self.ranks!r}")
+        gate_options = (
+            not self.norm_before_gate or self.norm_before_gate_attr is not None
+            or self.activation != "silu" or self.activation_attr is not None
+        )  # fmt: skip
+        if self.gate is None and gate_options:
+            raise ValueError(
+                "Convention: norm_before_gate, activation and their attributes need a gate "
+                "(gate='required' or 'optional')"
+            )
+        extended = (
+            self.gate is not None or self.group_size_attr or self.n_groups_attr or self.ranks
+            or self.offset_in_weight_dtype or self.optional_params or self.fp32_reductions_attr
+        )  # fmt: skip
+        if extended and (self.kind != "rms" or self.cast_to_weight or self.shape_attr):
+            raise ValueError(
+                "Convention: gates, groups, ranks, offset_in_weight_dtype, optional_params and "
+                "fp32_reductions_attr are options of kind='rms' without cast_to_weight or "
+                "shape_attr"
+            )
+        if self.group_size_attr and self.n_groups_attr:
+            raise ValueError("Convention: group_size_attr and n_groups_attr exclude each other")
+        if self.offset_in_weight_dtype and (self.offset == 0.0 or not self.weight):
+            raise ValueError("Convention.offset_in_weight_dtype needs an offset and weight=True")
+        if self.optional_params and (
+            not (self.weight and self.bias) or self.weight_flag or self.offset != 0.0
+        ):
+            raise ValueError(
+                "Convention.optional_params reads weight and bias (weight=True, bias=True), "
+                "without weight_flag or offset"
+            )
 
 
 def _conv(eps_attr: str | None, casting_mode: str = "gemma", **kwargs) -> Convention:
@@ -139,6 +226,31 @@ NAMED_CONVENTIONS: dict[str, Convention] = {
     "t5": _conv("variance_epsilon", "llama", cast_to_weight=True),
     # torch.nn.LayerNorm: F.layer_norm over normalized_shape, with weight and bias.
     "layer_norm": Convention("layer", "eps", bias=True, shape_attr="normalized_shape"),
+    # Gated (forward(hidden_states, gate)). Norm, then gate: x̂ as "llama", × act(z) in fp32, cast
+    # to the input dtype; act is ACT2FN[self.activation].
+    "qwen3_next_gated": _conv(
+        "variance_epsilon", "llama", gate="required", activation_attr="activation"
+    ),
+    # Norm, then gate, all in fp32 (weight.to(float32)), one cast at the end.
+    "kimi_linear_gated": _conv("variance_epsilon", gate="required", activation_attr="activation"),
+    # Gate, then norm (x·silu(z) in fp32) per group of self.group_size, x̂ cast to the input dtype,
+    # then weight * that; gate=None: no gate.
+    "mamba2_gated": _conv(
+        "variance_epsilon",
+        "llama",
+        gate="optional",
+        norm_before_gate=False,
+        group_size_attr="group_size",
+    ),
+    # Either order (self.norm_before_gate), self.n_groups groups, all in fp32, one cast at the end;
+    # 2-D and 3-D inputs only.
+    "falcon_h1_gated": _conv(
+        "variance_epsilon",
+        gate="optional",
+        norm_before_gate_attr="norm_before_gate",
+        n_groups_attr="n_groups",
+        ranks=(2, 3),
+    ),
 }
 
 
@@ -146,8 +258,10 @@ NAMED_CONVENTIONS: dict[str, Convention] = {
 # Recognition by code: the known forwards. A class is recognised when its forward (and every
 # method of its own that the forward reaches through ``self``) is one of these, up to local
 # variable names, annotations, docstrings, comments and layout, with the same globals (torch, nn,
-# F). Each entry is written once here, the way transformers 5.24 writes it, with the class it was
-# taken from ("model.Class": transformers.models.<model>.modeling_<model>.<Class>).
+# F, and transformers' ACT2FN in the gated ones). Each entry is written once here, the way
+# transformers 5.24 writes it, with the class it was taken from ("model.Class":
+# transformers.models.<model>.modeling_<model>.<Class>). A gated forward takes (hidden_states,
+# gate); its patched forward takes the same two.
 # ----------------------------------------------------------------------------------------------
 _NORM_HELPER = """
 def _norm(self, x):
@@ -307,6 +421,140 @@ def forward(self, hidden_states):
 """,
     ),
     (
+        # Gemma's convention per group of self.group_size (None: the whole row).
+        "qwen4_exp.Qwen4ExpTextRMSNorm",
+        _conv("eps", offset=1.0, group_size_attr="group_size"),
+        """
+def _norm(self, x):
+    if self.group_size is not None:
+        x = x.reshape(*x.shape[:-1], -1, self.group_size)
+    out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+    return out.flatten(-2) if self.group_size is not None else out
+
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+""",
+    ),
+    (
+        # Gemma's, but 1 + weight is summed in the weight's dtype before .float().
+        "muse_spark.MuseSparkTextCenteredRMSNorm",
+        _conv("eps", offset=1.0, offset_in_weight_dtype=True),
+        """
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * (1.0 + self.weight).float()
+    return output.type_as(x)
+"""
+        + _NORM_HELPER,
+    ),
+    (
+        # Llama's with an optional weight and bias; force_float32_reductions=False reduces in the
+        # input dtype (refused).
+        "xlstm.xLSTMRMSNorm",
+        _conv(
+            "eps",
+            "llama",
+            bias=True,
+            optional_params=True,
+            fp32_reductions_attr="force_float32_reductions",
+        ),
+        """
+def _apply_weight_bias(self, x):
+    if self.weight is not None:
+        x = x * self.weight
+    if self.bias is not None:
+        x = x + self.bias
+    return x
+
+def _rms_normalize(self, x):
+    in_dtype = x.dtype
+    if self.force_float32_reductions:
+        x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+    return x.to(in_dtype)
+
+def forward(self, x):
+    x = self._rms_normalize(x)
+    x = self._apply_weight_bias(x)
+    return x
+""",
+    ),
+    (
+        "qwen3_next.Qwen3NextRMSNormGated",
+        NAMED_CONVENTIONS["qwen3_next_gated"],
+        """
+def forward(self, hidden_states, gate):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    hidden_states = self.weight * hidden_states.to(input_dtype)
+    hidden_states = hidden_states * ACT2FN[self.activation](gate.to(torch.float32))
+    return hidden_states.to(input_dtype)
+""",
+    ),
+    (
+        "kimi_linear.KimiLinearRMSNormGated",
+        NAMED_CONVENTIONS["kimi_linear_gated"],
+        """
+def forward(self, hidden_states, gate=None):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    hidden_states = self.weight.to(torch.float32) * hidden_states
+    hidden_states = hidden_states * ACT2FN[self.activation](gate.to(torch.float32))
+    return hidden_states.to(input_dtype)
+""",
+    ),
+    (
+        "mamba2.MambaRMSNormGated",
+        NAMED_CONVENTIONS["mamba2_gated"],
+        """
+def forward(self, hidden_states, gate=None):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    if gate is not None:
+        hidden_states = hidden_states * nn.functional.silu(gate.to(torch.float32))
+    *prefix_dims, last_dim = hidden_states.shape
+    group_count = last_dim // self.group_size
+    hidden_states_group = hidden_states.view(*prefix_dims, group_count, self.group_size)
+    variance = hidden_states_group.pow(2).mean(-1, keepdim=True)
+    hidden_states_group = hidden_states_group * torch.rsqrt(variance + self.variance_epsilon)
+    hidden_states = hidden_states_group.view(*prefix_dims, group_count * self.group_size)
+    return self.weight * hidden_states.to(input_dtype)
+""",
+    ),
+    (
+        "falcon_h1.FalconH1RMSNormGated",
+        NAMED_CONVENTIONS["falcon_h1_gated"],
+        """
+def forward(self, hidden_states, gate=None):
+    input_dtype = hidden_states.dtype
+    input_ndim = hidden_states.ndim
+    if not self.norm_before_gate and gate is not None:
+        hidden_states = hidden_states * F.silu(gate.to(torch.float32))
+    if len(hidden_states.shape) == 3:
+        batch_size, seq_len, dim = hidden_states.shape
+    else:
+        batch_size, dim = hidden_states.shape
+        seq_len = 1
+    hidden_states = hidden_states.to(torch.float32)
+    hidden_states = hidden_states.view(batch_size, seq_len, self.n_groups, int(dim // self.n_groups))
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    hidden_states = self.weight.view(self.n_groups, int(dim // self.n_groups)) * hidden_states
+    hidden_states = hidden_states.view(batch_size, seq_len, dim)
+    if input_ndim == 2:
+        hidden_states = hidden_states.squeeze(1)
+    if self.norm_before_gate and gate is not None:
+        hidden_states = hidden_states * F.silu(gate.to(torch.float32))
+    return hidden_states.to(input_dtype)
+""",  # noqa: E501
+    ),
+    (
         "olmo.OlmoLayerNorm",  # LayerNorm without parameters, ε fixed at 1e-5
         Convention("layer", None, weight=False, eps=1e-5, shape_attr="normalized_shape"),
         """
@@ -317,8 +565,64 @@ def forward(self, hidden_states):
     ),
 )
 
-# The global names the known forwards use, and what they must be in the candidate's module.
+# Known forwards that are refused, with the reason, so that the warning says what they are.
+_KNOWN_REFUSALS: tuple[tuple[str, str, str], ...] = (
+    (
+        "axk2.AXK2GatedRMSNorm",
+        "it is a container, not one norm: it returns y = self.norm(x), an RMSNorm patched on its "
+        "own, times a sigmoid gate that self.mlp computes from y, which no single call of this "
+        "library computes",
+        """
+def forward(self, x):
+    y = self.norm(x)
+    return (y * torch.sigmoid(self.mlp(y).float())).to(y.dtype)
+""",
+    ),
+)
+
+# The global names the known forwards use, and what they must be in the candidate's module
+# (ACT2FN, transformers' activation table, is looked up only where a candidate reads it: its
+# module imported transformers already).
 _KNOWN_GLOBALS = {"torch": torch, "nn": nn, "F": torch.nn.functional}
+
+
+def _expected_global(name: str) -> object:
+    if name == "ACT2FN":
+        return getattr(sys.modules.get("transformers.activations"), "ACT2FN", None)
+    return _KNOWN_GLOBALS.get(name, getattr(builtins, name, None))
+
+
+_SILU_FORWARD = """
+def forward(self, input):
+    return nn.functional.silu(input)
+"""
+
+
+def _act2fn_problem() -> str | None:
+    """Why transformers' ACT2FN does not map the names of ``_ACT2FN_NAMES`` to SiLU / the
+    sigmoid (None when it does): torch's modules, or transformers' SiLUActivation when its forward
+    is ``nn.functional.silu``, recognised by code as the norms are."""
+    table = _expected_global("ACT2FN")
+    if table is None:
+        return "transformers.activations.ACT2FN is not loaded"
+    for name, kind in _ACT2FN_NAMES.items():
+        try:
+            act = type(table[name])
+        except Exception as exc:  # a table that changed shape
+            return f"ACT2FN[{name!r}] fails: {type(exc).__name__}: {exc}"
+        if act in (nn.SiLU, nn.Sigmoid):
+            found = "silu" if act is nn.SiLU else "sigmoid"
+        else:
+            forward = inspect.getattr_static(act, "forward", None)
+            methods = (
+                _source_methods(act, forward) if isinstance(forward, types.FunctionType) else None
+            )
+            silu = {"forward": _normalize(_SILU_FORWARD)[0]}
+            found = "silu" if methods == silu else None
+        if found != kind:
+            return f"ACT2FN[{name!r}] is {act.__qualname__}, not the {kind} this library computes"
+    return None
+
 
 # Classes that need an entry because their forward is not one of the known ones: qualified class
 # name -> convention. torch's LayerNorm is shared by every model, so it is patched only inside the
@@ -395,11 +699,12 @@ def _normalize(source: str) -> tuple[str, set[str], set[str]]:
 
 
 @functools.cache
-def _known() -> dict[tuple[str, ...], list[tuple[dict[str, str], Convention, str]]]:
-    """The known forwards, keyed by their ``co_names`` (a cheap first filter): for each, the
-    canonical dumps of its methods by name, its convention and the class it comes from."""
+def _known() -> dict[tuple[str, ...], list[tuple[dict[str, str], Convention | str, str]]]:
+    """The known forwards and known refusals, keyed by their ``co_names`` (a cheap first filter):
+    for each, the canonical dumps of its methods by name, its convention (or the reason it is
+    refused) and the class it comes from."""
     known: dict = {}
-    for origin, conv, source in _KNOWN_FORWARDS:
+    for origin, conv, source in (*_KNOWN_FORWARDS, *_KNOWN_REFUSALS):
         source = textwrap.dedent(source)
         module_code = compile(source, f"<known forward of {origin}>", "exec")
         forward_code = next(
@@ -422,7 +727,7 @@ def _source_methods(cls: type, forward: types.FunctionType) -> dict[str, str] | 
         except (OSError, TypeError, SyntaxError, ValueError, IndexError):
             return f"the source of its {name} is not available to compare with the known forwards"
         for g in global_names:
-            expected = _KNOWN_GLOBALS.get(g, getattr(builtins, g, None))
+            expected = _expected_global(g)
             actual = fn.__globals__.get(g, getattr(builtins, g, None))
             if expected is None or actual is not expected:
                 return f"its {name} reads the global {g!r}, which none of the known forwards use"
@@ -438,34 +743,55 @@ def _source_methods(cls: type, forward: types.FunctionType) -> dict[str, str] | 
 
 
 def _match_source(cls: type) -> Convention | str:
+    return _match_known(cls)[0]
+
+
+def _known_origin(cls: type) -> str | None:
+    """The class ("model.Class") whose known forward (or known refusal) ``cls``'s code is, or
+    None."""
+    return _match_known(cls)[1]
+
+
+def _match_known(cls: type) -> tuple[Convention | str, str | None]:
+    """(:func:`_match_source`'s decision, the origin of the known forward it matched or None)."""
     forward = inspect.getattr_static(cls, "forward", None)
     if forward is nn.Module.forward:
-        return "it has no forward"
+        return "it has no forward", None
     if forward is nn.LayerNorm.forward:  # a subclass that keeps torch's forward
-        return NAMED_CONVENTIONS["layer_norm"]
+        return NAMED_CONVENTIONS["layer_norm"], None
     if not isinstance(forward, types.FunctionType):
-        return f"its forward is a {type(forward).__name__}, not a plain function"
+        return f"its forward is a {type(forward).__name__}, not a plain function", None
     code = forward.__code__
     inputs = list(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])
     if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
         inputs.append("*args/**kwargs")
-    if len(inputs) != 1:
+    # one input, or two (a gated norm's x and z); *args/**kwargs only alone, as one input
+    if len(inputs) != 1 and (len(inputs) != 2 or inputs[-1] == "*args/**kwargs"):
         return (
             f"its forward takes {', '.join(inputs) or 'nothing'} besides self; this library's "
-            "ops normalize one tensor (gated and conditioned norms keep their own forward)"
-        )
+            "ops normalize one tensor, or one and its gate (conditioned norms keep their own "
+            "forward)"
+        ), None
     candidates = _known().get(code.co_names)
     if candidates is not None:
         methods = _source_methods(cls, forward)
         if isinstance(methods, str):
-            return methods
-        for known_methods, conv, _ in candidates:
+            return methods, None
+        for known_methods, conv, origin in candidates:
             if methods == known_methods:
-                return conv
+                if isinstance(conv, Convention) and conv.activation_attr is not None:
+                    return _act2fn_problem() or conv, origin
+                return conv, origin
+    if len(inputs) == 2:
+        return (
+            f"its forward takes {', '.join(inputs)} besides self and is none of the known gated "
+            "normalization forwards (hf._KNOWN_FORWARDS; a gated norm that computes one of the "
+            "conventions can be declared with hf.register)"
+        ), None
     return (
-        f"its forward is none of the {len(_KNOWN_FORWARDS)} known normalization forwards "
-        "(if it computes one of the conventions, declare it with hf.register)"
-    )
+        "its forward is none of the known normalization forwards (hf._KNOWN_FORWARDS; if it "
+        "computes one of the conventions, declare it with hf.register)"
+    ), None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -487,7 +813,8 @@ def register(cls: type | str, convention: Convention | str | None) -> None:
         cls (type or str): a ``torch.nn.Module`` subclass or its qualified name.
         convention (Convention or str or None): how it computes; a name is one of
             :data:`NAMED_CONVENTIONS` (``"llama"``, ``"gemma"``, ``"olmo2"``, ``"t5"``,
-            ``"layer_norm"``).
+            ``"layer_norm"``, and the gated ``"qwen3_next_gated"``, ``"kimi_linear_gated"``,
+            ``"mamba2_gated"``, ``"falcon_h1_gated"``).
 
     Example::
 
@@ -602,12 +929,55 @@ def _instance_problem(module: nn.Module, conv: Convention) -> str | None:
     params = [("weight", with_weight), ("bias", conv.bias)]
     for attr, used in params:
         value = getattr(module, attr, None)
+        if conv.optional_params and value is None:
+            continue
         if used and not (isinstance(value, torch.Tensor) and value.dim() == 1):
             shape = list(value.shape) if isinstance(value, torch.Tensor) else value
             return (
                 f"its {attr} is {shape}: the convention applies a 1-D {attr} to the last "
                 "dimension only"
             )
+    return _gated_problem(module, conv)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _gated_problem(module: nn.Module, conv: Convention) -> str | None:
+    """:func:`_instance_problem` for the attributes of gated and grouped conventions."""
+    weight = getattr(module, "weight", None)
+    n = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 1 else None
+    attr = conv.group_size_attr
+    if attr is not None:
+        g = getattr(module, attr, None)
+        if g is not None and not (_is_int(g) and g > 0):
+            return f"its {attr} is {g!r}, not a positive int (or None)"
+        if g is not None and n is not None and n % g:
+            return f"its {attr} {g} does not divide its weight's {n} elements"
+    attr = conv.n_groups_attr
+    if attr is not None:
+        k = getattr(module, attr, None)
+        if not (_is_int(k) and k > 0):
+            return f"its {attr} is {k!r}, not a positive int"
+        if n is not None and n % k:
+            return f"its {attr} {k} does not divide its weight's {n} elements"
+    attr = conv.norm_before_gate_attr
+    if attr is not None and not isinstance(getattr(module, attr, None), bool):
+        return f"its {attr} is {getattr(module, attr, None)!r}, not True or False"
+    attr = conv.activation_attr
+    if attr is not None and _ACT2FN_NAMES.get(getattr(module, attr, None)) is None:
+        return (
+            f"its {attr} is {getattr(module, attr, None)!r}: the gate activations this library "
+            f"computes are ACT2FN's {sorted(_ACT2FN_NAMES)}"
+        )
+    attr = conv.fp32_reductions_attr
+    if attr is not None and getattr(module, attr, None) is not True:
+        return (
+            f"its {attr} is {getattr(module, attr, None)!r}: it then reduces in the input dtype, "
+            "which this library does not do in float16 / bfloat16 (it always reduces in float32; "
+            "a half-precision sum of squares overflows float16 past |x| ≈ 256)"
+        )
     return None
 
 
@@ -650,7 +1020,10 @@ def _forward_for(conv: Convention):
             eps = getattr(self, eps_attr) if eps_attr else fixed_eps
             return _t5_norm(hidden_states, self.weight, eps)
 
-    elif conv.weight and not conv.bias and not conv.weight_flag and eps_attr:
+    elif conv.gate is not None:
+        forward = _gated_forward(conv)
+
+    elif conv.weight and not conv.bias and not conv.weight_flag and eps_attr and not _grouped(conv):
         # The hot path of nearly every decoder (Llama, Gemma, OLMo 2 and their copies).
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
             return rms_norm(
@@ -658,7 +1031,7 @@ def _forward_for(conv: Convention):
                 casting_mode=casting, offset=offset,
             )  # fmt: skip
 
-    else:
+    elif not _grouped(conv):
         flag, with_weight, with_bias = conv.weight_flag, conv.weight, conv.bias
 
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -669,9 +1042,117 @@ def _forward_for(conv: Convention):
                 casting_mode=casting, offset=offset, bias=self.bias if with_bias else None,
             )  # fmt: skip
 
+    else:
+        forward = _grouped_forward(conv)
+
     forward.__qualname__ = forward.__name__ = "forward"
     forward.__doc__ = f"rmsnorm's op with the convention {conv}"
     forward._rmsnorm_convention = conv  # marks our forwards (unpatch, is_patched)
+    return forward
+
+
+def _grouped(conv: Convention) -> bool:
+    """Whether ``conv`` uses an option of the plain forward beyond the common ones."""
+    return bool(
+        conv.group_size_attr or conv.n_groups_attr or conv.ranks or conv.offset_in_weight_dtype
+        or conv.optional_params or conv.fp32_reductions_attr
+    )  # fmt: skip
+
+
+def _group_size(module: nn.Module, conv: Convention, n: int) -> int | None:
+    """g for a row of n elements from the module's group attribute (None: the whole row)."""
+    if conv.group_size_attr is not None:
+        g = getattr(module, conv.group_size_attr)
+    elif conv.n_groups_attr is not None:
+        groups = getattr(module, conv.n_groups_attr)
+        if n % groups:
+            raise ValueError(
+                f"{type(module).__name__}: the last dimension of hidden_states ({n}) is not "
+                f"divisible by its {conv.n_groups_attr} ({groups})"
+            )
+        g = n // groups
+    else:
+        return None
+    return None if g == n else g
+
+
+def _check_rank(module: nn.Module, conv: Convention, x: torch.Tensor) -> None:
+    if conv.ranks and x.dim() not in conv.ranks:
+        ranks = " or ".join(f"{r}-D" for r in conv.ranks)
+        raise ValueError(
+            f"{type(module).__name__} takes {ranks} hidden_states, as its own forward does; got "
+            f"shape {tuple(x.shape)}"
+        )
+
+
+def _gated_forward(conv: Convention):
+    eps_attr, fixed_eps, casting, offset = conv.eps_attr, conv.eps, conv.casting_mode, conv.offset
+    required = conv.gate == "required"
+    order, order_attr = conv.norm_before_gate, conv.norm_before_gate_attr
+    act, act_attr = conv.activation, conv.activation_attr
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None):
+        if gate is None and required:
+            raise TypeError(
+                f"{type(self).__name__}.forward needs a gate: its own forward multiplies by "
+                "act(gate) and fails without one; got gate=None"
+            )
+        _check_rank(self, conv, hidden_states)
+        n = hidden_states.shape[-1]
+        activation = act
+        if act_attr is not None:
+            name = getattr(self, act_attr)
+            activation = _ACT2FN_NAMES.get(name)
+            if activation is None:
+                raise ValueError(
+                    f"{type(self).__name__}.{act_attr} is {name!r}; the gate activations this "
+                    f"library computes are ACT2FN's {sorted(_ACT2FN_NAMES)}"
+                )
+        return gated_rms_norm(
+            hidden_states, gate, n, self.weight,
+            getattr(self, eps_attr) if eps_attr else fixed_eps,
+            group_size=_group_size(self, conv, n),
+            norm_before_gate=getattr(self, order_attr) if order_attr else order,
+            activation=activation, casting_mode=casting, offset=offset,
+        )  # fmt: skip
+
+    return forward
+
+
+def _grouped_forward(conv: Convention):
+    eps_attr, fixed_eps, casting, offset = conv.eps_attr, conv.eps, conv.casting_mode, conv.offset
+    flag, with_weight, with_bias = conv.weight_flag, conv.weight, conv.bias
+    in_weight_dtype, reductions = conv.offset_in_weight_dtype, conv.fp32_reductions_attr
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        _check_rank(self, conv, hidden_states)
+        if reductions and hidden_states.dtype in _HALF and getattr(self, reductions) is not True:
+            raise ValueError(
+                f"{type(self).__name__}.{reductions} is not True: it reduces in the input dtype, "
+                f"which this library does not do in {hidden_states.dtype} (unpatch the class)"
+            )
+        n = hidden_states.shape[-1]
+        weight = self.weight if (getattr(self, flag) if flag else with_weight) else None
+        bias = self.bias if with_bias else None
+        scale_offset = offset
+        if in_weight_dtype:  # offset + γ rounded in γ's dtype, as the class sums it
+            weight, scale_offset = offset + weight, 0.0
+        eps = getattr(self, eps_attr) if eps_attr else fixed_eps
+        g = _group_size(self, conv, n)
+        if bias is not None and casting == "llama":
+            out = (
+                hidden_states.dtype
+                if weight is None
+                else torch.promote_types(hidden_states.dtype, weight.dtype)
+            )
+            if torch.promote_types(out, bias.dtype) != out:  # the class adds in promote(y, β)
+                y = rms_norm(hidden_states, n, weight, eps, casting_mode=casting, group_size=g)
+                return y + bias
+        return rms_norm(
+            hidden_states, n, weight, eps, casting_mode=casting, offset=scale_offset, bias=bias,
+            group_size=g,
+        )  # fmt: skip
+
     return forward
 
 
@@ -742,8 +1223,9 @@ def patch(model: nn.Module) -> list[str]:
 
     A class is recognised by :func:`register`, by :data:`CONVENTIONS` (``torch.nn.LayerNorm``
     only inside GPT-2 / GPT-NeoX models) or when its forward is one of the known normalization
-    forwards (see :func:`convention_of`). Each such module gets a forward reading the same
-    parameters with the class's convention; nothing else changes (parameters, ``state_dict``,
+    forwards (see :func:`convention_of`), the gated ones (``forward(hidden_states, gate)``)
+    among them. Each such module gets a forward reading the same parameters and attributes with
+    the class's convention; nothing else changes (parameters, ``state_dict``,
     hooks, the class name) and no tensor is modified. The patch survives ``copy.deepcopy``,
     pickling and ``torch.save``. Returns the names of the patched modules. Raises ``ValueError``
     when there is none; warns, with the reason, about norm layers it leaves alone. Undo with

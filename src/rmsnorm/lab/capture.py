@@ -14,6 +14,10 @@ Which modules count as norm layers (:func:`norm_kind`):
    probe cannot run (width unknown, an error, an all-zero output) the name decides: ``rms`` in it
    means RMSNorm.
 
+Per layer also the input's per-channel outliers (:mod:`~rmsnorm.lab.outliers`): max|xᵢ|/RMS,
+excess kurtosis, the top channels' share of Σx² and which channels those are, which |μ|/σ cannot
+see.
+
 The swap measured for each layer: a LayerNorm's output against RMSNorm with the same γ, β, ε
 (computed from its ``weight``, ``bias`` and ``eps``/``variance_epsilon`` attributes, assuming
 y = γ·x̂ + β); an RMSNorm's output against the same module applied to the centered input, which is
@@ -30,6 +34,7 @@ import torch
 from torch import nn
 
 from .. import integrations
+from .outliers import OutlierAccumulator
 from .stats import row_stats, summarize
 
 __all__ = ["norm_kind", "find_norm_layers", "NormLayerRecord", "NormCapture"]
@@ -144,6 +149,7 @@ class NormLayerRecord:
     swap_sq: float = 0.0  # Σ (y − y_swap)²
     out_sq: float = 0.0  # Σ y²
     swap_error: str | None = None
+    outliers: OutlierAccumulator = field(default_factory=OutlierAccumulator)
 
     @property
     def swap_to(self) -> str:
@@ -170,6 +176,7 @@ class NormLayerRecord:
             "swap_max_abs_diff": self.swap_max_abs if self.swap_error is None else math.nan,
             "swap_rel_diff": rel if self.swap_error is None else math.nan,
             "swap_error": self.swap_error,
+            "outliers": self.outliers.summary(),
         }
 
 
@@ -183,7 +190,14 @@ class NormCapture:
         self.max_tokens = max_tokens_per_layer
         self.layers = find_norm_layers(model)
         self.records = {
-            name: NormLayerRecord(name, type(m).__name__, kind, _width(m), module_eps(m))
+            name: NormLayerRecord(
+                name,
+                type(m).__name__,
+                kind,
+                _width(m),
+                module_eps(m),
+                outliers=OutlierAccumulator(max_rows=max_tokens_per_layer),
+            )
             for name, m, kind in self.layers
         }
         self._handles: list = []
@@ -229,6 +243,7 @@ class NormCapture:
         rec.ratio.append(s.ratio[keep])
         rec.share.append(s.mean_energy_share[keep])
         rec.cosine.append(s.cosine[keep])
+        rec.outliers.add(rows)
         lhs = s.rms.square()
         err = (lhs - s.std.square() - s.mean.square()).abs() / lhs.clamp_min(1e-300)
         rec.identity_rel_error = max(rec.identity_rel_error, float(err.max()))

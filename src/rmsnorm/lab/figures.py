@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DPI", "pyplot", "save_figure"]
+__all__ = ["DPI", "pyplot", "save_figure", "legend_below", "layer_ticks"]
 
 DPI = 110
 
@@ -21,9 +21,32 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Write ``fig`` as a PNG at :data:`DPI` (creating the folder), close it, return the path."""
+    """Write ``fig`` as a PNG at :data:`DPI` (creating the folder, atomically), close it, return
+    the path."""
+    from .io import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    pyplot().close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=DPI, format="png")
+    finally:
+        pyplot().close(fig)
     return path
+
+
+def legend_below(fig, ax, ncol: int = 2, fontsize: float = 7.5, handles=None) -> None:
+    """The legend in its own strip under the axes, so that it covers no data."""
+    h, labels = (
+        (handles, [x.get_label() for x in handles]) if handles else (ax.get_legend_handles_labels())
+    )
+    fig.legend(h, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
+
+
+def layer_ticks(ax, names: list[str], short: bool = False) -> None:
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(["emb"] + [n.split()[-1] for n in names[1:]], fontsize=8)
+    ax.set_xlabel(
+        "stream after (emb: embedding; n: block n)"
+        if short
+        else "residual stream after layer (emb = embedding, then block number)"
+    )

@@ -40,6 +40,7 @@ __all__ = [
     "measured_divergence",
     "divergence",
     "summarize",
+    "median",
 ]
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -237,3 +238,18 @@ def summarize(values: torch.Tensor, quantiles: tuple[float, ...] = QUANTILES) ->
     qs = torch.quantile(finite, torch.tensor(quantiles, dtype=torch.float64))
     out.update({f"q{round(q * 100):02d}": float(val) for q, val in zip(quantiles, qs, strict=True)})
     return out
+
+
+def median(values: torch.Tensor) -> float:
+    """The median of the finite entries of ``values`` as numpy and scipy define it (the mean of
+    the two middle values for an even count; torch's ``median`` takes the lower one), NaN when
+    none is finite."""
+    v = values.detach().to(torch.float64).flatten()
+    v = v[torch.isfinite(v)]
+    if v.numel() == 0:
+        return math.nan
+    k = (v.numel() - 1) // 2
+    low = torch.kthvalue(v, k + 1).values
+    if v.numel() % 2:
+        return float(low)
+    return float((low + torch.kthvalue(v, k + 2).values) / 2)

@@ -2,7 +2,7 @@
 inputs are and what swapping LayerNorm for RMSNorm (or back) would change. :mod:`.run` loads and
 runs the model, :mod:`.render` shows the result."""
 
-from .render import inspect_layers, render_table
+from .render import inspect_layers, render_outlier_table, render_table
 from .run import (
     BUILTIN_MODELS,
     InspectResult,
@@ -22,5 +22,6 @@ __all__ = [
     "inspect_source",
     "InspectResult",
     "render_table",
+    "render_outlier_table",
     "inspect_layers",
 ]

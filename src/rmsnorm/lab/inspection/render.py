@@ -9,7 +9,7 @@ from pathlib import Path
 from ..figures import pyplot, save_figure
 from .run import InspectResult
 
-__all__ = ["render_table", "inspect_layers"]
+__all__ = ["render_table", "render_outlier_table", "inspect_layers"]
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -47,6 +47,45 @@ def render_table(result: InspectResult):
             _fmt(cos["mean"], ".5f"),
             _fmt(layer["swap_max_abs_diff"], ".3g"),
             _fmt(layer["swap_rel_diff"], ".3g"),
+        )
+    return table
+
+
+def render_outlier_table(result: InspectResult):
+    """A rich Table of each norm layer's input channels: max|xᵢ|/RMS (median over tokens, and its
+    i.i.d. Gaussian median), median excess kurtosis, the top channel's and the top 1%'s share of
+    Σx² (i.i.d.: 1/d and k/d), and the dominant channels. |μ|/σ cannot see one massive channel;
+    these columns can."""
+    from rich.table import Table
+
+    first = next((layer["outliers"] for layer in result.layers if layer.get("outliers")), {})
+    caption = "per-channel outliers of each norm layer's input"
+    if first:
+        caption += (
+            f"; i.i.d. Gaussian rows of d = {first['d']}: max|x|/RMS ≈ "
+            f"{first['iid_max_over_rms_median']:.2f}, top share {100 / first['d']:.2f}%"
+        )
+    table = Table(title=f"{result.model} — channels", title_justify="left", caption=caption,
+                  caption_justify="left")  # fmt: skip
+    table.add_column("layer", overflow="fold")
+    for header in ("max|x|/RMS\nmedian", "excess\nkurtosis", "top ch.\nshare", "top 1%\nshare",
+                   "dominant channels\n(share)"):  # fmt: skip
+        table.add_column(header, justify="right", no_wrap=header.startswith("max"))
+    for layer in result.layers:
+        o = layer.get("outliers") or {}
+        if not o:
+            table.add_row(layer["name"], "–", "–", "–", "–", "–")
+            continue
+        dominant = ", ".join(
+            f"{c['channel']} ({100 * c['share']:.1f}%)" for c in o["dominant_channels"]
+        )
+        table.add_row(
+            layer["name"],
+            _fmt(o["max_over_rms_median"], ".2f"),
+            _fmt(o["excess_kurtosis_median"], ".2f"),
+            f"{100 * o['top1_share']:.1f}%",
+            f"{100 * o['top_k_share']:.1f}%",
+            dominant,
         )
     return table
 

@@ -88,7 +88,9 @@ class Page:
             elif kind == "figure":
                 # relpath works whether the report folder was given as a relative or absolute path
                 rel = Path(os.path.relpath(block[1], relative_to)).as_posix()
-                lines += [f"![{block[2]}]({rel})", "", f"*{block[2]}*", ""]
+                # brackets in the alt text (E[μ²]) would end it early
+                alt = block[2].replace("[", "\\[").replace("]", "\\]")
+                lines += [f"![{alt}]({rel})", "", f"*{block[2]}*", ""]
             elif kind == "code":
                 lines += ["```", block[1], "```", ""]
         return "\n".join(lines)

@@ -2,7 +2,15 @@
 the simulated transformer at every layer, at initialization and optionally after a short training.
 :mod:`.run` runs it, :mod:`.render` draws and writes it."""
 
-from .render import cosine_by_layer, mean_histograms, ratio_by_layer, write_simulation
+from .render import (
+    cosine_by_layer,
+    decomposition_figure,
+    mean_histograms,
+    ratio_by_layer,
+    seed_ratio_by_layer,
+    write_seed_study,
+    write_simulation,
+)
 from .run import INPUTS, SimulationConfig, SimulationResult, StageStats, simulate
 
 __all__ = [
@@ -12,6 +20,9 @@ __all__ = [
     "SimulationResult",
     "simulate",
     "write_simulation",
+    "write_seed_study",
+    "seed_ratio_by_layer",
+    "decomposition_figure",
     "mean_histograms",
     "ratio_by_layer",
     "cosine_by_layer",

@@ -9,13 +9,17 @@ from pathlib import Path
 
 import torch
 
-from ..figures import pyplot, save_figure
+from ..figures import layer_ticks, legend_below, pyplot, save_figure
 from ..iid import iid_reference
 from ..io import write_json
 from ..progress import ensure
+from ..stats import median
 from .run import SimulationResult
 
 __all__ = [
+    "seed_ratio_by_layer",
+    "decomposition_figure",
+    "write_seed_study",
     "mean_histograms",
     "ratio_by_layer",
     "ratio_by_layer_figure",
@@ -87,7 +91,7 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
         ax.set_ylim(0, max(1.0, float(counts.max())) * 1.1)
         ax.xaxis.set_major_locator(MaxNLocator(4))
         ax.axvline(0.0, color="black", lw=0.8, ls="--", label="μ = 0")
-        ratio = float(st.ratio[i].nanmedian())
+        ratio = median(st.ratio[i])
         ax.set_title(
             f"{result.layer_names[i]}\nσ̄ = {float(st.std[i].mean()):.3g}, "
             f"median |μ|/σ = {ratio:.3g}",
@@ -112,7 +116,7 @@ IID_LABEL = "i.i.d. Gaussian rows"
 def ratio_by_layer_figure(result, extra: dict | None = None):
     """The figure of :func:`ratio_by_layer`, not yet saved (a matplotlib Figure)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 6.2), layout="constrained")
     stages = dict(result.stages)
     stages.update(extra or {})
     for name, st in stages.items():
@@ -140,7 +144,7 @@ def ratio_by_layer_figure(result, extra: dict | None = None):
     ax.set_xlabel("residual stream after layer (emb = embedding, then block number)")
     ax.set_ylabel("|μ| / σ per token (dimensionless, log scale)")
     ax.set_title(f"How far each token is from centered\n{_describe(result.config)}", fontsize=10)
-    ax.legend(fontsize=7, loc="best", ncol=2)
+    fig.legend(loc="outside lower center", fontsize=7, ncol=2, frameon=False)
     ax.grid(alpha=0.3, which="both")
     return fig
 
@@ -158,7 +162,7 @@ def cosine_by_layer(result, path: Path, extra: dict | None = None) -> Path:
     within 1e-2 of 1 when rows are centered): mean and worst 5% of tokens, with the measured cosine
     of the actual outputs as markers."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 6.2), layout="constrained")
     stages = dict(result.stages)
     stages.update(extra or {})
     floor = 1e-12
@@ -191,6 +195,15 @@ def cosine_by_layer(result, path: Path, extra: dict | None = None) -> Path:
             ms=7,
             label=f"{name}: mean 1 − cos of the actual outputs (measured)",
         )
+    d = result.config.d_model
+    if d > 3:  # E[1 − cos] for i.i.d. Gaussian rows: E[(μ/σ)²]/2 = 1/(2(d − 3))
+        ax.axhline(
+            1 / (2 * (d - 3)),
+            color="gray",
+            ls=":",
+            lw=1.5,
+            label=f"i.i.d. Gaussian rows, d = {d}: mean 1 − cos ≈ 1/(2(d − 3))",
+        )
     ax.set_yscale("log")
     ax.set_xticks(range(len(result.layer_names)))
     ax.set_xticklabels(["emb"] + [str(i) for i in range(1, len(result.layer_names))], fontsize=8)
@@ -201,8 +214,157 @@ def cosine_by_layer(result, path: Path, extra: dict | None = None) -> Path:
         + _describe(result.config),
         fontsize=10,
     )
-    ax.legend(fontsize=7, loc="best")
+    fig.legend(loc="outside lower center", fontsize=7, ncol=2, frameon=False)
     ax.grid(alpha=0.3, which="both")
+    return save_figure(fig, path)
+
+
+def seed_ratio_by_layer(study, path: Path) -> Path:
+    """Median |μ|/σ per layer for every seed (thin lines), their median and min–max band across
+    seeds, the first seed's 5–95% band over tokens, and the i.i.d. Gaussian median and 5–95%
+    points at the same width."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8.5, 6.2), layout="constrained")
+    names = study.layer_names
+    x = list(range(len(names)))
+    first = study.results[0].init.ratio
+    first = torch.where(torch.isfinite(first), first, torch.nan)
+    q = torch.nanquantile(first, torch.tensor([0.05, 0.95], dtype=first.dtype), dim=1)
+    ax.fill_between(
+        x,
+        q[0],
+        q[1],
+        color="#1f77b4",
+        alpha=0.10,
+        label=f"seed {study.seeds[0]}: 5–95% of its tokens",
+    )
+    for j, s in enumerate(study.summaries):
+        ax.plot(
+            x,
+            s.median_ratio,
+            color="#1f77b4",
+            lw=0.7,
+            alpha=0.45,
+            label="each seed: median over its tokens" if j == 0 else None,
+        )
+    band = study.band("median_ratio")
+    ax.fill_between(
+        x,
+        band["min"],
+        band["max"],
+        color="#1f77b4",
+        alpha=0.30,
+        label=f"min–max of the per-seed medians ({len(study.seeds)} seeds)",
+    )
+    ax.plot(x, band["median"], color="#0b3d91", marker="o", ms=4, lw=2, label="median over seeds")
+    ref = study.reference
+    d = study.config.d_model
+    ax.axhline(
+        ref.median,
+        color="gray",
+        ls=":",
+        lw=1.6,
+        label=f"i.i.d. Gaussian rows, d = {d}: median {ref.median:.4f}",
+    )
+    ax.axhline(
+        ref.q05,
+        color="gray",
+        ls="-.",
+        lw=1.0,
+        label=f"i.i.d. Gaussian rows: 5% and 95% ({ref.q05:.4f}, {ref.q95:.3f})",
+    )
+    ax.axhline(ref.q95, color="gray", ls="-.", lw=1.0)
+    ax.set_yscale("log")
+    layer_ticks(ax, names)
+    ax.set_ylabel("|μ| / σ per token (dimensionless, log scale)")
+    cfg = study.config
+    ax.set_title(
+        f"How far the tokens are from centered, over {len(study.seeds)} seeds\n"
+        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {cfg.norm}, {cfg.activation}, d = {d}, "
+        f"{study.tokens_per_layer} random tokens per seed",
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3, which="both")
+    legend_below(fig, ax)
+    return save_figure(fig, path)
+
+
+def decomposition_figure(study, sweep, path: Path) -> Path:
+    """Left: the token-shared part's share of E[μ²] per layer (median over seeds, min–max band),
+    for the default GELU network and the other activations of the sweep. Right: per seed, the
+    last layer's token-shared offset m̄ against the part of it the MLPs wrote (the diagonal: all
+    of it)."""
+    plt = pyplot()
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12.5, 5.6), layout="constrained")
+    studies = [("GELU (default)", study)]
+    if sweep is not None:
+        studies += [(c.label, c.study) for c in sweep.group("activation") if c.label != "GELU"]
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    markers = ["o", "s", "^", "D"]
+    names = study.layer_names
+    x = list(range(len(names)))
+    lim = 0.0
+    for k, (label, st) in enumerate(studies):
+        if len(st.layer_names) != len(names):
+            continue
+        band = st.band("shared_share")
+        c = colors[k % len(colors)]
+        ax0.fill_between(
+            x, [100 * v for v in band["min"]], [100 * v for v in band["max"]], color=c, alpha=0.15
+        )
+        ax0.plot(
+            x,
+            [100 * v for v in band["median"]],
+            color=c,
+            marker=markers[k % 4],
+            ms=4,
+            label=f"{label}: median over seeds (band: min–max)",
+        )
+        pts = [(s.last_from_mlp, s.shared_mean[-1]) for s in st.summaries]
+        if pts[0][0] is not None:
+            ax1.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                markers[k % 4],
+                color=c,
+                ms=6,
+                mec="black",
+                mew=0.4,
+                ls="none",
+                label=f"{label}: one seed",
+            )
+            lim = max(lim, *(abs(v) for p in pts for v in p))
+    layer_ticks(ax0, names)
+    ax0.set_ylabel("token-shared share of E[μ²] (%)")
+    ax0.set_ylim(0, 100)
+    ax0.set_title("How much of μ is one offset every token shares", fontsize=10)
+    ax0.grid(alpha=0.3)
+    lim = 1.1 * lim or 1.0
+    ax1.plot(
+        [-lim, lim],
+        [-lim, lim],
+        color="black",
+        lw=0.8,
+        ls="--",
+        label="m̄ = MLPs' part (the MLPs wrote all of it)",
+    )
+    ax1.axhline(0, color="gray", lw=0.5)
+    ax1.axvline(0, color="gray", lw=0.5)
+    ax1.set_xlim(-lim, lim)
+    ax1.set_ylim(-lim, lim)
+    ax1.set_aspect("equal")
+    ax1.set_xlabel("part written by the MLPs, Σ mean(W₂·ā + b₂) (activation units)")
+    ax1.set_ylabel(f"token-shared offset m̄ at {names[-1]} (activation units)")
+    ax1.set_title("Where the last layer's offset comes from, one point per seed", fontsize=10)
+    ax1.grid(alpha=0.3)
+    handles = ax0.get_legend_handles_labels()[0] + ax1.get_legend_handles_labels()[0]
+    legend_below(fig, ax0, ncol=3, handles=handles)
+    cfg = study.config
+    fig.suptitle(
+        f"The token-shared part of μ: {cfg.n_layers}-layer {cfg.norm_position}-norm "
+        f"{cfg.norm}, d = {cfg.d_model}, at initialization",
+        fontsize=11,
+    )
     return save_figure(fig, path)
 
 
@@ -222,4 +384,23 @@ def write_simulation(result: SimulationResult, out: str | Path, progress=None) -
             files[name] = fn(result, out / f"{name}.png")
             advance()
     files["json"] = write_json(result.to_dict(), out / "simulation.json")
+    return files
+
+
+def write_seed_study(study, out: str | Path, progress=None) -> dict[str, Path]:
+    """A :class:`~rmsnorm.lab.seeds.SeedStudy`'s figures (|μ|/σ per layer over seeds, the
+    token-shared part of μ) and ``seeds.json`` into ``out``; returns {name: path}."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = ensure(progress)
+    files = {}
+    jobs = [
+        ("ratio_by_layer_seeds", lambda p: seed_ratio_by_layer(study, p)),
+        ("decomposition", lambda p: decomposition_figure(study, None, p)),
+    ]
+    with progress.task("simulate: seed figures", total=len(jobs)) as advance:
+        for name, job in jobs:
+            files[name] = job(out / f"{name}.png")
+            advance()
+    files["seeds_json"] = write_json(study.to_dict(), out / "seeds.json")
     return files

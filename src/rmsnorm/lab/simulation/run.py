@@ -2,9 +2,14 @@
 record, per token and per layer, the mean μ, standard deviation σ and RMS of the residual stream;
 optionally train it briefly and record the same numbers again.
 
-The residual stream is measured after the embedding and after each block (n_layers + 1 points).
-A ``planted_mean`` c adds c to every element of the input embeddings, so every row's μ moves by c:
-the lab's detection test.
+The residual stream is measured after the embedding and after each block (n_layers + 1 points);
+in a post-norm network, where the stream after a block is its norm's output, the rows measured are
+those that norm reads (x + MLP(x)). μ is split into its token-shared and per-token parts
+(:mod:`~rmsnorm.lab.decomposition`).
+A ``planted_mean`` c adds c to every element of the input embeddings: every row's μ moves by c, and
+in a LayerNorm network no block sees it (each norm subtracts it). A ``planted_bias`` c is a bias
+of c on every unit of block 1's MLP output: a mean planted inside a block, which the blocks after
+it see through an RMSNorm (and not through a LayerNorm).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..._validate import finite_number, non_negative_int, one_of, positive_int
+from ..decomposition import MeanDecomposition, capture_writes
 from ..progress import ensure
 from ..stats import (
     RowStats,
@@ -44,7 +50,9 @@ class SimulationConfig:
     own, randomly initialised, embedding tables), ``"gaussian"`` (i.i.d. N(0, init_std²) vectors fed
     as embeddings), ``"text"`` (validation windows of the corpus) or ``"auto"`` (tokens without
     training, text with it). ``train_steps`` > 0 trains the same model on ``text`` (a path; the
-    Python standard-library corpus when None) and measures it again."""
+    Python standard-library corpus when None) and measures it again. ``activation``: the MLP's
+    (``"gelu"``, ``"relu"``, ``"swiglu"``); ``center_activation`` removes each MLP unit's mean over
+    the batch's tokens before the output projection (an ablation: no token-shared MLP write)."""
 
     n_layers: int = 12
     d_model: int = 256
@@ -55,9 +63,12 @@ class SimulationConfig:
     norm: str = "layernorm"
     norm_position: str = "pre"
     init_std: float = 0.02
+    activation: str = "gelu"
+    center_activation: bool = False
     inputs: str = "auto"
     text: str | None = None
     planted_mean: float = 0.0
+    planted_bias: float = 0.0
     train_steps: int = 0
     train_batch: int = 16
     lr: float = 3e-3
@@ -70,6 +81,7 @@ class SimulationConfig:
         for name in ("train_steps", "raw_tokens", "seed"):
             non_negative_int(name, getattr(self, name))
         finite_number("planted_mean", self.planted_mean)
+        finite_number("planted_bias", self.planted_bias)
         one_of("inputs", self.inputs, INPUTS)
         if self.text is not None and not Path(self.text).is_file():
             raise FileNotFoundError(f"text: no such file {self.text!r}")
@@ -89,6 +101,7 @@ class SimulationConfig:
             norm=self.norm,
             norm_position=self.norm_position,
             init_std=self.init_std,
+            activation=self.activation,
         )
 
     def to_dict(self) -> dict:
@@ -99,12 +112,14 @@ class SimulationConfig:
 class StageStats:
     """Residual-stream statistics of one model state: (n_layers + 1, tokens) float64 tensors.
     ``measured_cosine`` is cos(LayerNorm(h), RMSNorm(h)) from the two actual outputs (γ = 1, β = 0,
-    the model's ε) of each token's residual vector h, next to the prediction σ/RMS."""
+    the model's ε) of each token's residual vector h, next to the prediction σ/RMS;
+    ``decomposition`` splits μ into its token-shared and per-token parts."""
 
     mean: torch.Tensor
     std: torch.Tensor
     rms: torch.Tensor
     measured_cosine: torch.Tensor
+    decomposition: MeanDecomposition | None = None
 
     def layer(self, i: int) -> RowStats:
         return RowStats(self.mean[i], self.std[i], self.rms[i])
@@ -168,7 +183,13 @@ class SimulationResult:
             "tokens_per_layer": int(self.init.mean.shape[1]),
             "layers": self.layer_names,
             "stages": {
-                name: {"per_layer": st.summary(), "raw": st.raw(cfg.raw_tokens)}
+                name: {
+                    "per_layer": st.summary(),
+                    "decomposition": None
+                    if st.decomposition is None
+                    else st.decomposition.to_dict(),
+                    "raw": st.raw(cfg.raw_tokens),
+                }
                 for name, st in self.stages.items()
             },
             "val_loss": self.val_loss,
@@ -192,14 +213,32 @@ def _measure(
     else:
         emb = model.embed(inputs)
     emb = emb + cfg.planted_mean
-    _, residuals = model(embeddings=emb, return_residuals=True)
+    post = cfg.norm_position == "post" and cfg.norm != "none"
+    norm_inputs: list[torch.Tensor] = []
+    handles = []
+    if post:  # the rows each block's second norm reads, not that norm's (centered) output
+        for block in model.blocks:
+            handles.append(
+                block.norm2.register_forward_pre_hook(lambda m, args: norm_inputs.append(args[0]))
+            )
+    try:
+        with capture_writes(model, cfg.center_activation) as writes:
+            _, residuals = model(embeddings=emb, return_residuals=True)
+    finally:
+        for h in handles:
+            h.remove()
+    if post:
+        residuals = [residuals[0], *norm_inputs]
     stats = [row_stats(h) for h in residuals]  # each over the (batch·seq) tokens
     measured = [measured_divergence(h.double(), model.cfg.eps)[0] for h in residuals]
+    means = torch.stack([s.mean for s in stats])
+    additive = cfg.norm_position == "pre" or cfg.norm == "none"
     return StageStats(
-        torch.stack([s.mean for s in stats]),
+        means,
         torch.stack([s.std for s in stats]),
         torch.stack([s.rms for s in stats]),
         torch.stack(measured),
+        MeanDecomposition.of(means, writes, additive),
     )
 
 
@@ -221,6 +260,9 @@ def simulate(
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = Transformer(cfg.transformer_config())
+    if cfg.planted_bias:
+        with torch.no_grad():
+            model.blocks[0].mlp.proj.bias.fill_(cfg.planted_bias)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     corpus = None
     if kind == "text" or cfg.train_steps > 0:
