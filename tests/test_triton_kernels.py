@@ -621,7 +621,7 @@ def test_float_scalars_reach_kernels_exactly():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "n, g", [(128, None), (4096, None), (8192, 1024), (32768, None), (16384, 128)]
-)  # fmt: skip
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_gated_production_configs(n, g, dtype):
     """The gated kernels at the shapes of the models that use them, with their default configs:
