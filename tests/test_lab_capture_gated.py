@@ -1,12 +1,14 @@
 """The capture (lab/capture.py) on grouped and gated RMSNorm: the statistics are of what each norm
 normalizes (x, or x·act(z) when it gates first), per group, and the swap is the centering
 LayerNorm of that (then the same gate), all checked against hand computations in float64, for
-this library's modules and the Hugging Face gated classes (patched and not) inside a small module,
-and the layers it cannot read."""
+this library's modules, the Hugging Face gated classes (patched and not) inside a small module,
+the tiny gated models of ``rmsnorm inspect``, and the layers it cannot read."""
 
 from __future__ import annotations
 
+import copy
 import importlib
+import json
 import re
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 from torch import nn
 
 import rmsnorm
-from rmsnorm.lab import capture
+from rmsnorm.lab import capture, inspection
 from rmsnorm.lab.stats import summarize
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -309,3 +311,74 @@ def test_gating_first_with_an_activation_the_library_does_not_compute():
     )  # fmt: skip
     layer = run(Mixer(GeluRMSNormGated(N)), torch.float32)
     assert "activation 'gelu'" in layer["swap_error"] and layer["tokens"] == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# rmsnorm inspect on tiny gated models
+# ------------------------------------------------------------------------------------------------
+def _recording(model: nn.Module, suffix: str) -> dict:
+    """Forward hooks that keep the (x, gate, y) of the first call of the layers whose name ends
+    with ``suffix`` (the capture's swap calls a norm-then-gate layer again, on centered x)."""
+    seen = {}
+    for name, module in model.named_modules():
+        if name.endswith(suffix):
+
+            def hook(module, args, output, name=name):
+                seen.setdefault(name, (args[0].detach(), args[1].detach(), output.detach()))
+
+            module.register_forward_hook(hook)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "source, suffix, order, groups, tokens",
+    [("tiny-mamba2", "mixer.norm", GTN, 2, 2 * 16), ("tiny-qwen3-next", "linear_attn.norm", NTG,
+                                                    1, 2 * 16 * 4)],
+)  # fmt: skip
+def test_inspect_tiny_gated_models(source, suffix, order, groups, tokens):
+    """Every gated layer measured, with the model's own gate, against a hand computation from
+    what the layer saw (Qwen3-Next normalizes each of its 4 value heads as a row)."""
+    pytest.importorskip("transformers")
+    loaded = inspection.load_runnable_model(source)
+    seen = _recording(loaded.model, suffix)
+    ids, how = inspection.make_inputs(loaded, batch=2, seq_len=16)
+    res = inspection.inspect_model(loaded.model, ids, forward=loaded.forward, description=how)
+    gated = [layer for layer in res.layers if layer["name"].endswith(suffix)]
+    assert len(gated) == (2 if order == GTN else 1) and set(seen) == {g["name"] for g in gated}
+    for layer in gated:
+        module = loaded.model.get_submodule(layer["name"])
+        x, z, y = seen[layer["name"]]
+        g = x.shape[-1] // groups
+        want = expected(x, z, module.weight, module.variance_epsilon, g, order)
+        assert_measures(layer, want, y, 1e-4)
+        assert layer["gated_calls"] == layer["calls"] == 1 and layer["tokens"] == tokens
+    for layer in res.layers:
+        assert layer["swap_error"] is None and 0 < layer["predicted_cosine"]["mean"] <= 1
+
+
+def test_inspect_command_on_a_saved_gated_model(tmp_path):
+    """``rmsnorm inspect`` on a tiny Mamba2 saved to a directory (loaded offline) and on the
+    built-in Qwen3-Next: the gated kinds in the table, the gated layers in the JSON."""
+    pytest.importorskip("transformers")
+    from typer.testing import CliRunner
+
+    from rmsnorm.cli import app
+
+    model = copy.deepcopy(inspection.load_runnable_model("tiny-mamba2").model)
+    model.save_pretrained(tmp_path / "mamba2")
+    runner = CliRunner()
+    out = tmp_path / "inspect.json"
+    args = ["--seq-len", "16", "--batch", "2", "--no-channels"]
+    result = runner.invoke(
+        app, ["inspect", "--model", str(tmp_path / "mamba2"), *args, "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "z→RMS/2" in result.output and "statistics and swap per group" in result.output
+    layers = json.loads(out.read_text())["layers"]
+    mixers = [layer for layer in layers if layer["class"] == "MambaRMSNormGated"]
+    assert len(mixers) == 2 and {layer["normalizes"] for layer in mixers} == {
+        "x·silu(gate), per group of 64"
+    }
+    result = runner.invoke(app, ["inspect", "--model", "tiny-qwen3-next", *args])
+    assert result.exit_code == 0, result.output
+    assert "RMS→z" in result.output and "no swap" not in result.output
