@@ -129,8 +129,6 @@ def norm_kind(module: nn.Module) -> str | None:
     recognised = integrations.norm_kind(module)
     if recognised is not None:
         return _KINDS[recognised]
-    if isinstance(module, GatedRMSNorm):  # not an nn.RMSNorm: its forward takes the gate
-        return "rmsnorm"
     name = type(module).__name__
     if not _NAME_RULE.search(name) or next(module.children(), None) is not None:
         return None
