@@ -509,7 +509,7 @@ def inspect(
         str,
         typer.Option(
             help="A local Hugging Face model directory or a built-in name "
-            "(builtin, builtin-rms, tiny-gpt2, tiny-llama)."
+            "(builtin, builtin-rms, tiny-gpt2, tiny-llama, tiny-mamba2, tiny-qwen3-next)."
         ),
     ] = "builtin",
     text: Annotated[str | None, typer.Option(help="Text to run (default: random tokens).")] = None,
