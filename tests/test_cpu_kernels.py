@@ -131,7 +131,12 @@ def _everything(dtype):
     grads = cpu.rms_norm_bwd(dy, h, w, b, rstd, dy, 1e-6, "rms", "llama", 0.0, n, dtype, True)
     yl, mean, rl = cpu.layer_norm_fwd(x, w, b, 1e-5)
     lgrads = cpu.layer_norm_bwd(dy, x, w, b, mean, rl, True)
-    return [y, h, rstd, *grads, yl, mean, rl, *lgrads]
+    gated = []
+    for order in (True, False):  # the gated kernels share calls through kernels.run_blocks
+        opts = (1e-6, "mean_square", "llama", 0.0, 60, 60, order, "silu")
+        yg, rg = cpu.gated_rms_norm_fwd(x, r, w, b, *opts)
+        gated += [yg, rg, *cpu.gated_rms_norm_bwd(dy, x, r, w, b, rg, dy, *opts, dtype, True)]
+    return [y, h, rstd, *grads, yl, mean, rl, *lgrads, *gated]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -457,6 +462,8 @@ def test_the_first_compilation_is_announced_once_and_cached(tmp_path):
     lines = [line for line in first.stderr.splitlines() if "compiling the CPU kernels" in line]
     assert len(lines) == 1, first.stderr
     assert "once" in lines[0] and str(tmp_path / "cache") in lines[0]
+    gated = [line for line in first.stderr.splitlines() if "compiling the grouped" in line]
+    assert len(gated) == 1 and str(tmp_path / "cache") in gated[0], first.stderr
     second = _run(_COMPILE_CHECK, timeout=600, env=env)
     assert second.returncode == 0, second.stderr
     assert "compiling" not in second.stderr and "'compiled': False" in second.stdout
@@ -499,3 +506,29 @@ def test_warmup_command():
     )
     assert res.returncode == 0, res.stderr
     assert "rmsnorm warmup: CPU kernels" in res.stdout and "cached in" in res.stdout
+
+
+def test_gated_rows_do_not_depend_on_the_batch():
+    """A row's gated forward output is bitwise the same whatever rows share its call (one row, a
+    decoding batch, a prefill past the shared-call threshold), as the plain kernels'."""
+    gen = torch.Generator().manual_seed(2)
+    n = 512
+    big_x = torch.randn(300, n, generator=gen).to(torch.bfloat16)
+    big_z = torch.randn(300, n, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, generator=gen).to(torch.bfloat16)
+    opts = (1e-6, "mean_square", "llama", 0.0, 64, 64, False, "silu")
+    whole, _ = cpu.gated_rms_norm_fwd(big_x, big_z, w, None, *opts)
+    for rows in (slice(7, 8), slice(0, 16), slice(100, 300)):
+        part, _ = cpu.gated_rms_norm_fwd(big_x[rows], big_z[rows], w, None, *opts)
+        assert torch.equal(part, whole[rows]), rows
+
+
+def test_gated_float64_goes_to_the_reference_and_a_float64_gate_is_read():
+    x64, z64 = torch.randn(5, 12, dtype=torch.float64), torch.randn(5, 12, dtype=torch.float64)
+    opts = (1e-6, "rms", "gemma", 0.0, 6, 6, True, "sigmoid")
+    assert torch.equal(
+        cpu.gated_rms_norm_fwd(x64, z64, None, None, *opts)[0],
+        R.gated_rms_norm_fwd(x64, z64, None, None, *opts)[0],
+    )
+    x = x64.float()
+    check_launcher(cpu, "gated_rms_norm_fwd", x, z64, None, None, *opts)  # the gate read in fp32

@@ -1,10 +1,11 @@
 """The spec: plain-PyTorch RMSNorm / LayerNorm forward and written-out backward, correct in float64.
 
 Every kernel, benchmark and fallback in this package is compared against this module, and it is also
-a backend of its own (``RMSNORM_BACKEND=reference``): its five launchers (``*_fwd``, ``*_bwd``) have
-the signatures every backend has (:class:`rmsnorm._contract.Backend`, which says what they take and
-return) and define what every backend computes. The formulas are those of ``docs/conventions.md``
-and ``docs/spec.md``; each function's docstring states the one it implements.
+a backend of its own (``RMSNORM_BACKEND=reference``): its seven launchers (``*_fwd``, ``*_bwd``)
+have the signatures every backend has (:class:`rmsnorm._contract.Backend`, which says what they
+take and return) and define what every backend computes. The formulas are those of
+``docs/conventions.md`` and ``docs/spec.md``; each function's docstring states the one it
+implements.
 
 Notation (one row of N elements; M rows, the leading dims (*) flattened): x the row, γ the weight,
 β the bias, k the number of leading elements the RMS is estimated from (k = N unless ``partial``
@@ -456,7 +457,8 @@ def gated_rms_norm_fwd(
     else:
         a = gate_activation(_grouped(gate.reshape(x.shape), g).to(cd), activation)  # (*, G, g)
         y = _normed_then_gated(vg, rstd, w, b, a, casting_mode, offset, in_dtype, cd)
-    return y.reshape(x.shape), _flat(rstd)
+    # a tensor of its own, not a view of the grouped result (the backend contract's outputs)
+    return y.reshape(x.shape).clone(), _flat(rstd)
 
 
 def gated_rms_norm_bwd(
@@ -528,7 +530,8 @@ def gated_rms_norm_bwd(
         dw = _column_sum(dn * vh.reshape(x.shape)).to(weight.dtype)
     if need_weight_grad and bias is not None:
         db = _column_sum(dn).to(bias.dtype)
-    return dx.to(x.dtype), dgate, dw, db
+    dx = dx.to(x.dtype)
+    return (dx if dx._base is None else dx.clone()), dgate, dw, db
 
 
 # ----------------------------------------------------------------------------------------------

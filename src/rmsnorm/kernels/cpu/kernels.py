@@ -311,6 +311,20 @@ def _call_int_void(typingctx, addr):
 
 
 @intrinsic
+def _call_block(typingctx, fn, args, blk):
+    """Call ``void fn(int64 args, int64 block)`` at address fn (a task of kind _CALL)."""
+    if not all(t == types.int64 for t in (fn, args, blk)):
+        return None
+
+    def codegen(context, builder, sig, args_):
+        fnty = ir.FunctionType(ir.VoidType(), [_I64, _I64])
+        builder.call(builder.inttoptr(args_[0], fnty.as_pointer()), list(args_[1:]))
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
 def _f64_bits(typingctx, v):
     """The bits of a float64 as an int64 (to carry ε in the int64 task block)."""
     if v != types.float64:
@@ -749,10 +763,13 @@ _X, _XS, _R, _RS, _H, _Y, _S, _B, _MEAN, _RSTD, _EPS = 55, 56, 57, 58, 59, 60, 6
 # backward: dy, dresidual, dx; the scale; the statistics; the float32 partial rows of dw and db
 _DY, _DYS, _DR, _DRS, _DX, _PW, _PB = 66, 67, 68, 69, 70, 71, 72
 _PARTS = 73  # the contiguous ranges the blocks are split into (one per thread of the call)
+# a task of kind _CALL: the address of a compiled ``void fn(int64 args, int64 block)`` that runs
+# one block, and its argument block (kernels of other modules share calls this way: run_blocks)
+_FN, _ARGS = 74, 75
 # Range t's claim counter is word _CNT + 8·t (a cache line each), t < MAX_PARTS.
 _CNT, MAX_PARTS = 80, 64
 WORDS = _CNT + 8 * MAX_PARTS
-_FORWARD, _BACKWARD = 0, 1
+_FORWARD, _BACKWARD, _CALL = 0, 1, 2
 SPINS = 2000  # pause-loop iterations before a waiting thread starts yielding its core (~20-60 µs)
 _FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE
 
@@ -1034,8 +1051,10 @@ def _claim(c, me):
             ran += 1
             if kind == _FORWARD:
                 _fwd_rows(c, blk * rpb, min(m, (blk + 1) * rpb), tx, ty)
-            else:
+            elif kind == _BACKWARD:
                 _bwd_block(c, blk, tx, ty, tz)
+            else:
+                _call_block(c[_FN], c[_ARGS], blk)
             _atomic_add(_addr(c, _DONE), 1)
     scratch[:0] = 0.0  # the scratch rows live until here
     return ran
@@ -1111,6 +1130,22 @@ def _begin(ctrl, c):
     if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
         return _publish_begin(c)
     return 0
+
+
+@njit
+def run_blocks(ctrl, fn, args, nb):
+    """Run blocks 0 … nb − 1 of a task of another module as this module's own tasks run: alone
+    (ctrl = 0), with the pool's helpers or on an OpenMP team (ctrl as the launchers give it).
+    fn is the address of a compiled ``void fn(int64 args, int64 block)`` that runs one block (a
+    numba ``cfunc``, which keeps its own scratch), args the address of its argument block. Blocks
+    must depend on the sizes alone, as this module's do, so that results do not depend on the
+    threads."""
+    c = _task_block(ctrl)
+    gen = _begin(ctrl, c)
+    c[_KIND], c[_NB], c[_RPB] = _CALL, nb, 1
+    c[_M], c[_N], c[_K], c[_FLAGS] = nb, 1, 1, 0  # (one-element scratch rows: unused)
+    c[_FN], c[_ARGS] = fn, args
+    _run(ctrl, c, gen, nb)
 
 
 # ----------------------------------------------------------------------------------------------
