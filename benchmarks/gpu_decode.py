@@ -1,6 +1,7 @@
 """Per-call cost at decoding shapes (bf16, N = 4096, M = 1 … 128) on a CUDA device: wall time per
-back-to-back eager call of this library's ops next to torch's, and device time per call replayed in
-a CUDA graph. Prints a table and writes it as JSON.
+back-to-back eager call of this library's ops next to torch's (and the gated norm next to Hugging
+Face's Qwen3-Next forward), and device time per call replayed in a CUDA graph. Prints a table and
+writes it as JSON.
 
     PYTHONPATH=src python benchmarks/gpu_decode.py [--out decode.json]
 """
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 import rmsnorm
 from rmsnorm.bench.measure import cuda_graph_replay
+from rmsnorm.bench.providers import hf_qwen3_next_gated
 
 N = 4096
 ROWS = (1, 8, 32, 128)
@@ -53,6 +55,7 @@ def main() -> None:
     for m in ROWS:
         x = torch.randn(m, N, dtype=torch.bfloat16, device="cuda")
         res = torch.randn_like(x)
+        z = torch.randn_like(x)
         w = torch.randn(N, dtype=torch.bfloat16, device="cuda")
         b = torch.randn_like(w)
         cases = {
@@ -61,13 +64,17 @@ def main() -> None:
             "rmsnorm.add_rms_norm": lambda: rmsnorm.add_rms_norm(x, res, N, w, 1e-6),  # noqa: B023
             "rmsnorm.layer_norm": lambda: rmsnorm.layer_norm(x, N, w, b),  # noqa: B023
             "F.layer_norm": lambda: F.layer_norm(x, (N,), w, b),  # noqa: B023
+            "rmsnorm.gated_rms_norm": lambda x=x, z=z, w=w: rmsnorm.gated_rms_norm(
+                x, z, N, w, 1e-6, casting_mode="llama"
+            ),
+            "HF Qwen3NextRMSNormGated": lambda x=x, z=z, w=w: hf_qwen3_next_gated(x, z, w),
         }
         for name, fn in cases.items():
             row = {"op": name, "M": m, "N": N, "eager_us": round(_eager_us(fn), 2)}
-            if name.startswith("rmsnorm.rms") or name == "F.rms_norm":
+            if name.startswith(("rmsnorm.rms", "rmsnorm.gated", "HF")) or name == "F.rms_norm":
                 row["cuda_graph_us"] = round(_graph_us(fn), 2)
             rows.append(row)
-            print(f"{name:22} M={m:4d}  eager {row['eager_us']:7.2f} us/call"
+            print(f"{name:26} M={m:4d}  eager {row['eager_us']:7.2f} us/call"
                   + (f"  graph {row['cuda_graph_us']:6.2f} us/call" if "cuda_graph_us" in row
                      else ""), flush=True)  # fmt: skip
     if args.out:

@@ -75,6 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability × 10 (90 = H100/H200)")
     ap.add_argument("--sms", type=int, default=132, help="SM count the configs are sized for")
+    ap.add_argument("--kinds", default="plain,gated", help="plain, gated or both (comma-separated)")
     args = ap.parse_args()
 
     driver.set_active(_StandInDriver(args.arch))
@@ -83,12 +84,17 @@ def main() -> None:
     import rmsnorm.kernels.triton as T
     from rmsnorm.kernels.triton import _config
 
+    ap_kinds = args.kinds.split(",")
     cases = []
     for dtype in (torch.bfloat16, torch.float32):
         for n in (128, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144):
             cases.append((dtype, n))
     print(f"sm_{args.arch}, {args.sms} SMs; REG per thread, LOCAL = spill bytes per thread")
     print(f"{'kernel':24} {'dtype':9} {'N':>7}  config -> REG LOCAL smem  (max CTAs/SM by regs)")
+    if "gated" in ap_kinds:
+        _gated(T, _config, args)
+    if "plain" not in ap_kinds:
+        return
     for dtype, n in cases:
         for kind in ("fwd", "bwd", "ln_fwd", "ln_bwd", "add_fwd", "add_bwd"):
             add = kind.startswith("add_")
@@ -123,6 +129,42 @@ def main() -> None:
                 f"w{cfg.num_warps} s{cfg.split} -> {u['REG']:3d} {u['LOCAL']:5d} {u['smem']:6d}"
                 f"  ({ctas})"
             )
+
+
+def _gated(T, _config, args) -> None:
+    """The grouped / gated kernels at the shapes of the models that use them: Qwen3-Next's
+    per-head norm (N = 128), Mamba2's n_groups (N = 8192 in 8 groups) and one group of a wide row
+    (N = 32768, the looped layout), each order and both activations."""
+    shapes = ((128, None), (4096, None), (8192, 1024), (32768, None))
+    gatings = (("last", "silu"), ("first", "silu"), ("last", "sigmoid"), ("none", "silu"))
+    for dtype in (torch.bfloat16, torch.float32):
+        for n, g in shapes:
+            for gate, act in gatings:
+                for kind in ("gated_fwd", "gated_bwd"):
+                    cfg = _config.gated_gpu_config(kind, n, g or n, dtype.itemsize, args.sms)
+                    m = 4
+                    x = torch.randn(m, n, dtype=dtype)
+                    z = None if gate == "none" else torch.randn(m, n, dtype=dtype)
+                    w = torch.randn(n, dtype=dtype)
+                    opts = (1e-6, "mean_square", "llama", 0.0, g or n, g, gate != "first", act)
+                    _compiled.clear()
+                    with _config.override(**{kind: cfg}):
+                        if kind == "gated_fwd":
+                            T.gated_rms_norm_fwd(x, z, w, None, *opts)
+                        else:
+                            r = torch.ones(m * n // (g or n))
+                            T.gated_rms_norm_bwd(x, x, z, w, None, r, None, *opts, dtype, True)
+                    name, kernel = next(c for c in _compiled if c[0].startswith("gated"))
+                    u = _usage(kernel)
+                    threads = cfg.num_warps * 32
+                    ctas = min(65536 // max(1, u["REG"] * threads), 2048 // threads)
+                    layout = "loop" if cfg.loop else "single"
+                    label = f"{kind}:{gate}/{act}"
+                    print(
+                        f"{label:24} {str(dtype)[6:]:9} {n:>7}  {layout}:{cfg.block_m}x"
+                        f"{cfg.block_n} w{cfg.num_warps} g{g or n} -> {u['REG']:3d} "
+                        f"{u['LOCAL']:5d} {u['smem']:6d}  ({ctas})"
+                    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,10 @@ def test_bytes_model():
     assert bench.bytes_moved("add_rms_norm", "forward", m, n, 2) == 4 * m * n * 2
     assert bench.bytes_moved("add_rms_norm", "backward", m, n, 2) == 4 * m * n * 2
     assert bench.bytes_moved("copy", "forward", m, n, 2) == 2 * m * n * 2
+    # gated: x, z in, y out; x, z, dy in, dx, dz out
+    for op in ("gated_rms_norm", "gated_rms_norm_grouped"):
+        assert bench.bytes_moved(op, "forward", m, n, 2) == 3 * m * n * 2
+        assert bench.bytes_moved(op, "forward_backward", m, n, 4) == 8 * m * n * 4
     with pytest.raises(ValueError):
         bench.bytes_moved("copy", "backward", m, n, 2)
 
@@ -86,12 +90,29 @@ def test_cpu_mode_dry_run(tmp_path):
         assert ("layer_norm", mode, "rmsnorm") in got and ("layer_norm", mode, "torch") in got
     assert ("rms_norm", "forward", "hf_llama_eager") in got
     assert ("add_rms_norm", "backward", "torch_add") in got
+    for op, hf in (("gated_rms_norm", "hf_qwen3_next_eager"),
+                   ("gated_rms_norm_grouped", "hf_mamba2_eager")):  # fmt: skip
+        for mode in ("forward", "backward", "forward_backward"):
+            assert {(op, mode, "rmsnorm"), (op, mode, hf)} <= got
     assert {r.device for r in rows} == {"cpu"} and "cores" in rows[0].device_name
     assert {r.variant for r in rows} == {"eager"}  # no CUDA graphs on a CPU
     assert not [line for line in logs if "failed" in line]
     bench.write_csv(rows, tmp_path / "cpu_bench.csv")
     bench.write_markdown(rows, tmp_path / "cpu_bench.md")
     assert "## rms_norm" in (tmp_path / "cpu_bench.md").read_text()
+
+
+def test_a_run_of_some_ops_only():
+    """``ops`` keeps the plan's items of those ops (the copy ceiling is always timed); an unknown
+    op is named."""
+    import pytest
+
+    from rmsnorm.bench.loop import measure
+
+    rows = measure("cpu", dry_run=True, log=lambda s: None, ops=["gated_rms_norm"])
+    assert {r.op for r in rows} == {"gated_rms_norm", "copy"}
+    with pytest.raises(ValueError, match="ops"):
+        measure("cpu", dry_run=True, log=lambda s: None, ops=["gated"])
 
 
 def test_gpu_mode_dry_run(tmp_path):
@@ -106,6 +127,9 @@ def test_gpu_mode_dry_run(tmp_path):
     assert ("rms_norm", "forward", "hf_llama_eager", "cuda_graph") in ops
     assert ("add_rms_norm", "backward", "torch_add", "eager") in ops
     assert ("layer_norm", "forward", "torch", "eager") in ops
+    assert ("gated_rms_norm", "backward", "hf_qwen3_next_eager", "eager") in ops
+    assert ("gated_rms_norm", "forward", "rmsnorm", "cuda_graph") in ops
+    assert ("gated_rms_norm_grouped", "forward", "hf_mamba2_eager", "eager") in ops
     assert all(r.ms > 0 and r.bytes > 0 for r in rows)
     assert any("liger: not available" in line for line in logs)
     bench.write_markdown(rows, tmp_path / "dry.md")
@@ -361,13 +385,15 @@ def test_latency_quick_run_through_the_cli(tmp_path, one_torch_thread):
     assert {(r.op, r.provider, r.N) for r in rows if r.op == "generate"} == {
         ("generate", "hf_eager", 64), ("generate", "hf_patched", 64)
     }  # fmt: skip
+    leaf = {(r.M, r.N, r.dtype) for r in rows if r.mode == "forward_backward_leaf"}
+    assert leaf == {(1, 768, dt) for dt in ("float32", "bfloat16")}  # below 2^16 elements only
     verdicts = latency.judge(rows)
-    assert len(verdicts) == 4 * 2 * 5 + 1  # cells × passes × our paths, + generate
+    assert len(verdicts) == (4 * 2 + 2) * 5 + 1  # (cells × passes + leaf cells) × paths, generate
     md = (tmp_path / "cpu_latency.md").read_text()
     assert "commit" in md and "## Targets" in md and "## Greedy generate(), per token" in md
     assert "Load average" in md
     assert md.count(" met") >= len(verdicts)  # "met" or "not met" in every judged cell
     for op in ("rms_norm", "layer_norm", "add_rms_norm"):
-        for title in ("forward under no_grad", "forward + backward"):
+        for title in ("forward under no_grad", "forward + backward", "forward + .backward() into"):
             assert f"## {op}, {title}" in md
     assert (tmp_path / "cpu_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -64,7 +64,6 @@ def test_gated_rms_norm_against_the_spec_and_float64(opts, dtype):
     dy = torch.randn(2, 3, N).to(ours(*tensors).dtype)
     y, grads = _run(ours, tensors, dy)
     y_spec, grads_spec = _run(spec, tensors, dy)
-    assert torch.equal(y, y_spec)  # the grouped and gated forms run the spec (no kernels yet)
     y64, grads64 = _run(spec, [t.double() if t is not None else None for t in tensors], dy.double())
     assert_close_to_reference(y, y64, y_spec, name="y")
     for name, g, g64, ge in zip("xzwb", grads, grads64, grads_spec, strict=True):

@@ -150,6 +150,8 @@ class SubLayerNorm(nn.LayerNorm):
         (nn.LayerNorm(8), "layer"),
         (rmsnorm.RMSNorm(8, offset=1.0), "rms"),
         (rmsnorm.AddRMSNorm(8), "rms"),
+        (rmsnorm.GatedRMSNorm(8, group_size=4), "rms"),  # not an nn.RMSNorm, still an RMSNorm
+        (rmsnorm.RMSNorm(8, group_size=4), "rms"),
         (rmsnorm.LayerNorm(8, bias=False), "layer"),
         (SubLayerNorm(8), "layer"),  # a subclass is still a LayerNorm (replace_norms skips it)
         (OwnRMSNorm(8), "rms"),

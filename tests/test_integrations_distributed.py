@@ -4,7 +4,8 @@ plain tensors gives the whole sequence's d weight after all_reduce_norm_grads; o
 (``parallelize_module`` plans, direct calls, torch.compile) the ops' sharding rules give what
 ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` give in the same plan; beyond torch, plain weights
 are taken as replicated and inputs sharded on a normalized dim are normalized in place with one
-collective of the row statistics, forward and backward, as whole tensors are."""
+collective of the row statistics, forward and backward, as whole tensors are; grouped and gated
+inputs sharded on group boundaries with no collective, across them refused."""
 
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ CHECKS = (
     "dtensor_normalized_dim_2d_mesh",
     "dtensor_normalized_dim_compile",
     "dtensor_partial_and_sharded_parameters",
+    "dtensor_gated_rows_sharded",
+    "dtensor_gated_groups_sharded",
+    "dtensor_gated_one_group_sharded",
 )
 
 
@@ -720,6 +724,98 @@ def check_dtensor_partial_and_sharded_parameters(rank: int) -> None:
         for o, o_want in zip(got, want, strict=True):
             assert not any(isinstance(q, Partial) for q in o.placements), (name, o.placements)
             _close(o.full_tensor(), o_want, f"{name}, partial input")
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped and gated RMSNorm on DTensors (the gate takes the residual's place in the helpers)
+# ----------------------------------------------------------------------------------------------
+def _gated_cases(shape, group_size):
+    """name -> fn(x, gate, weight, bias) over ``shape`` in groups of ``group_size``."""
+
+    def call(**kw):
+        return lambda x, z, w, b: (
+            rmsnorm.gated_rms_norm(x, z, shape, w, 1e-6, group_size=group_size, **kw),
+        )
+
+    return {
+        "norm, then gate": call(),
+        "gate, then norm, llama": call(norm_before_gate=False, casting_mode="llama"),
+        "sigmoid, rms, bias": lambda x, z, w, b: (rmsnorm.gated_rms_norm(
+            x, z, shape, w, 1e-6, group_size=group_size, activation="sigmoid", eps_mode="rms",
+            bias=b),),
+        "none, partial": call(casting_mode="none", partial=0.5, norm_before_gate=False),
+        "grouped, no gate": lambda x, z, w, b: (
+            rmsnorm.rms_norm(x, shape, w, 1e-6, group_size=group_size),),
+    }  # fmt: skip
+
+
+def _check_gated(x, z, w, b, cot, shape, group_size, p, collectives):
+    from torch.distributed.tensor import Partial, Replicate
+
+    for name, fn in _gated_cases(shape, group_size).items():
+        what = f"{name} over {shape} in groups of {group_size}, input {p}"
+        want, want_grads, _ = _whole_run(fn, (x, z, w, b), cot)
+        outs, grads, _, fwd, bwd = _distributed_run(
+            fn, (x, z, w, b), cot, (p, p, Replicate(), Replicate())
+        )
+        if collectives is not None:
+            assert fwd == collectives, (what, fwd)
+        for o, o_want in zip(outs, want, strict=True):
+            assert o.placements == (p,), (what, o.placements)
+            _close(o.full_tensor(), o_want, what)
+        for i, (gr, gr_want) in enumerate(zip(grads, want_grads, strict=True)):
+            if gr_want is None:
+                continue
+            assert gr.placements == ((p,) if i < 2 else (Partial("sum"),)), (what, i, gr)
+            _close(gr.full_tensor(), gr_want, f"{what}, gradient {i}")
+
+
+def check_dtensor_gated_rows_sharded(rank: int) -> None:
+    """Rows sharded (sequence parallel): the gated op's sharding rules, no collective in the
+    forward, d weight / d bias partial sums; values and gradients those of whole tensors."""
+    from torch.distributed.tensor import Shard
+
+    g = torch.Generator().manual_seed(8)
+    x, z, cot = (torch.randn(4, 6, 24, generator=g, dtype=torch.float64) for _ in range(3))
+    w, b = 1 + 0.3 * torch.randn(24, generator=g, dtype=torch.float64), torch.randn(24) * 0.1
+    _check_gated(x, z, w, b.double(), cot, 24, 8, Shard(1), {})
+
+
+def check_dtensor_gated_groups_sharded(rank: int) -> None:
+    """The hidden dim sharded on group boundaries (Mamba2's n_groups over tensor-parallel ranks;
+    heads of a per-head norm): each rank normalizes its own groups, no collective in the
+    forward; a sharding that cuts a group is refused, naming group_size."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    g = torch.Generator().manual_seed(9)
+    x, z, cot = (torch.randn(3, 5, 24, generator=g, dtype=torch.float64) for _ in range(3))
+    w, b = 1 + 0.3 * torch.randn(24, generator=g, dtype=torch.float64), torch.randn(24) * 0.1
+    _check_gated(x, z, w, b.double(), cot, 24, 12, Shard(2), {})  # one group a rank
+    _check_gated(x, z, w, b.double(), cot, 24, 4, Shard(2), {})  # three groups a rank
+    heads = [t.reshape(3, 5, 4, 6) for t in (x, z, cot)]  # 4 heads of 6: 2 a rank
+    _check_gated(*heads[:2], w.reshape(4, 6), b.double().reshape(4, 6), heads[2], (4, 6), 6,
+                 Shard(2), {})  # fmt: skip
+    mesh = _mesh()
+    xd = distribute_tensor(x, mesh, [Shard(2)])
+    zd = distribute_tensor(z, mesh, [Shard(2)])
+    try:
+        rmsnorm.gated_rms_norm(xd, zd, 24, distribute_tensor(w, mesh, [Replicate()]),
+                               group_size=8)  # fmt: skip
+    except ValueError as exc:
+        assert "group_size=8" in str(exc) and "whole groups" in str(exc), str(exc)
+    else:
+        raise AssertionError("a sharding that cuts a group of 8 was not refused")
+
+
+def check_dtensor_gated_one_group_sharded(rank: int) -> None:
+    """One group (no group_size) with the hidden dim sharded: the plain norm's path, one
+    all-reduce of the row statistics in the forward, for each order, activation and mode."""
+    from torch.distributed.tensor import Shard
+
+    g = torch.Generator().manual_seed(10)
+    x, z, cot = (torch.randn(3, 5, 24, generator=g, dtype=torch.float64) for _ in range(3))
+    w, b = 1 + 0.3 * torch.randn(24, generator=g, dtype=torch.float64), torch.randn(24) * 0.1
+    _check_gated(x, z, w, b.double(), cot, 24, None, Shard(2), {"all_reduce": 1})
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:

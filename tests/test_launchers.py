@@ -41,7 +41,7 @@ def backend(request):
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "module", ["rmsnorm.reference", "rmsnorm.kernels.cpu", "rmsnorm.kernels.cpu.launchers",
-               "rmsnorm.kernels.triton"],
+               "rmsnorm.kernels.cpu.gated_launchers", "rmsnorm.kernels.triton"],
 )  # fmt: skip
 def test_every_backend_module_has_the_contracts_launchers(module):
     if module.startswith("rmsnorm.kernels.cpu.") and not _backend.cpu_kernels_available():
@@ -49,7 +49,12 @@ def test_every_backend_module_has_the_contracts_launchers(module):
     if module == "rmsnorm.kernels.triton":
         pytest.importorskip("triton")
     mod = pytest.importorskip(module)
-    assert _contract.mismatches(mod) == []
+    found = _contract.mismatches(mod)
+    if module.endswith(".launchers"):  # the CPU backend's plain launchers; the gated ones next
+        found = [f for f in found if "gated_rms_norm" not in f]
+    elif module.endswith(".gated_launchers"):
+        found = [f for f in found if "gated_rms_norm" in f]
+    assert found == []
 
 
 def test_a_departure_from_the_contract_is_named():
@@ -57,8 +62,9 @@ def test_a_departure_from_the_contract_is_named():
     swapped.layer_norm_fwd = R.layer_norm_fwd
     swapped.layer_norm_bwd = lambda dy, x, weight, bias, rstd, mean, need_weight_grad=True: None
     found = _contract.mismatches(swapped)
-    assert len(found) == 4 and found[0] == "swapped.rms_norm_fwd is missing"
-    assert found[-1].startswith(
+    assert len(found) == 6 and found[0] == "swapped.rms_norm_fwd is missing"
+    assert found[4] == "swapped.gated_rms_norm_fwd is missing"
+    assert found[3].startswith(
         "swapped.layer_norm_bwd(dy, x, weight, bias, rstd, mean, need_weight_grad=True) differs"
     )
 
@@ -454,3 +460,175 @@ def test_outputs_are_on_the_inputs_device(backend):
     for t in (*got, *got_add, *grads, *got_ln, *lgrads):
         assert t.device == x.device
     assert bitwise_equal(got, want) and bitwise_equal(got_ln, want_ln)
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped and gated RMSNorm, forward and backward: every option, pairwise
+# ----------------------------------------------------------------------------------------------
+GATED_FACTORS = {
+    "dtype": (torch.float32, torch.bfloat16, torch.float16, torch.float64),
+    "gate": ("none", "last", "first"),  # no gate, norm then gate, gate then norm
+    "gate_dtype": ("same", "fp32", "fp64", "other_half"),
+    "activation": R.ACTIVATIONS,
+    # (M, N, group size): one group, groups of a power of two, of an odd size (3 × 43), g = 1,
+    # one decoding row, rows past the CPU backward's first block (16 rows)
+    "shape": ((67, 96, 32), (9, 129, 43), (4, 24, None), (1, 256, 64), (21, 6, 1), (40, 64, 16)),
+    "weight": ("none", "same", "fp32"),
+    "bias": (False, True),
+    "eps_mode": R.EPS_MODES,
+    "casting": R.CASTING_MODES,
+    "offset": (0.0, 1.0),
+    "partial": (None, 0.5),
+    "input": ("x", "other"),  # the casting mode's input dtype: x's, or another (the residual form)
+    "need_wgrad": (True, False),
+    "dresidual": (False, True),
+    "layout": ("contiguous", "strided", "every_other_row"),
+    "params": ("contiguous", "strided", "expanded", "offset"),
+}
+_OTHER_INPUT = {
+    torch.float32: torch.bfloat16, torch.bfloat16: torch.float32,
+    torch.float16: torch.bfloat16, torch.float64: torch.float32,
+}  # fmt: skip
+GATED_CASES = pairwise(GATED_FACTORS, _rms_valid)
+
+
+def test_gated_table_covers_every_pair():
+    assert uncovered(GATED_FACTORS, GATED_CASES, _rms_valid) == []
+
+
+def _gate_dtype(kind: str, dt: torch.dtype) -> torch.dtype:
+    if kind == "fp64":
+        return torch.float64
+    return _dtype(kind, dt)
+
+
+def _gated_inputs(c: dict, dev: str):
+    """(x, gate, w, b, args of the forward launcher) for a case of GATED_FACTORS."""
+    m, n, g = c["shape"]
+    dt, lay = c["dtype"], c["layout"]
+    x = relayout(randn(m, n, dtype=dt, device=dev, scale=2.0, shift=0.3), lay)
+    z = None
+    if c["gate"] != "none":
+        z = relayout(randn(m, n, dtype=_gate_dtype(c["gate_dtype"], dt), device=dev, scale=3.0),
+                     lay)  # fmt: skip
+    wdt = _dtype(c["weight"], dt)
+    w = None if wdt is None else randn(n, dtype=wdt, device=dev, shift=0.5)
+    if w is not None and c["offset"]:
+        w = w * 0.1
+    b = randn(n, dtype=dt, device=dev, scale=0.5) if c["bias"] else None
+    w, b = param_layout(w, c["params"]), param_layout(b, c["params"])
+    k = R.partial_size(n if g is None else g, c["partial"])
+    in_dt = _OTHER_INPUT[dt] if c["input"] == "other" else None
+    args = (x, z, w, b, EPS, c["eps_mode"], c["casting"], c["offset"], k, g, c["gate"] != "first",
+            c["activation"])  # fmt: skip
+    return args, in_dt
+
+
+@pytest.mark.parametrize("case", GATED_CASES, ids=case_id)
+def test_gated_rms_norm(backend, case):
+    dev, mod = backend.device, backend.mod
+    args, in_dt = _gated_inputs(case, dev)
+    x, z, w, b, eps, eps_mode, casting, offset, k, g, nbg, act = args
+    (y, rstd), eager, exact = check_launcher(mod, "gated_rms_norm_fwd", *args, True, in_dt)
+    m, n = x.shape
+    groups = 1 if g is None else n // g
+    assert rstd.shape == (m * groups,) and y.shape == x.shape
+    if backend.bitwise and z is None:  # no gate: the spec's roundings, group by group
+        gs = n // groups
+        want = R.rms_norm_apply(
+            x.reshape(m, groups, gs), rstd.reshape(m, groups), None if w is None else
+            w.reshape(groups, gs), None if b is None else b.reshape(groups, gs), casting, offset,
+            x.dtype if in_dt is None else in_dt,
+        )  # fmt: skip
+        assert torch.equal(y, want.reshape(m, n))
+    dy = relayout(randn(m, n, dtype=y.dtype, device=dev), case["layout"])
+    dres = relayout(randn(m, n, dtype=x.dtype, device=dev), case["layout"]) if case[
+        "dresidual"] else None  # fmt: skip
+    rstd = exact[1].to(eager[1].dtype)
+    in_dtype = x.dtype if in_dt is None else in_dt
+    check_launcher(mod, "gated_rms_norm_bwd", dy, x, z, w, b, rstd, dres, eps, eps_mode, casting,
+                   offset, k, g, nbg, act, in_dtype, case["need_wgrad"])  # fmt: skip
+
+
+@pytest.mark.parametrize("need_weight_grad", [True, False])
+def test_gated_no_rows_and_absent_outputs(backend, need_weight_grad):
+    """M = 0 and 3: outputs of no rows; d weight / d bias of no rows are zeros; d gate without a
+    gate, and gradients not asked for, are empty."""
+    mod, dev = backend.mod, backend.device
+    w = randn(24, dtype=torch.bfloat16, device=dev)
+    b = randn(24, device=dev)
+    for m in (0, 3):
+        x, dy, z = (randn(m, 24, device=dev) for _ in range(3))
+        opts = (1e-6, "mean_square", "gemma", 0.0, 8, 8, False, "silu")
+        y, rstd = mod.gated_rms_norm_fwd(x, z, w, b, *opts)
+        assert y.shape == (m, 24) and rstd.shape == (3 * m,) and rstd.dtype == torch.float32
+        dx, dz, dw, db = mod.gated_rms_norm_bwd(dy, x, z, w, b, rstd, None, *opts, x.dtype,
+                                                need_weight_grad)  # fmt: skip
+        assert dx.shape == dz.shape == (m, 24) and dz.dtype == z.dtype
+        if need_weight_grad:
+            assert dw.shape == db.shape == (24,) and dw.dtype == torch.bfloat16
+            assert m or not (dw.float().any() or db.any())
+        else:
+            assert dw.shape == db.shape == (0,)
+        dx, dz, dw, db = mod.gated_rms_norm_bwd(dy, x, None, None, None, rstd, None, *opts,
+                                                x.dtype, need_weight_grad)  # fmt: skip
+        assert dz.shape == dw.shape == db.shape == (0,) and dz.dtype == torch.float32
+
+
+def test_gated_forward_may_skip_the_statistics(backend):
+    mod, dev = backend.mod, backend.device
+    x, z, w = randn(4, 3, 24, device=dev), randn(4, 3, 24, device=dev), randn(24, device=dev)
+    opts = (1e-6, "rms", "llama", 0.5, 4, 8, True, "sigmoid")
+    full = mod.gated_rms_norm_fwd(x, z, w, w, *opts, True)
+    lean = mod.gated_rms_norm_fwd(x, z, w, w, *opts, False)
+    assert torch.equal(full[0], lean[0]) and full[0].shape == x.shape
+    assert lean[1] is None or torch.equal(full[1], lean[1])
+
+
+def test_gated_rows_in_their_own_shape(backend):
+    """Rows of any rank, gate and x of different ranks and strides, in one call."""
+    mod, dev = backend.mod, backend.device
+    x3, z = randn(2, 3, 16, device=dev), randn(6, 32, device=dev)[:, :16]
+    z.copy_(randn(6, 16, device=dev))
+    w = randn(16, device=dev)
+    opts = (1e-6, "mean_square", "gemma", 0.0, 4, 4, False, "silu")
+    y, rstd = mod.gated_rms_norm_fwd(x3, z, w, None, *opts)
+    y2, rstd2 = mod.gated_rms_norm_fwd(x3.reshape(6, 16), z.contiguous(), w, None, *opts)
+    assert y.shape == x3.shape and y.is_contiguous() and y._base is None
+    torch.testing.assert_close(y.reshape(6, 16), y2)
+    dx, dz, _, _ = mod.gated_rms_norm_bwd(torch.ones_like(x3), x3, z, w, None, rstd, None, *opts,
+                                          x3.dtype, True)  # fmt: skip
+    assert dx.shape == dz.shape == x3.shape
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-6])
+def test_gated_degenerate_rows_match_the_spec(backend, eps):
+    """Rows of zeros, of tiny values (squares below float32's range), holding ±inf or NaN, in x or
+    in the gate: NaN and ±inf exactly where the spec (torch operations) has them, no exception."""
+    mod, dev = backend.mod, backend.device
+    n = 16
+    x, z = randn(8, n, device=dev), randn(8, n, device=dev, scale=3.0)
+    x[0] = 0.0
+    x[1] = x[1] * 1e-30
+    x[2, 3] = float("inf")
+    x[3, 5] = float("nan")
+    z[4, 2] = float("inf")
+    z[5, 7] = -float("inf")
+    z[6, 1] = float("nan")
+    z[7] = -100.0
+    w = randn(n, device=dev)
+    for order in (True, False):
+        opts = (eps, "mean_square", "gemma", 0.0, n, None, order, "silu")
+        y, rstd = mod.gated_rms_norm_fwd(x, z, w, None, *opts)
+        ye, re = R.gated_rms_norm_fwd(x, z, w, None, *opts)
+        for a, e in ((y, ye), (rstd, re)):
+            assert torch.equal(a.isnan(), e.isnan()) and torch.equal(a.isinf(), e.isinf()), order
+        dy = randn(8, n, device=dev)
+        got = mod.gated_rms_norm_bwd(dy, x, z, w, None, re, None, *opts, x.dtype, True)
+        want = R.gated_rms_norm_bwd(dy, x, z, w, None, re, None, *opts, x.dtype, True)
+        # where r = inf (ε = 0, squares below float32's range) the ±inf / NaN pattern depends on
+        # summation order, as in torch's own autograd: there, non-finite where the spec is
+        plain = re.isfinite()
+        for name, a, e in zip(("dx", "dz"), got, want, strict=False):
+            assert torch.equal(a.isfinite(), e.isfinite()), (order, name)
+            assert torch.equal(a[plain].isnan(), e[plain].isnan()), (order, name)

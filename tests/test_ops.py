@@ -267,3 +267,136 @@ def test_compiled_training_runs_the_backward_ops():
         assert f"torch.ops.rmsnorm.{op}" in code["fw"]
     for op in ("rms_norm_bwd", "layer_norm_bwd"):
         assert f"torch.ops.rmsnorm.{op}" in code["bw"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The grouped / gated ops
+# ------------------------------------------------------------------------------------------------
+def _gated_samples():
+    x, z, w, b = _t(6, 24, grad=True), _t(6, 24, grad=True), _t(24, grad=True), _t(24, grad=True)
+    xb, zb = _t(5, 24, dtype=torch.bfloat16, grad=True), _t(5, 24, dtype=torch.bfloat16, grad=True)
+    opts = (1e-6, "mean_square", "gemma", 0.0)
+    return [
+        (x, z, 1, w, b, *opts, 8, 8, True, "silu", None),  # Qwen3-Next's order, 3 groups
+        (x, z, 1, w, None, 1e-5, "rms", "llama", 1.0, 3, 6, False, "sigmoid", None),
+        (xb, zb, 1, _t(24, grad=True), None, 1e-6, "mean_square", "llama", 0.0, 8, 8, False,
+         "silu", None),  # Mamba2's: fp32 weight, bf16 input (promote in "llama")
+        (xb, zb, 1, None, None, 1e-6, "rms", "none", 0.0, 24, None, True, "silu", None),
+        (x, None, 1, w, b, *opts, 4, 4, True, "silu", None),  # grouped, no gate
+        (x, z.detach().double(), 1, w, None, *opts, 12, 12, False, "silu", None),  # fp64 gate
+        (x, None, 1, w, None, *opts, 6, 6, True, "silu", torch.bfloat16),  # residual form's h
+        (_t(0, 24, grad=True), _t(0, 24), 1, w, None, *opts, 8, 8, True, "silu", None),
+        (_t(2, 3, 4, 6, grad=True), _t(2, 3, 4, 6, grad=True), 2, _t(4, 6, grad=True), None,
+         *opts, 6, 6, True, "silu", None),  # two normalized dims, a per-head norm
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", _gated_samples())
+def test_opcheck_gated_rms_norm_fwd(args):
+    opcheck(ops.gated_rms_norm_fwd.default, args)
+
+
+def test_opcheck_gated_backward_op():
+    x, dy, z, w = _t(2, 3, 24), _t(2, 3, 24), _t(2, 3, 24), _t(24)
+    rstd = torch.rand(2, 3, 3) + 0.5
+    for need in (True, False):
+        for gate in (z, None):
+            args = (dy, x, gate, 1, w, _t(24), rstd, _t(2, 3, 24), 1e-6, "mean_square", "llama",
+                    0.0, 8, 8, gate is None, "silu", torch.bfloat16, need)  # fmt: skip
+            opcheck(ops.gated_rms_norm_bwd.default, args)
+
+
+def test_gated_statistics_have_the_leading_shape_and_the_groups():
+    x = _t(2, 3, 4, 6)
+    rstd = ops.gated_rms_norm_fwd(x, x, 2, None, None, 1e-6, "mean_square", "gemma", 0.0, 2, 2,
+                                  True, "silu", None)[1]  # fmt: skip
+    assert rstd.shape == (2, 3, 12)
+    rstd = ops.gated_rms_norm_fwd(x, None, 1, None, None, 1e-6, "mean_square", "gemma", 0.0, 6,
+                                  None, True, "silu", None)[1]  # fmt: skip
+    assert rstd.shape == (2, 3, 4, 1)
+
+
+_G = (1e-6, "mean_square", "gemma", 0.0)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: ops.gated_rms_norm_fwd(_X, _t(4, 8), 1, None, None, *_G, 4, 4, True, "silu",
+                                        None), "gate must have the shape of x"),
+        (lambda: ops.gated_rms_norm_fwd(_X, None, 1, None, None, *_G, 5, 5, True, "silu", None),
+         "group_size must divide"),
+        (lambda: ops.gated_rms_norm_fwd(_X, None, 1, None, None, *_G, 8, 4, True, "silu", None),
+         "k must be in"),
+        (lambda: ops.gated_rms_norm_fwd(_X, _X, 1, None, None, *_G, 4, 4, True, "relu", None),
+         "activation"),
+        (lambda: ops.gated_rms_norm_fwd(_X, _X.int(), 1, None, None, *_G, 4, 4, True, "silu",
+                                        None), "gate must be a floating-point"),
+        (lambda: ops.gated_rms_norm_bwd(_X, _X, _X, 1, None, None, _t(4), None, *_G, 4, 4, True,
+                                        "silu", torch.float32, True), "rstd must hold one value"),
+    ],
+)  # fmt: skip
+def test_raw_gated_ops_refuse_what_their_kernels_cannot_read(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_gated_backward_op_says_it_is_not_differentiable_itself():
+    x, dy = _t(3, 8, grad=True), _t(3, 8)
+    dx, _, _, _ = ops.gated_rms_norm_bwd(dy, x, x, 1, None, None, torch.ones(3), None, *_G, 8,
+                                         None, True, "silu", torch.float32, False)  # fmt: skip
+    with pytest.raises(NotImplementedError, match="gated_rms_norm"):
+        dx.sum().backward()
+
+
+def test_gated_fast_path_matches_the_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, z, w = _t(5, 24), _t(5, 24), _t(24)
+    direct = [rmsnorm.gated_rms_norm(x, z, 24, w, group_size=8, norm_before_gate=False),
+              rmsnorm.rms_norm(x, 24, w, group_size=6)]  # fmt: skip
+    with Record() as mode:
+        via_op = [rmsnorm.gated_rms_norm(x, z, 24, w, group_size=8, norm_before_gate=False),
+                  rmsnorm.rms_norm(x, 24, w, group_size=6)]  # fmt: skip
+    assert "rmsnorm.gated_rms_norm_fwd.default" in mode.seen
+    for a, b in zip(direct, via_op, strict=True):
+        assert torch.equal(a, b)
+    assert rmsnorm.gated_rms_norm(x, z.requires_grad_(), 24, w).grad_fn is not None
+
+
+def test_compiled_gated_training_runs_the_gated_backward_op():
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    code = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            code[name] = gm.code
+            return make_boxed_func(gm)
+
+        return compiler
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+    x, z, w = _t(4, 24, grad=True), _t(4, 24, grad=True), _t(24, grad=True)
+    fn = torch.compile(
+        lambda x, z, w: rmsnorm.gated_rms_norm(x, z, 24, w, group_size=8, norm_before_gate=False),
+        backend=backend, fullgraph=True,
+    )  # fmt: skip
+    fn(x, z, w).sum().backward()
+    assert "gated_rms_norm_fwd" in code["fw"] and "gated_rms_norm_bwd" in code["bw"]
+    eager_x, eager_z = x.grad.clone(), z.grad.clone()
+    x.grad = z.grad = None
+    rmsnorm.gated_rms_norm(x, z, 24, w, group_size=8, norm_before_gate=False).sum().backward()
+    torch.testing.assert_close(x.grad, eager_x)
+    torch.testing.assert_close(z.grad, eager_z)

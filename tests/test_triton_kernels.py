@@ -137,6 +137,79 @@ def test_deterministic():
 
 
 # ----------------------------------------------------------------------------------------------
+# Grouped and gated kernels: both layouts forced at small N
+# ----------------------------------------------------------------------------------------------
+def _gated_layout(layout: str, g: int) -> Config:
+    pow2 = _config._pow2(g)
+    return {
+        "single": Config(2, pow2, 4, programs=2),  # 2 rows a tile, groups padded, persistent
+        "one_per_block": Config(4, pow2, 4, programs=0),
+        "loop": Config(2, 4, 4, loop=True, programs=3),  # 4-column blocks, a ragged last one
+    }[layout]
+
+
+@pytest.mark.parametrize("layout", ["single", "one_per_block", "loop"])
+@pytest.mark.parametrize(
+    "gate, activation",
+    [("last", "silu"), ("first", "sigmoid"), ("first", "silu"), ("none", "silu")],
+)
+@pytest.mark.parametrize("g", [6, 10, 30])  # 5, 3 and 1 groups of N = 30
+def test_gated_layouts(layout, gate, activation, g):
+    """Every layout with groups whose count and size are not powers of two, partial k across a
+    column block's edge, a bias, an offset and a d residual; "rms" placement and "llama" rounding
+    in bf16; rows in several blocks, ragged at the end."""
+    m, n = 7, 30
+    x = _rand(m, n, dtype=torch.bfloat16, shift=0.5)
+    z = _rand(m, n, dtype=torch.float32, scale=3.0) if gate != "none" else None
+    w = _rand(n, dtype=torch.bfloat16, shift=1.0)
+    b = _rand(n, dtype=torch.bfloat16, scale=0.1)
+    k = R.partial_size(g, 0.7)
+    opts = (EPS, "rms", "llama", 0.5, k, None if g == n else g, gate != "first", activation)
+    cfg = _gated_layout(layout, g)
+    with override(gated_fwd=cfg, gated_bwd=cfg):
+        (y, rstd), eager, exact = check_launcher(T, "gated_rms_norm_fwd", x, z, w, b, *opts)
+        dy = _rand(m, n, dtype=y.dtype)
+        dres = _rand(m, n, dtype=torch.bfloat16)
+        rstd = exact[1].to(eager[1].dtype)
+        args = (dy, x, z, w, b, rstd, dres, *opts, x.dtype, True)
+        check_launcher(T, "gated_rms_norm_bwd", *args)
+
+
+def test_gated_weight_gradient_many_rows_is_deterministic():
+    """d weight / d bias of the gated backward over 2000 rows and several programs: within the
+    tolerance for √rows, and bitwise the same on a second run."""
+    m, n, g = 2000, 24, 8
+    x = _rand(m, n, dtype=torch.bfloat16)
+    z = _rand(m, n, dtype=torch.bfloat16, scale=2.0)
+    w = _rand(n, dtype=torch.bfloat16, shift=1.0)
+    b = _rand(n, dtype=torch.bfloat16)
+    dy = _rand(m, n, dtype=torch.bfloat16)
+    opts = (EPS, "mean_square", "gemma", 0.0, g, g, True, "silu")
+    _, rstd = R.gated_rms_norm_fwd(_d(x), _d(z), _d(w), _d(b), *opts)
+    args = (dy, x, z, w, b, rstd.float(), None, *opts, x.dtype, True)
+    first, _, _ = check_launcher(T, "gated_rms_norm_bwd", *args)
+    for a, b_ in zip(first, T.gated_rms_norm_bwd(*args), strict=True):
+        assert torch.equal(a, b_)
+
+
+def test_gated_gradcheck_float64():
+    """gated_rms_norm through the Triton kernels in float64 (accumulated in float64): analytical
+    against numerical derivatives of x, the gate, the weight and the bias."""
+    m, n = 3, 12
+    x = _rand(m, n, dtype=torch.float64).requires_grad_()
+    z = _rand(m, n, dtype=torch.float64).requires_grad_()
+    w = _rand(n, dtype=torch.float64, shift=1.0).requires_grad_()
+    b = _rand(n, dtype=torch.float64).requires_grad_()
+    for order in (True, False):
+
+        def fn(x, z, w, b, order=order):
+            return rmsnorm.gated_rms_norm(x, z, n, w, 1e-3, group_size=4, norm_before_gate=order,
+                                          bias=b, partial=0.75, eps_mode="rms")  # fmt: skip
+
+        assert torch.autograd.gradcheck(fn, (x, z, w, b), fast_mode=True)
+
+
+# ----------------------------------------------------------------------------------------------
 # The public API in float64 on the Triton backend
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "layer_norm"])
@@ -170,7 +243,7 @@ def test_gradcheck_float64(op):
 # ----------------------------------------------------------------------------------------------
 # Launch configs (pure Python: the GPU table is checked without a GPU)
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", _config.KINDS)
+@pytest.mark.parametrize("kind", [k for k in _config.KINDS if not k.startswith("gated")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_gpu_config_table(kind, dtype):
     """Every N from 1 to 2^21 gets a config that covers the row: power-of-two tiles, a split grid
@@ -189,6 +262,25 @@ def test_gpu_config_table(kind, dtype):
             assert cfg.slots(m) * cfg.block_m * cfg.split >= 1
             if cfg.programs:
                 assert cfg.slots(m) * cfg.split <= max(cfg.programs, cfg.split)
+
+
+@pytest.mark.parametrize("kind", ["gated_fwd", "gated_bwd"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_gpu_gated_config_table(kind, dtype):
+    """Every N and group size gets a config whose tile covers a row's padded groups (GP · block_n
+    ≥ G · g), or a looped one walking each group in power-of-two column blocks; the backward is
+    persistent (one partial d weight row per program)."""
+    sms = 132
+    for n in sorted({1, 6, 24, 96, 128, 300} | {2**e for e in range(1, 18)}):
+        for g in sorted({d for d in (1, 2, 3, 8, 64, 128, 1024, n) if n % d == 0}):
+            cfg = _config.gated_gpu_config(kind, n, g, dtype.itemsize, sms)
+            assert cfg.block_n & (cfg.block_n - 1) == 0 and cfg.block_m & (cfg.block_m - 1) == 0
+            if cfg.loop:
+                assert cfg.block_m == 1 and cfg.block_n <= _config._pow2(g) and cfg.programs
+            else:
+                assert cfg.block_n >= g
+                assert cfg.block_m * _config._pow2(n // g) * cfg.block_n <= 8192
+            assert kind == "gated_fwd" or cfg.programs > 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,10 +333,10 @@ def test_kernels_decode_flags_by_name_only():
     import inspect
     import re
 
-    from rmsnorm.kernels.triton import _common, _flags, _layer_norm, _rms
+    from rmsnorm.kernels.triton import _common, _flags, _gated, _layer_norm, _rms
 
     decoded = 0
-    for mod in (_common, _rms, _layer_norm):
+    for mod in (_common, _rms, _layer_norm, _gated):
         src = inspect.getsource(mod)
         assert not re.search(r"FLAGS\s*(&|>>|<<|\||==)\s*\(?\s*\d", src), mod.__name__
         for name in re.findall(r"FLAGS\s*(?:&|>>)\s*flag\.(\w+)", src):
@@ -523,3 +615,54 @@ def test_float_scalars_reach_kernels_exactly():
     y_e, rstd_e = R.rms_norm_fwd(x, w, None, 0.1, "mean_square", "gemma", 0.3, 16)
     assert math.isclose(rstd[0].item(), rstd_e[0].item(), rel_tol=1e-15)
     _close(y, y_e, y_e, "y")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "n, g", [(128, None), (4096, None), (8192, 1024), (32768, None), (16384, 128)]
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_gated_production_configs(n, g, dtype):
+    """The gated kernels at the shapes of the models that use them, with their default configs:
+    Qwen3-Next's per-head rows (N = 128, many to a tile), a row a tile (4096), Mamba2's 8 groups
+    of 1024 and a wide row (the looped layout), 128 groups of 128; both orders, forward and
+    backward, against float64."""
+    m = max(4, min(512, 2**22 // n))
+    x = _rand(m, n, dtype=dtype)
+    z = _rand(m, n, dtype=dtype, scale=2.0)
+    w = _rand(n, dtype=dtype, shift=1.0)
+    for order in (True, False):
+        opts = (EPS, "mean_square", "llama", 0.0, n if g is None else g, g, order, "silu")
+        (y, _), eager, exact = check_launcher(T, "gated_rms_norm_fwd", x, z, w, None, *opts)
+        dy = _rand(m, n, dtype=y.dtype)
+        rstd = exact[1].to(eager[1].dtype)
+        check_launcher(T, "gated_rms_norm_bwd", dy, x, z, w, None, rstd, None, *opts, dtype, True)
+
+
+@pytest.mark.gpu
+def test_gpu_gated_opcheck_compile_and_cuda_graph():
+    x = _rand(8, 6, 64, dtype=torch.bfloat16).requires_grad_()
+    z = _rand(8, 6, 64, dtype=torch.bfloat16).requires_grad_()
+    w = _rand(64, dtype=torch.float32, shift=1.0).requires_grad_()
+    args = (x, z, 2, w, None, EPS, "mean_square", "llama", 0.0, 16, 16, False, "silu", None)
+    torch.library.opcheck(torch.ops.rmsnorm.gated_rms_norm_fwd, args)
+
+    def fn(x, z, w):
+        return rmsnorm.gated_rms_norm(x, z, (6, 64), w.reshape(6, 64), 1e-6, group_size=16)
+
+    w6 = _rand(6 * 64, dtype=torch.float32, shift=1.0).requires_grad_()
+    out = torch.compile(fn, fullgraph=True)(x, z, w6)
+    out.float().sum().backward()
+    assert x.grad is not None and z.grad is not None and w6.grad is not None
+    torch.testing.assert_close(out.detach(), fn(x.detach(), z.detach(), w6.detach()))
+    xs, zs = x.detach()[0].clone(), z.detach()[0].clone()
+    wv = w6.detach()
+    rmsnorm.gated_rms_norm(xs, zs, (6, 64), wv.reshape(6, 64), 1e-6)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_g = rmsnorm.gated_rms_norm(xs, zs, (6, 64), wv.reshape(6, 64), 1e-6)
+    xs.copy_(_rand(6, 64, dtype=torch.bfloat16))
+    graph.replay()
+    want = rmsnorm.gated_rms_norm(xs, zs, (6, 64), wv.reshape(6, 64), 1e-6)
+    torch.testing.assert_close(y_g, want)

@@ -61,6 +61,48 @@ def _spec_ln_backward(dy, x, norm_dims, weight, bias, eps, need_params):
     return _in_shapes(dx, dw, db, x, weight, bias)
 
 
+def _spec_gated_backward(dy, x, gate, norm_dims, weight, bias, params, input_dtype, need_params):
+    """The written-out grouped / gated backward as differentiable torch operations of
+    (dy, x, gate, weight, bias), the statistics recomputed (their derivative is needed)."""
+    eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate, activation = params
+    n = _row_size(x, norm_dims)
+    x2, z2 = ref.row_matrix(x, n), ref.row_matrix(gate, n)
+    w, b = ref.param_vector(weight), ref.param_vector(bias)
+    _, rstd = ref.gated_rms_norm_fwd(
+        x2, z2, w, b, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
+        activation, input_dtype=input_dtype,
+    )  # fmt: skip
+    dx, dz, dw, db = ref.gated_rms_norm_bwd(
+        ref.row_matrix(dy, n), x2, z2, w, b, rstd, None, eps, eps_mode, casting_mode, offset, k,
+        group_size, norm_before_gate, activation, input_dtype, need_params,
+    )  # fmt: skip
+    dx, dw, db = _in_shapes(dx, dw, db, x, weight, bias)
+    return dx, None if gate is None else dz.reshape(x.shape), dw, db
+
+
+def gated_rms_norm_backward(
+    ops, dy, x, gate, norm_dims, weight, bias, rstd, params, input_dtype, need_x, need_z, need_w,
+    need_b,
+):  # fmt: skip
+    """(d x, d gate, d weight, d bias) of gated_rms_norm (and grouped rms_norm) at x; as
+    :func:`rms_norm_backward`, ``params`` the op's (eps … activation)."""
+    if not (need_x or need_z or need_w or need_b):
+        return None, None, None, None
+    if torch.is_grad_enabled():  # create_graph=True: keep the backward differentiable
+        dx, dz, dw, db = _spec_gated_backward(
+            dy, x, gate, norm_dims, weight, bias, params, input_dtype, need_w or need_b
+        )
+    else:
+        dx, dz, dw, db = ops.gated_rms_norm_bwd(
+            dy, x, gate, norm_dims, weight, bias, rstd, None, *params, input_dtype,
+            need_w or need_b,
+        )  # fmt: skip
+    # dx and d gate come back contiguous; torch's composite backward gives them dy's layout.
+    dx = _layout.input_grad(dx, dy) if need_x else None
+    dz = _layout.input_grad(dz, dy) if need_z and gate is not None else None
+    return dx, dz, dw if need_w else None, db if need_b else None
+
+
 def rms_norm_backward(
     ops, dy, dh, x, norm_dims, weight, bias, rstd, params, input_dtype, need_x, need_w, need_b
 ):
@@ -169,3 +211,27 @@ class LayerNormFunction(torch.autograd.Function):
             need[0], need[1], need[2],
         )  # fmt: skip
         return dx, dw, db, None, None
+
+
+class GatedRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, x, gate, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k, group_size,
+        norm_before_gate, activation, input_dtype,
+    ):  # fmt: skip
+        in_dtype = x.dtype if input_dtype is None else input_dtype
+        params = (eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate, activation)
+        y, rstd = _launch.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *params, in_dtype)
+        ctx.save_for_backward(saveable(x), gate, weight, bias)
+        ctx.rstd, ctx.norm_dims, ctx.params, ctx.input_dtype = rstd, norm_dims, params, in_dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gate, weight, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dz, dw, db = gated_rms_norm_backward(
+            _launch, dy, x, gate, ctx.norm_dims, weight, bias, ctx.rstd, ctx.params,
+            ctx.input_dtype, need[0], need[1], need[2], need[3],
+        )  # fmt: skip
+        return dx, dz, dw, db, *(None,) * 10

@@ -1,6 +1,6 @@
 """The one place that decides which implementation runs a normalization op.
 
-Backends are modules defining the five launchers of the backend contract
+Backends are modules defining the seven launchers of the backend contract
 (:class:`rmsnorm._contract.Backend`): ``reference`` (the spec itself), ``cpu`` (the CPU kernels)
 and ``triton`` (the GPU kernels; on CPU tensors they run under the Triton interpreter). ``auto``
 picks the fastest one that supports the tensor's device. Forced with ``RMSNORM_BACKEND`` or

@@ -1,8 +1,8 @@
-"""The backend contract: the five launchers every backend module defines, as one typed protocol,
+"""The backend contract: the seven launchers every backend module defines, as one typed protocol,
 and the check that a module matches it (names, parameter names, order and defaults).
 
 A backend is a module (:mod:`rmsnorm.reference`, ``rmsnorm.kernels.cpu``,
-``rmsnorm.kernels.triton``) whose five functions have the signatures of :class:`Backend`'s methods;
+``rmsnorm.kernels.triton``) whose seven functions have the signatures of :class:`Backend`'s methods;
 :func:`mismatches` is what the test suite runs on each of them.
 """
 
@@ -15,11 +15,14 @@ from torch import Tensor, dtype
 
 __all__ = ["LAUNCHERS", "Backend", "mismatches"]
 
-LAUNCHERS = ("rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd")
+LAUNCHERS = (
+    "rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd",
+    "gated_rms_norm_fwd", "gated_rms_norm_bwd",
+)  # fmt: skip
 
 
 class Backend(Protocol):
-    """What :func:`rmsnorm._backend.launchers` returns: a module with these five functions.
+    """What :func:`rmsnorm._backend.launchers` returns: a module with these seven functions.
 
     Rows: ``x`` (and ``residual``, ``dy``, ``dresidual``) of shape (*, N) — a contiguous tensor of
     any rank whose last dim is the row, or (M, N) with a unit last stride and any row stride (read
@@ -117,6 +120,57 @@ class Backend(Protocol):
         need_weight_grad: bool = True,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """LayerNorm backward: (dx, dweight, dbias)."""
+        ...
+
+    def gated_rms_norm_fwd(
+        self,
+        x: Tensor,
+        gate: Tensor | None,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        eps: float,
+        eps_mode: str,
+        casting_mode: str,
+        offset: float,
+        k: int,
+        group_size: int | None,
+        norm_before_gate: bool,
+        activation: str,
+        stats: bool = True,
+        input_dtype: dtype | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Grouped and gated RMSNorm forward: (y, rstd). ``gate`` (x's rows, any float dtype, read
+        in the compute dtype) or None; ``group_size`` a divisor g of N, or None (g = N): each group
+        of g elements has its own r, from its first k (1 ≤ k ≤ g), and rstd is (M·N/g,), the
+        (M, N/g) statistics in row-major order; ``activation`` one of
+        :data:`rmsnorm.reference.ACTIVATIONS`; ``input_dtype`` the dtype the casting mode rounds
+        to (None: x's; the residual form passes its input's for x = h). y is in
+        :func:`rmsnorm.reference.gated_output_dtype`."""
+        ...
+
+    def gated_rms_norm_bwd(
+        self,
+        dy: Tensor,
+        x: Tensor,
+        gate: Tensor | None,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        rstd: Tensor,
+        dresidual: Tensor | None,
+        eps: float,
+        eps_mode: str,
+        casting_mode: str,
+        offset: float,
+        k: int,
+        group_size: int | None,
+        norm_before_gate: bool,
+        activation: str,
+        input_dtype: dtype,
+        need_weight_grad: bool = True,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Grouped and gated RMSNorm backward: (dx, dgate, dweight, dbias), dgate of x's shape in
+        the gate's dtype (an empty tensor without a gate). ``bias`` is read (norm-then-gate's d
+        gate needs the norm's value); ``dresidual``, where given, is added to dx."""
         ...
 
 

@@ -1,9 +1,9 @@
 """DTensor support: sharding rules for the custom ops (rows sharded or replicated, outputs and
 statistics following them, weight and bias replicated, their gradients partial sums), and the
 functional API's DTensor calls, which also take plain weights and normalize inputs sharded on a
-normalized dim in place with one collective of the row statistics. Importing
-``torch.distributed.tensor`` takes about 1 s, so ``import rmsnorm`` never does: the rules are
-registered as soon as it is imported."""
+normalized dim in place with one collective of the row statistics (grouped and gated inputs
+sharded on group boundaries with none). Importing ``torch.distributed.tensor`` takes about 1 s,
+so ``import rmsnorm`` never does: the rules are registered as soon as it is imported."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def ensure() -> None:
 
 
 def register() -> None:
-    """Register the rules for the five ops (once; later calls return at once). A failure is
+    """Register the rules for the seven ops (once; later calls return at once). A failure is
     reported as a warning: the library works without them, only not on DTensors."""
     global _registered
     with _lock:
@@ -156,6 +156,28 @@ def _register() -> None:
             dw = grad(weight, need_weight_grad) if sharded else replicate
             db = grad(bias, need_weight_grad) if sharded else replicate
             return [p, dw, db], [p, p, None, param(weight), param(bias), p, p, None]
+
+        return [pair(Shard(d), True) for d in rows(x, norm_dims)] + [pair(replicate, False)]
+
+    @register_sharding(ops.gated_rms_norm_fwd.default)
+    def _(x, gate, norm_dims, weight, bias, *scalars):
+        def pair(p):
+            z = None if gate is None else p
+            return [p, p], [p, z, None, param(weight), param(bias)] + [None] * len(scalars)
+
+        return [pair(Shard(d)) for d in rows(x, norm_dims)] + [pair(replicate)]
+
+    @register_sharding(ops.gated_rms_norm_bwd.default)
+    def _(dy, x, gate, norm_dims, weight, bias, rstd, dresidual, *scalars):
+        need = scalars[-1]  # need_weight_grad
+
+        def pair(p, sharded):
+            dw = grad(weight, need) if sharded else replicate
+            db = grad(bias, need) if sharded else replicate
+            dz = replicate if gate is None else p  # no gate: an empty tensor
+            z, dres = None if gate is None else p, None if dresidual is None else p
+            inputs = [p, p, z, None, param(weight), param(bias), p, dres] + [None] * len(scalars)
+            return [p, dz, dw, db], inputs
 
         return [pair(Shard(d), True) for d in rows(x, norm_dims)] + [pair(replicate, False)]
 
@@ -334,11 +356,9 @@ class _Rows:
             t = _AllReduce.apply(t, self.mesh, i)
         return t
 
-    def _first_k(self, k: int) -> torch.Tensor | None:
-        """(n,) mask of this rank's elements among the first k of the row (flattened normalized
-        dims, in order), or None when k = N."""
-        if k >= self.big_n:
-            return None
+    def index(self) -> torch.Tensor:
+        """(n,) the position of each of this rank's elements in the row (flattened normalized
+        dims), in local order."""
         device = self.x.device
         index = torch.zeros((), dtype=torch.int64, device=device)
         stride = 1
@@ -346,7 +366,14 @@ class _Rows:
             pos = torch.arange(self.local_shape[d], device=device) + self.offset[d]
             index = index.unsqueeze(0) + (pos * stride).reshape(-1, *([1] * index.dim()))
             stride *= self.x.shape[d]
-        return index.reshape(self.n) < k
+        return index.reshape(self.n)
+
+    def _first_k(self, k: int) -> torch.Tensor | None:
+        """(n,) mask of this rank's elements among the first k of the row (flattened normalized
+        dims, in order), or None when k = N."""
+        if k >= self.big_n:
+            return None
+        return self.index() < k
 
     def rms_norm(self, xl, in_dtype, weight, bias, eps, eps_mode, casting_mode, offset, k):
         """RMSNorm of the local rows xl with ``in_dtype`` the input dtype of the casting mode.
@@ -418,6 +445,114 @@ class _Rows:
                 m2 = m2 + m2_j + delta * delta * count * share
                 count = total
         return mean, m2 / self.big_n
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped and gated calls on DTensors. Rows sharded or replicated run the op under the rules above.
+# Normalized dims sharded so that every rank holds whole groups (Mamba2's n_groups split over
+# tensor-parallel ranks; a per-head norm with the heads sharded) are normalized where they lie:
+# each rank runs the op on its own groups with its slice of the weight, and no collective. One
+# group (no group_size) sharded takes the plain norm's path: one all-reduce of the row statistics.
+# Groups cut by the sharding are refused, naming the shard boundaries a group must not cross.
+# ----------------------------------------------------------------------------------------------
+def gated_rms_norm(x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k,
+                   group_size, norm_before_gate, activation, input_dtype):  # fmt: skip
+    """y of the grouped / gated op on the DTensor x (see the section comment)."""
+    if gate is not None and not is_dtensor(gate):
+        raise TypeError(
+            "gate must be a DTensor when input is one (got a torch.Tensor): make it one on "
+            "input's mesh, e.g. DTensor.from_local(gate, mesh, placements)"
+        )
+    if not is_dtensor(x):
+        raise TypeError(
+            "input must be a DTensor when gate is one (got a torch.Tensor): make it one on "
+            "gate's mesh, e.g. DTensor.from_local(input, mesh, placements)"
+        )
+    weight, bias = _as_dtensor(weight, x, "weight"), _as_dtensor(bias, x, "bias")
+    x = _without_partial(x)
+    if gate is not None:
+        gate = gate.redistribute(x.device_mesh, x.placements)
+    options = (eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate, activation,
+               input_dtype)  # fmt: skip
+    mesh_dims = _normalized_mesh_dims(x, norm_dims)
+    if mesh_dims is None:
+        return torch.ops.rmsnorm.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *options)[0]
+    rows = _Rows(x, norm_dims, mesh_dims)
+    index = rows.index()
+    g = rows.big_n if group_size is None else group_size
+    if rows.n == 0 or _whole_groups(index, g):
+        return _local_groups(rows, index, x, gate, weight, bias, *options)
+    if group_size is None:
+        return _one_group(rows, x, gate, weight, bias, *options)
+    raise ValueError(
+        f"gated_rms_norm / grouped rms_norm: input is a DTensor sharded on its normalized dims "
+        f"(placements {list(x.placements)}, shape {list(x.shape)}) so that a rank holds part of "
+        f"a group of group_size={g}; each rank must hold whole groups (shard boundaries at "
+        "multiples of group_size in the flattened normalized dims), or redistribute the "
+        "normalized dims to Replicate() first"
+    )
+
+
+def _whole_groups(index: torch.Tensor, g: int) -> bool:
+    """Whether the local elements (their indices in the flattened row, in local order) are whole
+    groups of g, each in order."""
+    n = index.numel()
+    if n % g:
+        return False
+    runs = index.reshape(-1, g)
+    starts = runs[:, 0]
+    step = torch.arange(g, device=index.device).expand_as(runs)
+    return bool(((starts % g) == 0).all()) and torch.equal(runs - starts[:, None], step)
+
+
+def _local_groups(rows, index, x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k,
+                  group_size, norm_before_gate, activation, input_dtype):  # fmt: skip
+    """Each rank's whole groups through the op, its slice of the weight gathered by index."""
+
+    def local_param(p):
+        if p is None:
+            return None
+        from torch.distributed.tensor import Replicate
+
+        if not all(q.is_replicate() for q in p.placements):
+            p = p.redistribute(rows.mesh, [Replicate()] * rows.mesh.ndim)
+        local = p.to_local(grad_placements=rows.grad_placements).reshape(-1)
+        return local.index_select(0, index)
+
+    g = rows.big_n if group_size is None else group_size
+    xl = rows.local(x)
+    zl = None if gate is None else rows.local(gate)
+    y, _ = torch.ops.rmsnorm.gated_rms_norm_fwd(
+        xl, zl, 1, local_param(weight), local_param(bias), eps, eps_mode, casting_mode, offset,
+        k, None if rows.n == g else g, norm_before_gate, activation, input_dtype,
+    )  # fmt: skip
+    return rows.dtensor(y)
+
+
+def _one_group(rows, x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+               norm_before_gate, activation, input_dtype):  # fmt: skip
+    """One group (the whole row) sharded: the plain norm's one all-reduce (``_Rows.rms_norm``),
+    with the gate applied as the spec applies it (docs/conventions.md, the gated casting table):
+    before the norm, u = x ⊙ act(z) is normalized; after it, n (unrounded in "gemma") times
+    act(z) in the compute dtype, rounded to the input dtype ("none": all in the input dtype)."""
+    in_dtype = x.dtype if input_dtype is None else input_dtype
+    xl = rows.local(x)
+    cd = torch.promote_types(ref.compute_dtype(xl.dtype), ref.compute_dtype(in_dtype))
+    norm = (eps, eps_mode, casting_mode, offset, k)
+    if gate is None:
+        return rows.dtensor(rows.rms_norm(xl, in_dtype, weight, bias, *norm))
+    a = ref.gate_activation(rows.local(gate).to(cd), activation)
+    if not norm_before_gate:
+        if casting_mode == "none":
+            u = xl.to(in_dtype) * a.to(in_dtype)
+        else:
+            u = xl.to(cd) * a
+        return rows.dtensor(rows.rms_norm(u, in_dtype, weight, bias, *norm))
+    if casting_mode == "none":
+        n = rows.rms_norm(xl, in_dtype, weight, bias, *norm)
+        return rows.dtensor(n * a.to(in_dtype))
+    n = rows.rms_norm(xl, cd if casting_mode == "gemma" else in_dtype, weight, bias, *norm)
+    return rows.dtensor((n.to(cd) * a).to(in_dtype))
 
 
 class _ValueOf(torch.autograd.Function):

@@ -109,3 +109,49 @@ def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad)
         _flat(mean), _flat(rstd), need_weight_grad,
     )  # fmt: skip
     return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
+
+
+def gated_rms_norm_fwd(
+    x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+    norm_before_gate, activation, input_dtype, stats=True,
+):  # fmt: skip
+    """y in x's shape and the (M·G,) statistics (None where ``stats`` is false and the backend
+    skips them)."""
+    y, rstd = backend_for(x).gated_rms_norm_fwd(
+        _as_rows(x, norm_dims), None if gate is None else _as_rows(gate, norm_dims),
+        param_vector(weight), param_vector(bias), eps, eps_mode, casting_mode, offset, k,
+        group_size, norm_before_gate, activation, stats, input_dtype,
+    )  # fmt: skip
+    return _shaped(y, x), rstd
+
+
+def gated_rms_norm_bwd(
+    dy, x, gate, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset,
+    k, group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
+):  # fmt: skip
+    dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
+    z = None if gate is None else _as_rows(gate, norm_dims)
+    dx, dz, dw, db = backend_for(x).gated_rms_norm_bwd(
+        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), z, param_vector(weight),
+        param_vector(bias), _flat(rstd), dr, eps, eps_mode, casting_mode, offset, k, group_size,
+        norm_before_gate, activation, input_dtype, need_weight_grad,
+    )  # fmt: skip
+    if gate is not None:
+        dz = _shaped(dz, x)
+    return _shaped(dx, x), dz, _param_grad(dw, weight), _param_grad(db, bias)
+
+
+def groups(x: torch.Tensor, norm_dims: int, group_size: int | None) -> int:
+    """G, the groups of one row of x (1 for ``group_size=None``)."""
+    if group_size is None:
+        return 1
+    return math.prod(x.shape[x.dim() - norm_dims :]) // group_size
+
+
+def leading_groups(stat: torch.Tensor, x: torch.Tensor, norm_dims: int, g: int) -> torch.Tensor:
+    """Per-group statistics (M·G,) in x's leading shape with a trailing dim of the G groups."""
+    shape = tuple(x.shape[: x.dim() - norm_dims]) + (g,)
+    if stat.shape == shape:
+        return stat
+    with _below_views():
+        return stat.view(shape)

@@ -15,7 +15,14 @@ from __future__ import annotations
 import torch
 
 from . import _autograd, _dtensor, _launch
-from .reference import CASTING_MODES, EPS_MODES, compute_dtype, output_dtype
+from .reference import (
+    ACTIVATIONS,
+    CASTING_MODES,
+    EPS_MODES,
+    compute_dtype,
+    gated_output_dtype,
+    output_dtype,
+)
 
 _lib = torch.library.Library("rmsnorm", "DEF")  # noqa: TOR901 (module-lifetime registration)
 
@@ -42,7 +49,21 @@ _lib.define(
     "Tensor mean, Tensor rstd, bool need_weight_grad) -> (Tensor, Tensor, Tensor)"
 )
 
-OP_NAMES = ("rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd")
+_GATED_ARGS = f"{_RMS_ARGS}, int? group_size, bool norm_before_gate, str activation"
+_lib.define(
+    "gated_rms_norm_fwd(Tensor x, Tensor? gate, int norm_dims, Tensor? weight, Tensor? bias, "
+    f"{_GATED_ARGS}, ScalarType? input_dtype) -> (Tensor, Tensor)"
+)
+_lib.define(
+    "gated_rms_norm_bwd(Tensor dy, Tensor x, Tensor? gate, int norm_dims, Tensor? weight, "
+    f"Tensor? bias, Tensor rstd, Tensor? dresidual, {_GATED_ARGS}, ScalarType input_dtype, "
+    "bool need_weight_grad) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+OP_NAMES = (
+    "rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd",
+    "gated_rms_norm_fwd", "gated_rms_norm_bwd",
+)  # fmt: skip
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -177,7 +198,60 @@ def _layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad
     return _launch.layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad)
 
 
+def _check_gated(op: str, x, n: int, group_size, k: int, activation: str) -> int:
+    """G, the groups of a row of n elements; group_size must divide n, k fit in a group."""
+    if activation not in ACTIVATIONS:
+        _fail(op, f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if group_size is None:
+        return 1
+    if group_size < 1 or n % group_size:
+        _fail(op, f"group_size must divide the row size N={n}, got {group_size}")
+    if k > group_size:
+        _fail(op, f"k must be in [1, group_size={group_size}], got {k}")
+    return n // group_size
+
+
+def _gated_rms_norm_fwd(
+    x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+    norm_before_gate, activation, input_dtype,
+):  # fmt: skip
+    op = "gated_rms_norm_fwd"
+    n = _check_rows(op, x, norm_dims)
+    _check_same(op, gate, x, "gate")
+    _check_param(op, weight, x, n, "weight")
+    _check_param(op, bias, x, n, "bias")
+    _check_rms(op, eps, eps_mode, casting_mode, k, n)
+    g = _check_gated(op, x, n, group_size, k, activation)
+    y, rstd = _launch.gated_rms_norm_fwd(
+        x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+        norm_before_gate, activation, input_dtype,
+    )  # fmt: skip
+    return y, _launch.leading_groups(rstd, x, norm_dims, g)
+
+
+def _gated_rms_norm_bwd(
+    dy, x, gate, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
+):  # fmt: skip
+    op = "gated_rms_norm_bwd"
+    n = _check_rows(op, x, norm_dims)
+    _check_same(op, dy, x, "dy")
+    _check_same(op, gate, x, "gate")
+    _check_same(op, dresidual, x, "dresidual")
+    _check_param(op, weight, x, n, "weight")
+    _check_param(op, bias, x, n, "bias")
+    _check_rms(op, eps, eps_mode, casting_mode, k, n)
+    g = _check_gated(op, x, n, group_size, k, activation)
+    _check_stat(op, rstd, x, n // g, "rstd")
+    return _launch.gated_rms_norm_bwd(
+        dy, x, gate, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode,
+        offset, k, group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
+    )  # fmt: skip
+
+
 _IMPLS = {
+    "gated_rms_norm_fwd": _gated_rms_norm_fwd,
+    "gated_rms_norm_bwd": _gated_rms_norm_bwd,
     "rms_norm_fwd": _rms_norm_fwd,
     "add_rms_norm_fwd": _add_rms_norm_fwd,
     "rms_norm_bwd": _rms_norm_bwd,
@@ -242,6 +316,33 @@ def _(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
     return dx, _param_grad(x, weight, need_weight_grad), _param_grad(x, bias, need_weight_grad)
 
 
+@torch.library.register_fake("rmsnorm::gated_rms_norm_fwd")
+def _(
+    x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+    norm_before_gate, activation, input_dtype,
+):  # fmt: skip
+    in_dtype = x.dtype if input_dtype is None else input_dtype
+    gate_last = gate is not None and norm_before_gate
+    y = x.new_empty(x.shape, dtype=gated_output_dtype(in_dtype, weight, casting_mode, gate_last))
+    g = 1 if group_size is None else _launch.groups(x, norm_dims, group_size)
+    rstd = x.new_empty((*x.shape[: x.dim() - norm_dims], g), dtype=_stat_dtype(x.dtype, in_dtype))
+    return y, rstd
+
+
+@torch.library.register_fake("rmsnorm::gated_rms_norm_bwd")
+def _(
+    dy, x, gate, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
+):  # fmt: skip
+    dx = x.new_empty(x.shape)
+    if gate is None:
+        dgate = x.new_empty((0,), dtype=compute_dtype(x.dtype))
+    else:
+        dgate = gate.new_empty(x.shape)
+    dw = _param_grad(x, weight, need_weight_grad)
+    return dx, dgate, dw, _param_grad(x, bias, need_weight_grad)
+
+
 # ----------------------------------------------------------------------------------------------
 # Autograd of the ops (what compiled graphs, exported programs, dispatch modes and tensor
 # subclasses run). The backward formulas are shared with the eager path in rmsnorm._autograd.
@@ -296,11 +397,29 @@ def _ln_backward(ctx, dy, _dmean, _drstd):
     return dx, None, dw, db, None
 
 
+def _gated_setup(ctx, inputs, output):
+    x, gate, norm_dims, weight, bias, *params, input_dtype = inputs
+    ctx.save_for_backward(_autograd.saveable(x), gate, weight, bias, output[1])
+    ctx.norm_dims, ctx.params = norm_dims, params
+    ctx.input_dtype = x.dtype if input_dtype is None else input_dtype
+
+
+def _gated_backward(ctx, dy, _drstd):
+    x, gate, weight, bias, rstd = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, dz, dw, db = _autograd.gated_rms_norm_backward(
+        torch.ops.rmsnorm, dy, x, gate, ctx.norm_dims, weight, bias, rstd, ctx.params,
+        ctx.input_dtype, need[0], need[1], need[3], need[4],
+    )  # fmt: skip
+    return dx, dz, None, dw, db, *(None,) * 9
+
+
 def _bwd_not_differentiable(ctx, *grads):
     raise NotImplementedError(
-        "rmsnorm: the backward ops (rms_norm_bwd, layer_norm_bwd) are not differentiable "
-        "themselves; double backward through rms_norm / add_rms_norm / layer_norm works (with "
-        "create_graph=True their backward runs as differentiable torch operations)"
+        "rmsnorm: the backward ops (rms_norm_bwd, layer_norm_bwd, gated_rms_norm_bwd) are not "
+        "differentiable themselves; double backward through rms_norm / add_rms_norm / "
+        "gated_rms_norm / layer_norm works (with create_graph=True their backward runs as "
+        "differentiable torch operations)"
     )
 
 
@@ -313,7 +432,10 @@ torch.library.register_autograd(
     "rmsnorm::add_rms_norm_fwd", _add_backward, setup_context=_add_setup
 )
 torch.library.register_autograd("rmsnorm::layer_norm_fwd", _ln_backward, setup_context=_ln_setup)
-for _name in ("rms_norm_bwd", "layer_norm_bwd"):
+torch.library.register_autograd(
+    "rmsnorm::gated_rms_norm_fwd", _gated_backward, setup_context=_gated_setup
+)
+for _name in ("rms_norm_bwd", "layer_norm_bwd", "gated_rms_norm_bwd"):
     torch.library.register_autograd(
         f"rmsnorm::{_name}", _bwd_not_differentiable, setup_context=_no_setup
     )

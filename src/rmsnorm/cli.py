@@ -216,6 +216,13 @@ def bench(
             "writes <device>_latency.csv/.md/.png.",
         ),
     ] = False,
+    ops: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated ops to time (rms_norm, add_rms_norm, layer_norm, "
+            "gated_rms_norm, gated_rms_norm_grouped); default: every op of the plan."
+        ),
+    ] = None,
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
     from .bench import resolve_device, run, summary
@@ -233,6 +240,7 @@ def bench(
                 log=_log,
                 latency=latency,
                 progress=progress,
+                ops=None if ops is None else [o.strip() for o in ops.split(",") if o.strip()],
             )
     if not latency:  # the latency mode logs its own summary
         _log(summary(rows))
@@ -501,7 +509,7 @@ def inspect(
         str,
         typer.Option(
             help="A local Hugging Face model directory or a built-in name "
-            "(builtin, builtin-rms, tiny-gpt2, tiny-llama)."
+            "(builtin, builtin-rms, tiny-gpt2, tiny-llama, tiny-mamba2, tiny-qwen3-next)."
         ),
     ] = "builtin",
     text: Annotated[str | None, typer.Option(help="Text to run (default: random tokens).")] = None,

@@ -405,28 +405,58 @@ def _grouped_gated(
 ):  # fmt: skip
     """The forward of every grouped or gated call (checked arguments; ``group_size`` None or a
     proper divisor of N; ``gate`` and ``residual`` None or of input's shape): (y, h), h = input +
-    residual for the residual form, else None.
-
-    It runs the spec (:func:`rmsnorm.reference.gated_rms_norm_fwd`) as torch operations, so
-    autograd (double backward included), forward-mode AD, ``torch.func``, ``torch.compile`` and
-    ``torch.export`` differentiate and trace it natively. This function is the one place the
-    kernels and their custom ops take over, behind the same arguments and results.
-    """
-    shape = input.shape
-    x = input if norm_dims == 1 else input.reshape(shape[: len(shape) - norm_dims] + (n,))
-    z = gate if gate is None or norm_dims == 1 else gate.reshape(x.shape)
-    w, b = ref.param_vector(weight), ref.param_vector(bias)
-    h = None
+    residual for the residual form, else None. The residual form sums h as torch operations
+    (:func:`rmsnorm.reference.residual_sum`, which autograd and the tracers follow) and
+    normalizes h with ``input``'s dtype as the casting mode's input dtype. Then the paths of the
+    module docstring, on ``torch.ops.rmsnorm.gated_rms_norm_fwd`` and its launchers."""
+    second = gate if residual is None else residual
+    path = _path(input, second, weight, bias)
+    in_dtype = input.dtype
+    x, h = input, None
     if residual is not None:
-        h = ref.residual_sum(x, residual.reshape(x.shape))
-    y, _ = ref.gated_rms_norm_fwd(
-        x if h is None else h, z, w, b, eps, eps_mode, casting_mode, offset, k, group_size,
-        norm_before_gate, activation, input_dtype=input.dtype,
-    )  # fmt: skip
-    # contiguous, or channels_last for a channels_last input, as rms_norm (the spec's elementwise
-    # operations would keep a permuted input's strides)
-    y = _like(y.reshape(shape).contiguous(), input)
-    return y, None if h is None else _like_sum(h.reshape(shape), input, residual)
+        x = h = _like_sum(ref.residual_sum(input, residual), input, residual)
+    if path == _LAUNCH:
+        if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
+            y = backend_for(x).gated_rms_norm_fwd(
+                x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+                norm_before_gate, activation, False, in_dtype,
+            )[0]  # fmt: skip
+        else:
+            y, _ = _launch.gated_rms_norm_fwd(
+                x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k,
+                group_size, norm_before_gate, activation, in_dtype, False,
+            )  # fmt: skip
+    elif path == _FUNCTION:
+        y = _autograd.GatedRMSNormFunction.apply(
+            x, gate, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k, group_size,
+            norm_before_gate, activation, in_dtype,
+        )  # fmt: skip
+    elif path == _OP:
+        y = _gated_op(
+            x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+            norm_before_gate, activation, in_dtype,
+        )  # fmt: skip
+    else:
+        # the spec as torch operations: every transform (forward AD, torch.func) differentiates it
+        shape = x.shape
+        xr, zr = ref.row_matrix(x, n), ref.row_matrix(gate, n)
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
+        y, _ = ref.gated_rms_norm_fwd(
+            xr, zr, w, b, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
+            activation, input_dtype=in_dtype,
+        )  # fmt: skip
+        # contiguous, or channels_last for a channels_last input, as rms_norm (the spec's
+        # elementwise operations would keep a permuted input's strides)
+        y = y.reshape(shape).contiguous()
+    return _like(y, input), h
+
+
+def _gated_op(x, gate, norm_dims, weight, bias, *options):
+    """y of torch.ops.rmsnorm.gated_rms_norm_fwd, or for DTensors, of :mod:`rmsnorm._dtensor`'s
+    call (plain parameters, normalized dims sharded)."""
+    if _dtensor.is_dtensor(x) or _dtensor.is_dtensor(gate):
+        return _dtensor.gated_rms_norm(x, gate, norm_dims, weight, bias, *options)
+    return torch.ops.rmsnorm.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *options)[0]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """The spec: plain-PyTorch RMSNorm / LayerNorm forward and written-out backward, correct in float64.
 
 Every kernel, benchmark and fallback in this package is compared against this module, and it is also
-a backend of its own (``RMSNORM_BACKEND=reference``): its five launchers (``*_fwd``, ``*_bwd``) have
-the signatures every backend has (:class:`rmsnorm._contract.Backend`, which says what they take and
-return) and define what every backend computes. The formulas are those of ``docs/conventions.md``
-and ``docs/spec.md``; each function's docstring states the one it implements.
+a backend of its own (``RMSNORM_BACKEND=reference``): its seven launchers (``*_fwd``, ``*_bwd``)
+have the signatures every backend has (:class:`rmsnorm._contract.Backend`, which says what they
+take and return) and define what every backend computes. The formulas are those of
+``docs/conventions.md`` and ``docs/spec.md``; each function's docstring states the one it
+implements.
 
 Notation (one row of N elements; M rows, the leading dims (*) flattened): x the row, γ the weight,
 β the bias, k the number of leading elements the RMS is estimated from (k = N unless ``partial``
@@ -124,6 +125,29 @@ def _as(t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
     return t if t is None or t.shape == x.shape else t.reshape(x.shape)
 
 
+# A row is summed in blocks of _ROW_BLOCK elements, then the block sums: torch splits one
+# reduction over threads where it has fewer rows than threads and ≥ 32768 elements (a single row of
+# 65536 summed on two threads rounds differently from the same row in a batch), and a block never
+# reaches that size, so every row is summed in the same order whatever batch it is in and however
+# many threads run (docs/spec.md, "Batch invariance").
+_ROW_BLOCK = 4096
+
+
+def _row_sum(t: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """Σ over the last dim of t, in an order fixed by that dim's size alone."""
+    n = t.shape[-1]
+    if not torch.jit.is_tracing() and n > _ROW_BLOCK:  # (a trace fixes the shapes anyway)
+        blocks = -(-n // _ROW_BLOCK)
+        if blocks * _ROW_BLOCK != n:
+            t = torch.nn.functional.pad(t, (0, blocks * _ROW_BLOCK - n))
+        t = t.reshape(*t.shape[:-1], blocks, _ROW_BLOCK).sum(dim=-1)
+    return t.sum(dim=-1, keepdim=keepdim)
+
+
+def _row_mean(t: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    return _row_sum(t, keepdim) / t.shape[-1]
+
+
 def _column_sum(t: torch.Tensor) -> torch.Tensor:
     """Σ over the rows of t (*, N): (N,)."""
     return t.reshape(-1, t.shape[-1]).sum(dim=0)
@@ -155,8 +179,8 @@ def _mean_square(xf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     or, where mean(x²) overflows, ms = mean((s·x)²) and sc = s (see the module docstring)."""
     xk = xf[..., :k]
     s = overflow_scale(xf.dtype)
-    ms = xk.square().mean(dim=-1)  # (*)
-    ms_s = (xk * s).square().mean(dim=-1)  # the same read of x: one fused reduction when compiled
+    ms = _row_mean(xk.square())  # (*)
+    ms_s = _row_mean((xk * s).square())  # the same read of x: one fused reduction when compiled
     over = ms == math.inf
     return torch.where(over, ms_s, ms), _ones_but(over, s, ms)
 
@@ -250,6 +274,14 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     return y, h, _flat(rstd)
 
 
+def _finite_or_one(r: torch.Tensor) -> torch.Tensor:
+    return torch.where(r.isinf(), torch.ones_like(r), r)
+
+
+def _inf_or_one(r: torch.Tensor) -> torch.Tensor:
+    return torch.where(r.isinf(), r, torch.ones_like(r))
+
+
 def rms_norm_bwd(
     dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
     need_weight_grad=True,
@@ -275,7 +307,9 @@ def rms_norm_bwd(
     xhat = xf * r  # (*, N)
     s = _scale(weight, offset, cd)
     g = dyf * s if s is not None else dyf
-    S = (g * xhat).sum(dim=-1, keepdim=True)  # (*, 1)
+    # Where r = inf (eps = 0 on a row whose squares underflow), S = r·Σ g·x: the sum stays finite
+    # and the products after it are ±inf where torch's autograd has them, not inf − inf = NaN.
+    S = _row_sum(g * (xf * _finite_or_one(r)), keepdim=True) * _inf_or_one(r)  # (*, 1)
     n = x.shape[-1]
     if eps_mode == "mean_square":
         corr = xhat * (r * S / k)
@@ -423,7 +457,8 @@ def gated_rms_norm_fwd(
     else:
         a = gate_activation(_grouped(gate.reshape(x.shape), g).to(cd), activation)  # (*, G, g)
         y = _normed_then_gated(vg, rstd, w, b, a, casting_mode, offset, in_dtype, cd)
-    return y.reshape(x.shape), _flat(rstd)
+    # a tensor of its own, not a view of the grouped result (the backend contract's outputs)
+    return y.reshape(x.shape).clone(), _flat(rstd)
 
 
 def gated_rms_norm_bwd(
@@ -495,7 +530,8 @@ def gated_rms_norm_bwd(
         dw = _column_sum(dn * vh.reshape(x.shape)).to(weight.dtype)
     if need_weight_grad and bias is not None:
         db = _column_sum(dn).to(bias.dtype)
-    return dx.to(x.dtype), dgate, dw, db
+    dx = dx.to(x.dtype)
+    return (dx if dx._base is None else dx.clone()), dgate, dw, db
 
 
 # ----------------------------------------------------------------------------------------------
@@ -504,6 +540,14 @@ def gated_rms_norm_bwd(
 # r below which x − μ may overflow float32: |x − μ| ≤ sqrt(N)·σ ≤ 2^16·σ, so overflow needs
 # σ > 2^112, r < 2^-112; rows with r < 2^-100 take the scaled form (same value, no overflow).
 _RISK_R = 2.0**-100
+
+
+def _ln_mean(xf: torch.Tensor) -> torch.Tensor:
+    """The mean of each row of xf, or its first element c where Σ (x − c) = 0: a constant row's
+    mean is then exactly its value, so x − μ = 0 and σ² = 0 as in torch (a float32 mean of
+    64 × 0.1 rounds, and eps = 0 then gave finite values where torch has NaN)."""
+    c = xf[..., :1]
+    return torch.where(_row_sum(xf - c) == 0, c[..., 0], _row_mean(xf))
 
 
 def layer_norm_fwd(x, weight, bias, eps, stats=True):
@@ -516,17 +560,17 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """
     cd = compute_dtype(x.dtype)
     xf = x.to(cd)
-    mean = xf.mean(dim=-1)  # (*)
+    mean = _ln_mean(xf)  # (*)
     xc = xf - mean[..., None]
-    var = xc.square().mean(dim=-1)
+    var = _row_mean(xc.square())
     s = overflow_scale(cd)
     xs = xf * s  # the same reads as the plain statistics: fused into their reductions when compiled
-    mean_s = xs.mean(dim=-1)
+    mean_s = _ln_mean(xs)
     xc_s = xs - mean_s[..., None]
     over = ~torch.isfinite(var)  # also NaN: a NaN or inf input gives NaN either way
     xc = torch.where(over[..., None], xc_s, xc)
     sc = _ones_but(over, s, var)
-    r = torch.rsqrt(torch.where(over, xc_s.square().mean(dim=-1), var) + eps * sc * sc)  # (*)
+    r = torch.rsqrt(torch.where(over, _row_mean(xc_s.square()), var) + eps * sc * sc)  # (*)
     mean = torch.where(over, mean_s / s, mean)
     rstd = r * sc
     y = xc * r[..., None]
@@ -548,7 +592,7 @@ def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     sc = _ones_but(r < _RISK_R, overflow_scale(cd), r)  # (*, 1)
     xhat = (x.to(cd) * sc - _lead(mean.to(cd), x)[..., None] * sc) * (r / sc)
     g = dyf * weight.to(cd) if weight is not None else dyf
-    dx = r * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+    dx = r * (g - _row_mean(g, keepdim=True) - xhat * _row_mean(g * xhat, keepdim=True))
     dw = x.new_empty((0,), dtype=compute_dtype(x.dtype))  # distinct tensors: outputs never alias
     db = x.new_empty((0,), dtype=compute_dtype(x.dtype))
     if need_weight_grad and weight is not None:

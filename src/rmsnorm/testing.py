@@ -25,9 +25,14 @@ OUTPUTS = {
     "rms_norm_bwd": ("dx", "dweight", "dbias"),
     "layer_norm_fwd": ("y", "mean", "rstd"),
     "layer_norm_bwd": ("dx", "dweight", "dbias"),
+    "gated_rms_norm_fwd": ("y", "rstd"),
+    "gated_rms_norm_bwd": ("dx", "dgate", "dweight", "dbias"),
 }
 _SUMMED_OVER_ROWS = ("dweight", "dbias")
-_STATS_AT = {"rms_norm_fwd": 8, "add_rms_norm_fwd": 9, "layer_norm_fwd": 4}  # the stats argument
+# the stats argument of each forward launcher
+_STATS_AT = {
+    "rms_norm_fwd": 8, "add_rms_norm_fwd": 9, "layer_norm_fwd": 4, "gated_rms_norm_fwd": 12,
+}  # fmt: skip
 
 
 def max_abs_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -42,8 +42,12 @@ __all__ = [
 ]
 
 # "generate": greedy generate() of a whole model per token (latency mode; no bytes model)
-OPS = ("rms_norm", "add_rms_norm", "layer_norm", "copy", "generate")
-MODES = ("forward", "backward", "forward_backward")
+OPS = (
+    "rms_norm", "add_rms_norm", "layer_norm", "gated_rms_norm", "gated_rms_norm_grouped", "copy",
+    "generate",
+)  # fmt: skip
+# forward_backward_leaf: forward + backward into the leaves' .grad (latency mode)
+MODES = ("forward", "backward", "forward_backward", "forward_backward_leaf")
 VARIANTS = ("eager", "cuda_graph")
 
 # Minimal traffic in units of M·N elements (docs/performance.md). Weights and per-row statistics are
@@ -59,6 +63,12 @@ _UNITS = {
     ("add_rms_norm", "forward"): 4,
     # read h, dy, dh + write dx (d residual aliases d input)
     ("add_rms_norm", "backward"): 4,
+    # gated (norm then gate, Qwen3-Next; gate then norm in groups, Mamba2): read x, z + write y
+    ("gated_rms_norm", "forward"): 3,
+    ("gated_rms_norm_grouped", "forward"): 3,
+    # read x, z, dy + write dx, dz
+    ("gated_rms_norm", "backward"): 5,
+    ("gated_rms_norm_grouped", "backward"): 5,
     # read + write
     ("copy", "forward"): 2,
 }
@@ -66,8 +76,8 @@ _UNITS = {
 
 def bytes_moved(op: str, mode: str, m: int, n: int, elem: int) -> int:
     """Bytes an ideal kernel moves for (op, mode) on an (m, n) problem of `elem`-byte elements;
-    forward_backward is the sum of the two."""
-    if mode == "forward_backward":
+    forward_backward (and forward_backward_leaf) is the sum of the two."""
+    if mode in ("forward_backward", "forward_backward_leaf"):
         return bytes_moved(op, "forward", m, n, elem) + bytes_moved(op, "backward", m, n, elem)
     try:
         return _UNITS[(op, mode)] * m * n * elem
@@ -205,8 +215,9 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> None:
     lines = [f"# Benchmark: {run_header(rows)}", ""]
     lines.append(
         "Effective GB/s from the bytes model (fwd 2·M·N·elem, bwd 3·M·N·elem; add_rms_norm 4 and "
-        "4) and % of the copy bandwidth measured in the same process over the same elements; "
-        "decoding sizes (M ≤ 128) in µs per call. Bold: best provider on the line."
+        "4; the gated ops 3 and 5) and % of the copy bandwidth measured in the same process over "
+        "the same elements; decoding sizes (M ≤ 128) in µs per call. Bold: best provider on the "
+        "line."
     )
     lines.append("")
     lines.append(
@@ -327,9 +338,11 @@ def run(
     log=print,
     latency: bool = False,
     progress=None,
+    ops: Sequence[str] | None = None,
 ) -> list[Row]:
     """Run the benchmark for `device` ("cuda" or "cpu"), write ``<stem>_bench.{csv,md,png}``
     under `out` (stem ``gpu`` or ``cpu``), and return the rows. `quick` runs a handful of shapes;
+    `ops` keeps the plan's items of those ops only (all by default);
     `variants` also times forced kernel layouts of this library (tuning data, providers named
     ``rmsnorm[...]``); `budget_s` bounds the run's wall time (items that do not fit are skipped and
     logged). `latency` times the per-call grid of :mod:`rmsnorm.bench.latency` instead and writes
@@ -339,7 +352,7 @@ def run(
 
     if latency:
         return _run_latency(device, quick, out, budget_s, log, progress)
-    rows = measure(device, quick=quick, variants=variants, budget_s=budget_s, log=log)
+    rows = measure(device, quick=quick, variants=variants, budget_s=budget_s, log=log, ops=ops)
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     stem = "gpu" if device == "cuda" else "cpu"

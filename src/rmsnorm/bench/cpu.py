@@ -2,11 +2,13 @@
 against the peers that run on CPU, in one process.
 
 Providers as in the GPU mode: ``rmsnorm``, ``torch`` (F.rms_norm / F.layer_norm),
-``torch_compile_reference``, ``hf_llama_eager`` and, for the residual form, ``torch_add``. Shapes:
-M·N = 2^25 for N in {512, 1024, 4096, 16384}, float32 and bfloat16, forward / backward / both,
-plus per-call latency at decoding sizes. Timing: ``torch.utils.benchmark.Timer.blocked_autorange``
-medians after a warm-up call, the providers taking turns over three rounds; the copy ceiling is
-``dst.copy_(src)`` over the same elements in the same process.
+``torch_compile_reference``, ``hf_llama_eager`` and, for the residual form, ``torch_add``; for the
+gated norms the Hugging Face forwards (``hf_qwen3_next_eager``, ``hf_mamba2_eager``) and
+``torch_compile_hf``. Shapes: M·N = 2^25 for N in {512, 1024, 4096, 16384}, float32 and bfloat16,
+forward / backward / both, plus per-call latency at decoding sizes; the gated norms at N = 4096
+(2048 rows, 2^25 elements, decoding sizes). Timing: ``torch.utils.benchmark.Timer``'s
+``blocked_autorange`` medians after a warm-up call, the providers taking turns over three rounds;
+the copy ceiling is ``dst.copy_(src)`` over the same elements in the same process.
 
 Fresh outputs of 2^25 elements are past glibc's largest mmap threshold (32 MiB), so by default every
 call of every provider maps new pages and faults them in, which on these machines costs about as
@@ -84,6 +86,13 @@ def _plan(quick: bool) -> list[Item]:
     for dtype in (bf16, f32):
         plan.append(("add_rms_norm", dtype, _MN // 4096, 4096, ("forward", "backward"), "sweep"))
     plan += [("rms_norm", bf16, m, 4096, ("forward",), "decode") for m in (1, 128)]
+    # The gated norms of the hybrid models against the Hugging Face forwards and torch.compile of
+    # them: a prefill of 2048 tokens, the sweep's elements, decoding steps.
+    for op in ("gated_rms_norm", "gated_rms_norm_grouped"):
+        plan.append((op, bf16, 2048, 4096, fb, "sweep"))
+        if not quick:
+            plan += [(op, dtype, _MN // 4096, 4096, fb, "sweep") for dtype in (bf16, f32)]
+        plan += [(op, bf16, m, 4096, ("forward",), "decode") for m in (1, 128)]
     return [Item(*entry) for entry in plan]
 
 

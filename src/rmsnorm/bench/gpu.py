@@ -4,7 +4,8 @@ peers on one CUDA device, in one process.
 Providers: ``rmsnorm`` (this library), ``torch`` (F.rms_norm / F.layer_norm),
 ``torch_compile_reference`` (torch.compile of :mod:`rmsnorm.reference`), ``hf_llama_eager`` (a
 Hugging Face Llama-style eager RMSNorm), ``liger`` (Liger-Kernel, when importable; "gemma" casting,
-the same math as ours) and, for the fused residual form, ``torch_add`` (eager add + F.rms_norm).
+the same math as ours), for the fused residual form ``torch_add`` (eager add + F.rms_norm), and for
+the gated norms the Hugging Face forwards (Qwen3-Next, Mamba2) and ``torch_compile_hf``.
 Timing: ``triton.testing.do_bench`` medians after warm-up on random data; decoding sizes as wall
 time per call (eager) and per replayed call inside a CUDA graph. A time budget skips (and logs)
 whatever does not fit, lowest priority last.
@@ -59,6 +60,9 @@ def _plan(quick: bool) -> list[Item]:
             ("rms_norm", bf16, 128, 4096, ("forward",), "decode"),
             ("add_rms_norm", bf16, 32768, 4096, f_b, "sweep"),
             ("layer_norm", bf16, 32768, 4096, f_b, "sweep"),
+            ("gated_rms_norm", bf16, 32768, 4096, f_b, "sweep"),
+            ("gated_rms_norm_grouped", bf16, 32768, 4096, f_b, "sweep"),
+            ("gated_rms_norm", bf16, 1, 4096, ("forward",), "decode"),
         ]
         return [Item(*entry) for entry in plan]
     plan = [("rms_norm", bf16, _MN // n, n, fb, "sweep") for n in _FULL_NS]
@@ -69,7 +73,20 @@ def _plan(quick: bool) -> list[Item]:
     plan += [("rms_norm", fp32, _MN // n, n, f_b, "sweep") for n in (2048, 4096, 32768, 131072)]
     plan.append(("add_rms_norm", bf16, 2048, 65536, f_b, "sweep"))
     plan.append(("rms_norm", bf16, 128, 4096, ("backward",), "decode"))
+    plan += _gated_plan()
     return [Item(*entry) for entry in plan]
+
+
+def _gated_plan() -> list[tuple]:
+    """The gated norms against the Hugging Face forwards and torch.compile of them: Qwen3-Next's
+    per-head norm (N = 128, a row per head and token), rows of 4096 and of 8192 (Mamba2's
+    d_inner, 8 groups), decoding steps."""
+    f_b, bf16 = ("forward", "backward"), torch.bfloat16
+    plan = [("gated_rms_norm", bf16, 2**20, 128, f_b, "sweep")]
+    for op in ("gated_rms_norm", "gated_rms_norm_grouped"):
+        plan += [(op, bf16, _MN // n, n, f_b, "sweep") for n in (4096, 8192)]
+        plan += [(op, bf16, m, 4096, ("forward",), "decode") for m in (1, 128)]
+    return plan
 
 
 def setup(quick: bool = False, dry_run: bool = False, warm: tuple[int, int] | None = None) -> Setup:

@@ -6,7 +6,7 @@ dtype, shape) over the providers, mode by mode, within a time budget. What diffe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -19,7 +19,7 @@ from .providers import providers_for, random_inputs, timed_fn
 
 __all__ = ["Item", "Setup", "Timer", "DryTimer", "measure"]
 
-OPS = ("rms_norm", "add_rms_norm", "layer_norm")
+OPS = ("rms_norm", "add_rms_norm", "layer_norm", "gated_rms_norm", "gated_rms_norm_grouped")
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ def measure(
     log: Callable[[str], object] = print,
     dry_run: bool = False,
     warm: tuple[int, int] | None = None,
+    ops: Sequence[str] | None = None,
 ) -> list[Row]:
     """Time every planned (op, dtype, shape, mode, provider) on ``device``; returns the rows (copy
     rows too).
@@ -139,7 +140,8 @@ def measure(
     ``budget_s``: seconds for the main plan (default: the device's). ``dry_run``: the quick plan
     at tiny shapes on CPU tensors, one call per timing, no torch.compile: a check of the harness
     itself. ``warm=(i, n)`` (GPU): plan items i, i + n, ... once each, untimed, no rows; fills the
-    on-disk kernel caches for a timed run that follows."""
+    on-disk kernel caches for a timed run that follows. ``ops``: the plan's items of these ops
+    only."""
     from . import cpu, gpu
 
     setups = {"cuda": gpu.setup, "cpu": cpu.setup}
@@ -150,6 +152,10 @@ def measure(
         setup = setups[check_device(device)](quick=quick, dry_run=False, warm=warm)
     if budget_s is not None and warm is None:
         setup.budget_s = _validate.positive_number("budget_s", budget_s)
+    if ops is not None:
+        for op in ops:
+            _validate.one_of("ops", op, OPS)
+        setup.plan = [item for item in setup.plan if item.op in ops]
     rows = _run(setup, variants, log)
     return [] if warm is not None else rows
 

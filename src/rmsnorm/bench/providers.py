@@ -28,6 +28,33 @@ def _hf_llama_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w * h.to(dtype)
 
 
+def hf_qwen3_next_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Hugging Face Qwen3NextRMSNormGated.forward, written out: normalize in fp32, cast, × weight,
+    × silu(gate) in fp32, cast (norm, then gate)."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    var = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(var + EPS)
+    h = w * h.to(dtype)
+    h = h * F.silu(z.to(torch.float32))
+    return h.to(dtype)
+
+
+GROUPS = 8  # the grouped gated op: Mamba2's n_groups
+
+
+def hf_mamba2_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Hugging Face MambaRMSNormGated.forward, written out: x × silu(gate) in fp32, normalized
+    per group of N / GROUPS, cast, × weight (gate, then norm)."""
+    dtype = x.dtype
+    h = x.to(torch.float32) * F.silu(z.to(torch.float32))
+    *lead, n = h.shape
+    hg = h.view(*lead, GROUPS, n // GROUPS)
+    var = hg.pow(2).mean(-1, keepdim=True)
+    h = (hg * torch.rsqrt(var + EPS)).view(*lead, n)
+    return w * h.to(dtype)
+
+
 def liger_functions():
     """Liger-Kernel's autograd Functions, or the reason they are unavailable."""
     try:
@@ -86,6 +113,27 @@ def providers_for(op: str, liger, compile: bool = True) -> dict[str, Callable]:
         if liger:
             p["liger"] = lambda x, r, w: liger[1].apply(x, r, w, EPS, 0.0, "gemma", False)
         return p
+    if op == "gated_rms_norm":
+        p = {
+            "rmsnorm": lambda x, z, w: rmsnorm.gated_rms_norm(
+                x, z, (x.shape[-1],), w, EPS, casting_mode="llama"
+            ),
+            "hf_qwen3_next_eager": hf_qwen3_next_gated,
+        }
+        if compile:
+            p["torch_compile_hf"] = _compile(hf_qwen3_next_gated)
+        return p
+    if op == "gated_rms_norm_grouped":
+        p = {
+            "rmsnorm": lambda x, z, w: rmsnorm.gated_rms_norm(
+                x, z, (x.shape[-1],), w, EPS, group_size=x.shape[-1] // GROUPS,
+                norm_before_gate=False, casting_mode="llama",
+            ),
+            "hf_mamba2_eager": hf_mamba2_gated,
+        }  # fmt: skip
+        if compile:
+            p["torch_compile_hf"] = _compile(hf_mamba2_gated)
+        return p
     if op == "layer_norm":
         p = {
             "rmsnorm": lambda x, w, b: rmsnorm.layer_norm(x, (x.shape[-1],), w, b, EPS),
@@ -109,6 +157,8 @@ def random_inputs(
         return [t(m, n), t(n, scale=0.1, shift=1.0)]
     if op == "add_rms_norm":
         return [t(m, n), t(m, n), t(n, scale=0.1, shift=1.0)]
+    if op in ("gated_rms_norm", "gated_rms_norm_grouped"):  # x, the gate (silu from −0.3 to ~6)
+        return [t(m, n), t(m, n, scale=2.0), t(n, scale=0.1, shift=1.0)]
     return [t(m, n), t(n, scale=0.1, shift=1.0), t(n, scale=0.1)]
 
 

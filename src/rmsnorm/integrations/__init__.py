@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..modules import LayerNorm, RMSNorm
+from ..modules import GatedRMSNorm, LayerNorm, RMSNorm
 
 __all__ = ["norm_kind", "replace_norms", "restore_norms"]
 
@@ -24,7 +24,8 @@ def norm_kind(module: nn.Module) -> str | None:
     question across the library.
 
     Recognised: ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` and their subclasses (this library's
-    modules among them), and every class :func:`rmsnorm.integrations.hf.convention_of` recognises
+    modules among them), this library's :class:`~rmsnorm.GatedRMSNorm` (an RMSNorm, gated), and
+    every class :func:`rmsnorm.integrations.hf.convention_of` recognises
     (registered, listed, or whose forward is one of the known normalization forwards; decided once
     per class, without importing transformers). The kind belongs to the class: a module that
     :func:`~rmsnorm.integrations.hf.patch` leaves alone for its own attributes (e.g. a 2-D weight)
@@ -44,7 +45,7 @@ def norm_kind(module: nn.Module) -> str | None:
         >>> [norm_kind(m) for m in (nn.LayerNorm(8), rmsnorm.RMSNorm(8), nn.Linear(2, 2))]
         ['layer', 'rms', None]
     """
-    if isinstance(module, nn.RMSNorm):
+    if isinstance(module, (nn.RMSNorm, GatedRMSNorm)):
         return "rms"
     if isinstance(module, nn.LayerNorm):
         return "layer"

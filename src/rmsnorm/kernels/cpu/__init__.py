@@ -1,4 +1,4 @@
-"""The CPU backend: numba kernels behind the five launchers of the backend contract
+"""The CPU backend: numba kernels behind the seven launchers of the backend contract
 (:class:`rmsnorm._contract.Backend`).
 
 Importing this package is cheap: numba is imported, and the kernels loaded from numba's on-disk
@@ -24,11 +24,15 @@ __all__ = [
     "rms_norm_bwd",
     "layer_norm_fwd",
     "layer_norm_bwd",
+    "gated_rms_norm_fwd",
+    "gated_rms_norm_bwd",
 ]
 
 _NAMES = ("rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd")
+_GATED_NAMES = ("gated_rms_norm_fwd", "gated_rms_norm_bwd")
 _available: bool | None = None
 _impl: ModuleType | None = None
+_gated: ModuleType | None = None
 # True in a process forked after this package was imported: its OpenMP runtime may hold a parent's
 # thread team that the fork did not copy, so shared calls must not go to it (they would hang).
 forked = False
@@ -72,6 +76,19 @@ def _load_launchers() -> ModuleType:
     return _impl
 
 
+def _load_gated() -> ModuleType:
+    """The grouped / gated launchers (their own kernels, loaded or compiled on first use)."""
+    global _gated
+    if _gated is None:
+        impl = _load_launchers()
+        if impl.__name__ == "rmsnorm.reference":  # numba failed to import: the reference runs
+            _gated = impl
+        else:
+            _gated = importlib.import_module(".gated_launchers", __name__)
+        globals().update({name: getattr(_gated, name) for name in _GATED_NAMES})
+    return _gated
+
+
 def warmup() -> dict:
     """Load the CPU kernels now: from numba's on-disk cache, or by compiling them (~15 s, once per
     machine and numba version; ``rmsnorm warmup`` and ``make setup`` do this), so that the first op
@@ -82,6 +99,8 @@ def warmup() -> dict:
     status = {"available": False, "compiled": False, "cached_in": None}
     if available():
         status.update(getattr(_load_launchers(), "STATUS", {}))  # none: numba failed to import
+        gated = getattr(_load_gated(), "STATUS", {})
+        status["compiled"] = status["compiled"] or gated.get("compiled", False)
         status["available"] = _available is not False
     status["seconds"] = time.perf_counter() - t0
     return status
@@ -115,3 +134,23 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
 
 def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     return _load_launchers().layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
+
+
+def gated_rms_norm_fwd(
+    x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
+    activation, stats=True, input_dtype=None,
+):  # fmt: skip
+    return _load_gated().gated_rms_norm_fwd(
+        x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+        norm_before_gate, activation, stats, input_dtype,
+    )  # fmt: skip
+
+
+def gated_rms_norm_bwd(
+    dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    group_size, norm_before_gate, activation, input_dtype, need_weight_grad=True,
+):  # fmt: skip
+    return _load_gated().gated_rms_norm_bwd(
+        dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+        group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
+    )  # fmt: skip

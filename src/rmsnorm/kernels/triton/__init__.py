@@ -1,12 +1,13 @@
 """Triton kernels for CUDA (and ROCm) tensors; on CPU tensors they run under Triton's interpreter.
 
-The five launchers of the backend contract (:class:`rmsnorm._contract.Backend`) read the rows in
+The seven launchers of the backend contract (:class:`rmsnorm._contract.Backend`) read the rows in
 place (nothing is copied), allocate the outputs, pick a cached launch config (``_config.py``) and
 launch. No autograd, no torch.library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 
@@ -14,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...reference import compute_dtype, output_dtype
+from ...reference import ACTIVATIONS, compute_dtype, gated_output_dtype, output_dtype
 
 # Triton 3.3 passes the kernels' dtype-annotated scalars (eps, offset: tl.float64) as float32,
 # which float64 inputs need exactly, and rejects chained boolean operators; both checked by
@@ -37,6 +38,7 @@ from . import _config  # noqa: E402
 from . import _flags as flag  # noqa: E402
 from ._common import sum_partials_kernel  # noqa: E402
 from ._config import Config, override  # noqa: E402
+from ._gated import gated_rms_norm_bwd_kernel, gated_rms_norm_fwd_kernel  # noqa: E402
 from ._layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel  # noqa: E402
 from ._rms import rms_norm_bwd_kernel, rms_norm_fwd_kernel  # noqa: E402
 
@@ -46,6 +48,8 @@ __all__ = [
     "rms_norm_bwd",
     "layer_norm_fwd",
     "layer_norm_bwd",
+    "gated_rms_norm_fwd",
+    "gated_rms_norm_bwd",
     "Config",
     "override",
 ]
@@ -141,11 +145,23 @@ def _launch(kernel, cfg: Config, launches: list, m: int, args: tuple) -> None:
     grid = (cfg.slots(m) * cfg.split,)
     for kwargs in launches:
         try:
-            kernel[grid](*args, **kwargs)
+            with _quiet():
+                kernel[grid](*args, **kwargs)
         except RuntimeError as e:
             if cfg.split > 1 and "cooperative" in str(e).lower():
                 raise _SplitRefused(str(e)) from e
             raise
+
+
+def _quiet():
+    """Under the interpreter, NumPy's warnings off for a launch: a row with eps = 0 divides by 0,
+    an inf row makes NaN, as torch's ops and a GPU do without a word (IEEE results are the
+    answer, torch's); NumPy would warn on each. Nothing on a GPU."""
+    if not flag.INTERPRETED:
+        return contextlib.nullcontext()
+    import numpy as np
+
+    return np.errstate(all="ignore")
 
 
 def _split_fallback(fn):
@@ -263,12 +279,13 @@ def _reduce_partials(part: torch.Tensor, dw, db, need_dw: bool, need_db: bool, n
         block_n = max(32, min(256, _pow2(-(-n // 512))))
         block_r, warps = 32, 4
     grid = (triton.cdiv(n, block_n), int(need_dw) + int(need_db))
-    sum_partials_kernel[grid](
-        part, dw, db, rows, n, part.stride(0),
-        NEED_DW=need_dw, NEED_DB=need_db, BLOCK_R=block_r, BLOCK_N=block_n, ACC=acc_tl,
-        RNE=flag.INTERPRETED,
-        num_warps=warps,
-    )  # fmt: skip
+    with _quiet():
+        sum_partials_kernel[grid](
+            part, dw, db, rows, n, part.stride(0),
+            NEED_DW=need_dw, NEED_DB=need_db, BLOCK_R=block_r, BLOCK_N=block_n, ACC=acc_tl,
+            RNE=flag.INTERPRETED,
+            num_warps=warps,
+        )  # fmt: skip
 
 
 def _pow2(n: int) -> int:
@@ -401,3 +418,145 @@ def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     if need_dw or need_db:
         _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
     return dx, dw, db
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped and gated RMSNorm
+# ----------------------------------------------------------------------------------------------
+def _quiet():
+    """NumPy's floating-point warnings off while the interpreter runs a kernel (exp(−z) overflows
+    to inf for z < −88 by design: σ(z) is then 0, as in torch); nothing on a GPU."""
+    if not flag.INTERPRETED:
+        return contextlib.nullcontext()
+    import numpy as np
+
+    return np.errstate(all="ignore")
+
+
+def _check_gated_config(cfg: Config, g: int) -> None:
+    if not cfg.loop and cfg.block_n < g:
+        raise ValueError(f"{cfg} holds {cfg.block_n} columns of a group of {g}: use loop=True")
+
+
+def _gating(gate, norm_before_gate: bool, activation: str) -> int:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if gate is None:
+        return 0
+    return (1 if norm_before_gate else 2) + (4 if activation == "sigmoid" else 0)
+
+
+def gated_rms_norm_fwd(
+    x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
+    activation, stats=True, input_dtype=None,
+):  # fmt: skip
+    """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
+    n = x.shape[-1]
+    m = x.numel() // n
+    g = n if group_size is None else group_size
+    in_dt = x.dtype if input_dtype is None else input_dtype
+    x, xs = _row_layout(x, n)
+    zs = 0
+    if gate is not None:
+        gate, zs = _row_layout(gate, n)
+    wdt = None if weight is None else weight.dtype
+    gating = _gating(gate, norm_before_gate, activation)
+    key = ("gated_fwd", n, g, k < g, x.dtype, None if gate is None else gate.dtype, in_dt, wdt,
+           bias is not None, eps_mode, casting_mode, gating, x.device)  # fmt: skip
+
+    def build():
+        _check_mode(eps_mode, casting_mode)
+        acc, acc_tl = _acc(x.dtype, in_dt)
+        cfg = _config.choose_gated("gated_fwd", n, g, x.dtype, x.device)
+        _check_gated_config(cfg, g)
+        option_flags = flag.flags(
+            w=wdt is not None, b=bias is not None, rms_eps=eps_mode == "rms", partial=k < g,
+            cast=_CAST[casting_mode], loop=cfg.loop,
+        )  # fmt: skip
+        y_dtype = gated_output_dtype(in_dt, weight, casting_mode, gating % 4 == 1)
+        norm_out = output_dtype(in_dt, weight, casting_mode)
+        extra = {
+            "BLOCK_M": cfg.block_m, "GP": 1 if cfg.loop else _pow2(n // g),
+            "BLOCK_G": cfg.block_n, "FLAGS": option_flags, "GATING": gating,
+            "IN": _TL[in_dt], "OUT": _TL[norm_out], "ACC": acc_tl,
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+        }  # fmt: skip
+        return cfg, extra, y_dtype, acc
+
+    cfg, extra, y_dtype, acc = _launch_plan(key, build)
+    weight, bias = _unit_stride(weight), _unit_stride(bias)
+    y = torch.empty_like(x, dtype=y_dtype)
+    rstd = torch.empty((m * (n // g),), dtype=acc, device=x.device)
+    if m == 0:
+        return y, rstd
+    z = x if gate is None else gate
+    grid = (cfg.slots(m),)
+    with _quiet():
+        gated_rms_norm_fwd_kernel[grid](
+            x, z, y, x if weight is None else weight, x if bias is None else bias, rstd, xs, zs,
+            m, n, n // g, g, k, eps, offset, **extra,
+        )  # fmt: skip
+    return y, rstd
+
+
+def gated_rms_norm_bwd(
+    dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    group_size, norm_before_gate, activation, input_dtype, need_weight_grad=True,
+):  # fmt: skip
+    """Grouped and gated RMSNorm backward (:func:`rmsnorm.reference.gated_rms_norm_bwd`)."""
+    n = x.shape[-1]
+    m = x.numel() // n
+    g = n if group_size is None else group_size
+    x, xs = _row_layout(x, n)
+    dy, dys = _row_layout(dy, n)
+    zs = drs = 0
+    if gate is not None:
+        gate, zs = _row_layout(gate, n)
+    if dresidual is not None:
+        dresidual, drs = _row_layout(dresidual, n)
+    dx = torch.empty_like(x)
+    dz = x.new_empty((0,), dtype=compute_dtype(x.dtype))
+    if gate is not None:
+        dz = torch.empty_like(x, dtype=gate.dtype)
+    dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
+    has_w, has_b = weight is not None, bias is not None
+    gating = _gating(gate, norm_before_gate, activation)
+    key = ("gated_bwd", n, g, k < g, x.dtype, None if gate is None else gate.dtype, input_dtype,
+           None if weight is None else weight.dtype, has_b, dresidual is not None, need_dw,
+           need_db, eps_mode, casting_mode, gating, x.device)  # fmt: skip
+
+    def build():
+        _check_mode(eps_mode, casting_mode)
+        acc, acc_tl = _acc(x.dtype, input_dtype)
+        cfg = _config.choose_gated("gated_bwd", n, g, x.dtype, x.device)
+        _check_gated_config(cfg, g)
+        option_flags = flag.flags(
+            res=dresidual is not None, w=has_w, b=has_b, dw=need_dw, db=need_db,
+            rms_eps=eps_mode == "rms", partial=k < g, cast=_CAST[casting_mode], loop=cfg.loop,
+        )  # fmt: skip
+        extra = {
+            "BLOCK_M": cfg.block_m, "GP": 1 if cfg.loop else _pow2(n // g),
+            "BLOCK_G": cfg.block_n, "FLAGS": option_flags, "GATING": gating,
+            "IN": _TL[input_dtype], "OUT": _TL[output_dtype(input_dtype, weight, casting_mode)],
+            "ACC": acc_tl, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+        }  # fmt: skip
+        return cfg, extra, acc, acc_tl
+
+    cfg, extra, acc, acc_tl = _launch_plan(key, build)
+    if m == 0:
+        _zero_grads(dw, db, need_dw, need_db)
+        return dx, dz, dw, db
+    programs = cfg.slots(m)
+    ncols = n * (int(need_dw) + int(need_db))
+    part = torch.empty((programs, ncols), dtype=acc, device=x.device) if ncols else x
+    weight, bias, rstd = _unit_stride(weight), _unit_stride(bias), _unit_stride(rstd)
+    with _quiet():
+        gated_rms_norm_bwd_kernel[(programs,)](
+            dy, x, x if gate is None else gate, x if weight is None else weight,
+            x if bias is None else bias, rstd, x if dresidual is None else dresidual, dx,
+            dx if gate is None else dz, part, dys, xs, zs, drs, m, n, n // g, g, k, offset,
+            **extra,
+        )  # fmt: skip
+    if need_dw or need_db:
+        _reduce_partials(part, dw, db, need_dw, need_db, n, acc_tl)
+    return dx, dz, dw, db

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("fwd", "bwd", "ln_fwd", "ln_bwd")
+KINDS = ("fwd", "bwd", "ln_fwd", "ln_bwd", "gated_fwd", "gated_bwd")
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,55 @@ def _interpreter_config(kind: str, n: int, elem: int) -> Config:
     if bn > 8192:
         return Config(1, 2048, 4, loop=True, programs=2)
     return Config(max(1, min(64, 4096 // bn)), bn, 4, programs=4)
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped and gated kernels (_gated.py): a tile holds block_m rows of GP = pow2(G) groups of
+# block_n = pow2(g) columns; rows longer than 4096 padded elements loop over each group in column
+# blocks. Register counts are ptxas's for sm_90 (benchmarks/static_check.py --kinds gated, Triton
+# 3.9, "llama" SiLU, the heaviest variant): forward tiles of 4096 elements on 16 warps take 55–62
+# registers (2 CTAs an SM), of 2048 on 8 warps 55 (4); backward tiles of 2048 on 8 warps 80–109
+# (2 an SM), of 4096 on 16 warps 83–107 (1; on 8 warps 164–187).
+# ----------------------------------------------------------------------------------------------
+_GATED_TILE = 4096  # padded elements of one tile, forward and backward
+_GATED_LOOP = 2048  # column block of the looped layout
+
+
+@functools.lru_cache(maxsize=512)
+def gated_gpu_config(kind: str, n: int, g: int, elem: int, sms: int) -> Config:
+    """The config of the gated kernel ``kind`` ("gated_fwd", "gated_bwd") for rows of n elements
+    in groups of g, of ``elem`` bytes, on a GPU of ``sms`` SMs. The forward runs one program per
+    row block, packing short rows up to a tile; the backward is persistent, as many programs as
+    fit on the device at once, each keeping one partial d weight row."""
+    row = _pow2(n // g) * _pow2(g)  # the padded tile of one row
+    if row > _GATED_TILE:
+        return Config(1, min(_pow2(g), _GATED_LOOP), 8, loop=True, programs=sms * 2)
+    if kind == "gated_fwd":
+        bm = _GATED_TILE // row
+        tile = bm * row
+        return Config(bm, _pow2(g), 4 if tile <= 1024 else 8 if tile <= 2048 else 16)
+    bm = max(1, (_GATED_TILE // 2) // row)
+    if bm * row <= _GATED_TILE // 2:
+        return Config(bm, _pow2(g), 8, programs=sms * 2)
+    return Config(1, _pow2(g), 16, programs=sms)
+
+
+@functools.lru_cache(maxsize=512)
+def _gated_interpreter_config(kind: str, n: int, g: int) -> Config:
+    row = _pow2(n // g) * _pow2(g)
+    if row > 8192:
+        return Config(1, min(_pow2(g), 2048), 4, loop=True, programs=2)
+    return Config(max(1, min(64, 4096 // row)), _pow2(g), 4, programs=4)
+
+
+def choose_gated(kind: str, n: int, g: int, dtype: torch.dtype, device: torch.device) -> Config:
+    """The config for the gated kernel ``kind`` on rows of n elements in groups of g."""
+    forced = _overrides.get(kind)
+    if forced is not None:
+        return forced(n, dtype) if callable(forced) else forced
+    if device.type != "cuda":
+        return _gated_interpreter_config(kind, n, g)
+    return gated_gpu_config(kind, n, g, dtype.itemsize, _sm_count(device.index or 0))
 
 
 _overrides: dict[str, Config | Callable[[int, torch.dtype], Config]] = {}

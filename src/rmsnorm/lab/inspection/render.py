@@ -18,17 +18,45 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
+def _kind(layer: dict) -> str:
+    """LN or RMS; RMS→z (norm, then gate) or z→RMS (gate, then norm) where a gate entered; /G for
+    G groups per row."""
+    if layer["kind"] == "layernorm":
+        return "LN"
+    label = "RMS"
+    if layer.get("gated_calls"):
+        label = {"norm_then_gate": "RMS→z", "gate_then_norm": "z→RMS"}.get(layer["gate"], label)
+    groups = layer.get("groups")
+    return f"{label}/{groups}" if groups and groups > 1 else label
+
+
+def _caption(result: InspectResult) -> str:
+    classes = sorted({layer["class"] for layer in result.layers})
+    lines = [f"norm classes: {', '.join(classes)}; swap: LN→RMS or RMS→LN, same γ, β, ε"]
+    labels = {_kind(layer) for layer in result.layers}
+    if any("z" in label for label in labels):
+        lines.append(
+            "RMS→z: y = RMS(x)·act(z), statistics of x, swap LN(x)·act(z); z→RMS: y = "
+            "RMS(x·act(z)), statistics and swap of x·act(z)"
+        )
+    if any("/" in label for label in labels):
+        lines.append("/G: G groups per row, each normalized alone: statistics and swap per group")
+    for layer in result.layers:
+        if layer.get("swap_error"):
+            lines.append(f"{layer['name']}: no swap ({layer['swap_error']})")
+    return "\n".join(lines)
+
+
 def render_table(result: InspectResult):
     """A rich Table of the per-layer numbers (rich is imported here, not at module import). Narrow
-    enough for 80 columns: long layer names fold, the numbers never do; the classes are listed
-    under the table."""
+    enough for 80 columns: long layer names fold, the numbers never do; the classes, the gated and
+    grouped kinds and why a layer has no swap are listed under the table."""
     from rich.table import Table
 
-    classes = sorted({layer["class"] for layer in result.layers})
     table = Table(
         title=f"{result.model} — {result.inputs}",
         title_justify="left",
-        caption=f"norm classes: {', '.join(classes)}; swap: LN→RMS or RMS→LN, same γ, β, ε",
+        caption=_caption(result),
         caption_justify="left",
     )
     table.add_column("layer", overflow="fold")
@@ -40,7 +68,7 @@ def render_table(result: InspectResult):
         r, cos = layer["mu_over_sigma"], layer["predicted_cosine"]
         table.add_row(
             layer["name"],
-            "LN" if layer["kind"] == "layernorm" else "RMS",
+            _kind(layer),
             _fmt(r["q50"], ".3g"),
             _fmt(r["q95"], ".3g"),
             _fmt(layer["mean_energy_share"]["mean"], ".1e"),
@@ -51,6 +79,10 @@ def render_table(result: InspectResult):
     return table
 
 
+def _outliers(result: InspectResult) -> list[dict]:
+    return [layer["outliers"] for layer in result.layers if layer.get("outliers")]
+
+
 def render_outlier_table(result: InspectResult):
     """A rich Table of each norm layer's input channels: max|xᵢ|/RMS (median over tokens, and its
     i.i.d. Gaussian median), median excess kurtosis, the top channel's and the top 1%'s share of
@@ -58,13 +90,13 @@ def render_outlier_table(result: InspectResult):
     these columns can."""
     from rich.table import Table
 
-    first = next((layer["outliers"] for layer in result.layers if layer.get("outliers")), {})
-    caption = "per-channel outliers of each norm layer's input"
-    if first:
-        caption += (
-            f"; i.i.d. Gaussian rows of d = {first['d']}: max|x|/RMS ≈ "
-            f"{first['iid_max_over_rms_median']:.2f}, top share {100 / first['d']:.2f}%"
-        )
+    iid = {o["d"]: o["iid_max_over_rms_median"] for o in _outliers(result)}
+    caption = "per-channel outliers of what each norm layer normalizes (its input, or x·act(z))"
+    if iid:  # the i.i.d. reference of every width, not only the first layer's
+        refs = [
+            f"d = {d}: max|x|/RMS ≈ {iid[d]:.2f}, top share {100 / d:.2f}%" for d in sorted(iid)
+        ]
+        caption += "; i.i.d. Gaussian rows of " + "; ".join(refs)
     table = Table(title=f"{result.model} — channels", title_justify="left", caption=caption,
                   caption_justify="left")  # fmt: skip
     table.add_column("layer", overflow="fold")
@@ -91,8 +123,9 @@ def render_outlier_table(result: InspectResult):
 
 
 def inspect_layers(result: dict, path: Path) -> Path:
-    """Per norm layer of an inspected model: |μ|/σ of its input (median with 5–95% bars) and the
-    predicted 1 − cos between LayerNorm and RMSNorm outputs."""
+    """Per norm layer of an inspected model: |μ|/σ of what it normalizes (its input, x·act(z) for
+    gate-then-norm; per group with groups; median with 5–95% bars) and the predicted 1 − cos
+    between LayerNorm and RMSNorm outputs."""
     plt = pyplot()
     layers = result["layers"]
     x = list(range(len(layers)))
@@ -119,14 +152,14 @@ def inspect_layers(result: dict, path: Path) -> Path:
         fmt="o",
         ms=4,
         capsize=2,
-        label="median over tokens, bars 5–95%",
+        label="median over rows (tokens, or groups), bars 5–95%",
     )
     ax0.axhline(1.0, color="black", lw=0.8, ls="--", label="|μ| = σ")
     ax0.set_yscale("log")
-    ax0.set_ylabel("|μ| / σ of the input (log)")
+    ax0.set_ylabel("|μ| / σ of what it normalizes (log)")
     ax0.legend(fontsize=8)
     ax0.grid(alpha=0.3, which="both")
-    ax1.plot(x, gap, "s-", ms=4, color="#d62728", label="mean over tokens of 1 − σ/RMS")
+    ax1.plot(x, gap, "s-", ms=4, color="#d62728", label="mean over rows of 1 − σ/RMS")
     ax1.set_yscale("log")
     ax1.set_ylabel("1 − cos(LN, RMSNorm) (log)")
     ax1.legend(fontsize=8)

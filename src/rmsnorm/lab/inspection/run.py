@@ -33,7 +33,12 @@ BUILTIN_MODELS = {
     "builtin-rms": "the simulated 12-layer pre-LN transformer with RMSNorm, at initialization",
     "tiny-gpt2": "a 2-layer Hugging Face GPT-2 from a config (random weights; needs transformers)",
     "tiny-llama": "a 2-layer Hugging Face Llama from a config (random weights; needs transformers)",
+    "tiny-mamba2": "a 2-layer Hugging Face Mamba2 from a config: gated RMSNorm, gate then norm, "
+    "2 groups (random weights; needs transformers)",
+    "tiny-qwen3-next": "a 2-layer Hugging Face Qwen3-Next from a config: gated RMSNorm, norm then "
+    "gate, in its linear-attention layer (random weights; needs transformers)",
 }
+_TINY_HF = ("tiny-gpt2", "tiny-llama", "tiny-mamba2", "tiny-qwen3-next")
 
 
 @dataclass
@@ -66,33 +71,40 @@ def _transformers():
     return transformers
 
 
+def _tiny_config(tf, name: str):
+    """The config of a built-in tiny model: 2 layers, width 64, a vocabulary of 256."""
+    if name == "tiny-gpt2":
+        return tf.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128, bos_token_id=0,
+            eos_token_id=0,
+        )  # fmt: skip
+    decoder = dict(
+        hidden_size=64, num_hidden_layers=2, vocab_size=256, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0,
+    )  # fmt: skip
+    if name == "tiny-mamba2":  # 8 heads of 16: an inner width of 128 in n_groups = 2 groups of 64
+        return tf.Mamba2Config(
+            **decoder, num_heads=8, head_dim=16, n_groups=2, state_size=16, expand=2,
+            chunk_size=16,
+        )  # fmt: skip
+    attention = dict(
+        intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    if name == "tiny-qwen3-next":  # a linear-attention layer (its gated norm), then full attention
+        return tf.Qwen3NextConfig(
+            **decoder, **attention, head_dim=16, linear_num_value_heads=4,
+            linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+            layer_types=["linear_attention", "full_attention"], num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        )  # fmt: skip
+    return tf.LlamaConfig(**decoder, **attention)
+
+
 def _tiny_hf(name: str, seed: int) -> RunnableModel:
     tf = _transformers()
     torch.manual_seed(seed)
-    if name == "tiny-gpt2":
-        cfg = tf.GPT2Config(
-            n_layer=2,
-            n_embd=64,
-            n_head=4,
-            vocab_size=256,
-            n_positions=128,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    else:
-        cfg = tf.LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=256,
-            max_position_embeddings=128,
-            bos_token_id=0,
-            eos_token_id=0,
-            pad_token_id=0,
-        )
-    model = tf.AutoModelForCausalLM.from_config(cfg)
+    model = tf.AutoModelForCausalLM.from_config(_tiny_config(tf, name))
     return RunnableModel(name, model.eval(), 256, 128, None, "hf")
 
 
@@ -110,7 +122,7 @@ def load_runnable_model(source: str, seed: int = 0) -> RunnableModel:
         return RunnableModel(
             source, Transformer(cfg).eval(), cfg.vocab_size, cfg.seq_len, None, "builtin"
         )
-    if source in ("tiny-gpt2", "tiny-llama"):
+    if source in _TINY_HF:
         return _tiny_hf(source, seed)
     path = Path(source).expanduser()
     names = ", ".join(BUILTIN_MODELS)

@@ -1,0 +1,853 @@
+"""The CPU kernels (numba) of grouped and gated RMSNorm, forward and backward, over blocks of rows.
+
+Rows, dtype codes, bit conversions, parameter rows and the sharing of a call between threads are
+those of :mod:`.kernels` (its ``run_blocks``); this module's compiled code is cached stale whenever
+either file changes, since numba's cache only watches the file of the cached function.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.core.ccallback import CFunc
+from numba.extending import intrinsic
+
+from . import kernels as K
+from .kernels import BF16, F16, F32, F64
+
+# Bit fields of the kernels' `flags` (shift, width), built once per combination by the launchers
+GX, GZ, GY, GIN, GOUT, GCAST = (0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 2)
+GHAS_GATE, GFIRST, GSIGMOID, GEPS = (12, 1), (13, 1), (14, 1), (15, 1)
+GHAS_W, GHAS_B = (16, 1), (17, 1)
+GW, GB, GPARAM = (18, 2), (20, 2), (22, 2)
+GDY, GDR, GHAS_DR, GNEED_DW, GNEED_DB, GDZ = (24, 2), (26, 2), (28, 1), (29, 1), (30, 1), (31, 2)
+GOUTV, GINV, GRAW = (33, 6), (39, 4), (43, 1)  # 1 + out_variant, 1 + in_variant (0: none);
+# GRAW: the output loop reads the raw gate (no precomputed activation)
+# A bit no flags of .kernels set: the launchers' record of what sharing a call costs is keyed by
+# the flags, so these kernels' records never mix with the plain ones'.
+GATED = (45, 1)
+GEMMA, LLAMA, NONE = 0, 1, 2
+_CAST_CODES = {"gemma": GEMMA, "llama": LLAMA, "none": NONE}
+
+# The argument block of a task (int64 words), filled by the entry points
+_X, _XS, _Z, _ZS, _Y, _S, _B, _RSTD, _M, _N, _G, _K, _EPS, _FLAGS, _RPB = range(15)
+_DY, _DYS, _DR, _DRS, _DX, _DZ, _PW, _PB, _SN, _BN = range(15, 25)
+_WORDS = 32
+
+
+@intrinsic
+def _pow2(typingctx, kd):
+    """2^n as a float32 from kd = n + 1.5·2^23 (n in its low mantissa bits, |n| ≤ 127): the bits
+    (n + 127) << 23, in 32-bit integer lanes."""
+    if kd != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.add(builder.bitcast(args[0], i32), ir.Constant(i32, 127))
+        return builder.bitcast(builder.shl(bits, ir.Constant(i32, 23)), ir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
+def _njit(fn=None, **options):
+    """numba's ``njit`` with IEEE division (``error_model="numpy"``): x/0 is ±inf and 0/0 NaN, as
+    in torch, where numba's default raises from inside a kernel. Integer divisors (g, k, rows a
+    block) are ≥ 1 by construction."""
+    options = {"error_model": "numpy", **options}
+    return njit(**options) if fn is None else njit(**options)(fn)
+
+
+# ----------------------------------------------------------------------------------------------
+# The activation: σ(z) = 1/(1 + exp(−z)) in float32, as torch computes SiLU (z/(1 + exp(−z))) and
+# the sigmoid, with exp written so that LLVM vectorizes it (16 lanes with AVX-512; no libm call,
+# no float-to-int conversion): exp(t) = 2^n · exp(r), n = round(t/ln 2), r = t − n·ln 2 in two
+# parts (Cody-Waite), exp(r) by Cephes' degree-7 polynomial. Measured against float64 on 2^22
+# points of [−90, 90] (values above 1e-30): σ within 1.24 ulp and SiLU within 1.44 ulp, as
+# torch's (1.24 and 1.44); NaN and ±inf where torch's are.
+# ----------------------------------------------------------------------------------------------
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI = np.float32(0.693359375)  # exact in 9 bits: n·LN2_HI is exact for |n| < 2^15
+_LN2_LO = np.float32(-2.12194440e-4)
+_SHIFTER = np.float32(12582912.0)  # 1.5·2^23: t + SHIFTER holds round(t) in its low bits
+_EXP_MAX = np.float32(88.0)  # exp(88) = 1.65e38; past 88.72 float32's expf overflows
+_EXP_MIN = np.float32(-87.0)  # 2^n stays normal
+_OVERFLOW = np.float32(88.72283935546875)  # ln(FLT_MAX): exp(−z) is inf there in torch, σ = 0
+_P = [np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                              1.6666665459e-1, 5.0000001201e-1)]  # fmt: skip
+_P0, _P1, _P2, _P3, _P4, _P5 = _P
+_ONE = np.float32(1.0)
+_INF = np.float32(np.inf)
+
+
+@_njit(inline="always", fastmath={"contract"})
+def _exp_neg(z):
+    """exp(−z) in float32 for a float32 z: inf where float32's expf overflows (z < −88.72, as
+    torch's), NaN for NaN."""
+    t = -z
+    t = _EXP_MAX if t > _EXP_MAX else t
+    t = _EXP_MIN if t < _EXP_MIN else t
+    kd = t * _LOG2E + _SHIFTER
+    n = kd - _SHIFTER
+    r = (t - n * _LN2_HI) - n * _LN2_LO  # |r| ≤ ln2/2
+    r2 = r * r
+    p = _P0 * r + _P1
+    p = p * r + _P2
+    p = p * r + _P3
+    p = p * r + _P4
+    p = p * r + _P5
+    p = p * r2 + r + _ONE
+    e = p * _pow2(kd)
+    return _INF if -z > _OVERFLOW else e
+
+
+@_njit(inline="always")
+def _sigmoid32(z):
+    """σ(z) = 1/(1 + exp(−z)) in float32 (0 below z = −88.72, as torch's)."""
+    return _ONE / (_ONE + _exp_neg(z))
+
+
+@_njit(inline="always")
+def _silu32(z):
+    """SiLU(z) = z/(1 + exp(−z)) in float32, torch's formula (NaN at −inf: −inf/inf)."""
+    return z / (_ONE + _exp_neg(z))
+
+
+@_njit
+def _store(t, addr, n, code):
+    """Write the float32 row t to the row at addr in the dtype `code` (float64 widened exactly)."""
+    if code == F64:
+        dst = carray(K._ptr_f64(addr), n)
+        for j in range(n):
+            dst[j] = np.float64(t[j])
+    else:
+        K._store_row(t, addr, n, code)
+
+
+@_njit
+def _gate_row(addr, n, code, t):
+    """The gate row as float32 in t (never a view of the input: the activation rewrites it)."""
+    if code == F32:
+        src = carray(K._ptr_f32(addr), n)
+        for j in range(n):
+            t[j] = src[j]
+    elif code == F64:
+        src64 = carray(K._ptr_f64(addr), n)
+        for j in range(n):
+            t[j] = np.float32(src64[j])
+    else:
+        K._load_row(addr, n, code, t)
+
+
+@_njit
+def _act_row(addr, n, code, sigmoid, a):
+    """a = act(z) of the gate row at addr (any float code) in one pass: read, convert, activate."""
+    if code == F32:
+        z32 = carray(K._ptr_f32(addr), n)
+        _activation(z32, n, sigmoid, a)
+    elif code == BF16:
+        z16 = carray(K._ptr_u16(addr), n)
+        if sigmoid:
+            for j in range(n):
+                a[j] = _sigmoid32(K._bf16_to_f32(z16[j]))
+        else:
+            for j in range(n):
+                a[j] = _silu32(K._bf16_to_f32(z16[j]))
+    else:  # float16, float64: converted into a first (no read of a written element in the pass)
+        _gate_row(addr, n, code, a)
+        if sigmoid:
+            for j in range(n):
+                a[j] = _sigmoid32(a[j])
+        else:
+            for j in range(n):
+                a[j] = _silu32(a[j])
+
+
+# The activations read z from one row and write another: in place, LLVM's run-time overlap check
+# sends the loop to its scalar version (measured 10x slower).
+@_njit
+def _activation(z, n, sigmoid, a):
+    """a = act(z) in float32: SiLU z·σ(z) or σ(z)."""
+    if sigmoid:
+        for j in range(n):
+            a[j] = _sigmoid32(z[j])
+    else:
+        for j in range(n):
+            a[j] = _silu32(z[j])
+
+
+@_njit
+def _activation_grad(z, n, sigmoid, a, da):
+    """a = act(z) and da = act'(z) in float32, as the spec writes them: SiLU' = σ·(1 + z·(1 − σ)),
+    σ' = σ·(1 − σ) (so SiLU'(±inf) is NaN, as there)."""
+    if sigmoid:
+        for j in range(n):
+            s = _sigmoid32(z[j])
+            a[j] = s
+            da[j] = s * (_ONE - s)
+    else:
+        for j in range(n):
+            s = _sigmoid32(z[j])
+            a[j] = z[j] * s
+            da[j] = s * (_ONE + z[j] * (_ONE - s))
+
+
+# Σx² is accumulated in float64 (reassociated, so it vectorizes). A group whose float64 sum is tiny
+# (< 2^-60) is summed again from float32 squares, as torch sums it: squares that underflow float32
+# then do what they do there (eps = 0 gives r = inf).
+_TINY = 2.0**-60
+
+
+# The group helpers take the group's slices and loop from 0: a loop from a run-time start o would
+# keep numba's negative-index wraparound in every access, which LLVM cannot vectorize (measured
+# 0.9 ns an element against 0.05).
+@_njit(fastmath={"reassoc", "contract"})
+def _ss64(v, k):
+    acc = 0.0
+    for j in range(k):
+        d = np.float64(v[j])
+        acc += d * d
+    return acc
+
+
+@_njit(fastmath={"reassoc", "contract"})
+def _ss32(v, k):
+    acc = 0.0
+    for j in range(k):
+        acc += np.float64(v[j] * v[j])
+    return acc
+
+
+@_njit(fastmath={"reassoc", "contract"})
+def _bf16_sum_squares(src, k):
+    """Σ_{j<k} x_j² of raw bfloat16 bits, in float64."""
+    acc = 0.0
+    for j in range(k):
+        d = np.float64(K._bf16_to_f32(src[j]))
+        acc += d * d
+    return acc
+
+
+@_njit
+def _sum_squares(v, k):
+    """Σ_{j<k} v_j² in float64 (float32 squares for a tiny group, see above)."""
+    ss = _ss64(v, k)
+    return _ss32(v, k) if ss < _TINY else ss
+
+
+@_njit
+def _gated_input(x, a, n, cast, c_in, tv):
+    """u = x ⊙ a (gate, then norm): in float32, or in "none" mode rounded to the input dtype (x
+    rounded to it first; a already is)."""
+    if cast == NONE:
+        for j in range(n):
+            tv[j] = x[j]
+        K._round_row(tv, n, c_in)
+        for j in range(n):
+            tv[j] = tv[j] * a[j]
+        K._round_row(tv, n, c_in)
+    else:
+        for j in range(n):
+            tv[j] = x[j] * a[j]
+    return tv[:n]
+
+
+@_njit
+def _apply(v, r, s, b, has_b, cast, c_in, c_out, out):
+    """out = a group's norm n = (offset + γ) ⊙ v·r + β (v, s, b, out: the group's slices), rounded
+    where the casting mode rounds (as ``reference.rms_norm_apply``); s and b were rounded to the
+    mode's parameter dtype."""
+    g = out.shape[0]
+    if cast == GEMMA:
+        if has_b:
+            for j in range(g):
+                out[j] = (v[j] * r) * s[j] + b[j]
+        else:
+            for j in range(g):
+                out[j] = (v[j] * r) * s[j]
+        return
+    if cast == LLAMA:
+        rr, c_mul, c_last = r, c_in, c_out
+        for j in range(g):
+            out[j] = v[j]
+    else:  # "none": v and r rounded to the input dtype first
+        rr, c_mul, c_last = K._round(r, c_in), c_in, c_in
+        for j in range(g):
+            out[j] = v[j]
+        K._round_row(out, g, c_in)
+    for j in range(g):
+        out[j] = out[j] * rr
+    K._round_row(out, g, c_mul)
+    for j in range(g):
+        out[j] = out[j] * s[j]
+    K._round_row(out, g, c_last)
+    if has_b:
+        for j in range(g):
+            out[j] = out[j] + b[j]
+        K._round_row(out, g, c_last)
+
+
+@_njit(fastmath={"reassoc", "contract"})
+def _sum_gv(dn, s, v):
+    """Σ (dn·s)·v over the group, in float64."""
+    acc = 0.0
+    for j in range(v.shape[0]):
+        acc += (np.float64(dn[j]) * np.float64(s[j])) * np.float64(v[j])
+    return acc
+
+
+# dv = a·g' − b·v (the first k of a group; a·g' after) is formed in float64, fused multiply-adds
+# allowed, and rounded once, as the plain kernel's dx.
+@_njit(fastmath={"contract"})
+def _dv(dn, s, v, k, a, b, out):
+    for j in range(k):
+        out[j] = np.float32(a * (np.float64(dn[j]) * np.float64(s[j])) - b * np.float64(v[j]))
+    for j in range(k, out.shape[0]):
+        out[j] = np.float32(a * (np.float64(dn[j]) * np.float64(s[j])))
+
+
+@_njit(fastmath={"contract"})
+def _dv_gate_first(dn, s, v, x, act, dact, k, a, b, dx, dz):
+    """Gate, then norm: dx = dv·act(z), d gate = dv·x·act'(z), from dv of :func:`_dv`."""
+    g = dx.shape[0]
+    for j in range(g):
+        dvj = a * (np.float64(dn[j]) * np.float64(s[j]))
+        dvj = dvj - b * np.float64(v[j]) if j < k else dvj
+        dx[j] = np.float32(dvj * np.float64(act[j]))
+        dz[j] = np.float32(dvj * np.float64(x[j]) * np.float64(dact[j]))
+
+
+@_njit(fastmath={"contract"})
+def _gate_last(dy, a, da, n, dn):
+    """Norm, then gate (y = n·a): dn = dy·a, and n is replaced by d gate = dy·n·act'(z)."""
+    for j in range(n.shape[0]):
+        dn[j] = dy[j] * a[j]
+        n[j] = np.float32(np.float64(dy[j]) * np.float64(n[j]) * np.float64(da[j]))
+
+
+@_njit
+def _dw_partial(dn, v, r, llama, c_in, pw, t):
+    """pw += dn·v̂, v̂ = v·r (rounded to the input dtype in "llama" mode, as the forward's)."""
+    g = pw.shape[0]
+    if llama:
+        for j in range(g):
+            t[j] = v[j] * r
+        K._round_row(t, g, c_in)
+        for j in range(g):
+            pw[j] += dn[j] * t[j]
+    else:
+        for j in range(g):
+            pw[j] += dn[j] * (v[j] * r)
+
+
+# ----------------------------------------------------------------------------------------------
+# The forward's fused loops, one per combination of the constants that shape them (casting mode,
+# rounding and output dtypes, how the gate enters): with them fixed the roundings, the activation
+# and the store are straight-line code that LLVM vectorizes, where a run-time dtype code in the
+# loop keeps it scalar. The output loop computes the norm, the gate product (act(z) from the raw
+# gate row, or from a precomputed row) and the store in one pass; gate-first's input loop forms
+# u = x·act(z) from both raw rows in one. Fused, the activation's arithmetic overlaps the loads
+# and stores instead of taking a pass of its own: the (2048, 4096) bf16 forward of Qwen3-Next's
+# order took 0.82–0.98 ns an element on one core against 1.04–1.15 with a pass per step
+# (torch.compile of the Hugging Face forward, which drops its intermediate bf16 roundings:
+# 0.56–0.89; one loaded 2-core machine, the spread of repeated runs). Other combinations
+# (float16 or float64 gates, a gate in another dtype than the input) take the activation from a
+# precomputed row; what no loop covers is rounded pass by pass (_apply).
+# ----------------------------------------------------------------------------------------------
+NO_GATE, PRE, RAW_SILU, RAW_SIGMOID = 0, 1, 2, 3  # how the gate enters the output loop
+
+
+@_njit(inline="always")
+def _raw(zr, j, code):
+    """Element j of a raw row (float32 or bfloat16 bits) as float32."""
+    if code == F32:
+        return zr[j]
+    return K._bf16_to_f32(zr[j])
+
+
+def _make_out(cast, c_in, c_out, gate, y_code):
+    rnd = K._round
+
+    @_njit(inline="always")
+    def value(vj, r, rr, sj, bj):
+        if cast == GEMMA:
+            return (vj * r) * sj + bj
+        if cast == LLAMA:
+            return rnd(rnd(rnd(vj * r, c_in) * sj, c_out) + bj, c_out)
+        return rnd(rnd(rnd(rnd(vj, c_in) * rr, c_in) * sj, c_in) + bj, c_in)
+
+    @_njit(inline="always")
+    def value_nb(vj, r, rr, sj):  # no bias: the same without its add and rounding
+        if cast == GEMMA:
+            return (vj * r) * sj
+        if cast == LLAMA:
+            return rnd(rnd(vj * r, c_in) * sj, c_out)
+        return rnd(rnd(rnd(vj, c_in) * rr, c_in) * sj, c_in)
+
+    @_njit(inline="always")
+    def gated(t, j, a, zr):
+        if gate == PRE:
+            return t * a[j]
+        if gate == NO_GATE:
+            return t
+        zj = _raw(zr, j, c_in)
+        aj = _sigmoid32(zj) if gate == RAW_SIGMOID else _silu32(zj)
+        if cast == NONE:
+            aj = rnd(aj, c_in)
+        return t * aj
+
+    @_njit(inline="always")
+    def vx(v, xr, j):  # the raw-gate loops read x raw too (its dtype is the input's)
+        if gate == RAW_SILU or gate == RAW_SIGMOID:
+            return _raw(xr, j, c_in)
+        return v[j]
+
+    @_njit
+    def out(v, xaddr, r, s, b, has_b, a, zaddr, dst):
+        g = v.shape[0]
+        rr = K._round(r, c_in)
+        if c_in == F32:
+            zr, xr = carray(K._ptr_f32(zaddr), g), carray(K._ptr_f32(xaddr), g)
+        else:
+            zr, xr = carray(K._ptr_u16(zaddr), g), carray(K._ptr_u16(xaddr), g)
+        if y_code == F32:
+            y32 = carray(K._ptr_f32(dst), g)
+            if has_b:
+                for j in range(g):
+                    y32[j] = gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr)
+            else:
+                for j in range(g):
+                    y32[j] = gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr)
+        elif y_code == BF16:
+            y16 = carray(K._ptr_u16(dst), g)
+            if has_b:
+                for j in range(g):
+                    t = gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr)
+                    y16[j] = K._f32_to_bf16(t)
+            else:
+                for j in range(g):
+                    y16[j] = K._f32_to_bf16(gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr))
+        else:
+            yh = carray(K._ptr_u16(dst), g)
+            if has_b:
+                for j in range(g):
+                    yh[j] = K._f32_to_f16(gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr))
+            else:
+                for j in range(g):
+                    yh[j] = K._f32_to_f16(gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr))
+
+    return out
+
+
+def _make_in(c, sigmoid, none):
+    """Gate-first's input loop: u = x·act(z) from raw rows of the dtype c (rounded to it in
+    "none" mode, act(z) first), and Σu² of each group's first k."""
+
+    @_njit
+    def inp(xaddr, zaddr, n, u):
+        if c == F32:
+            xr, zr = carray(K._ptr_f32(xaddr), n), carray(K._ptr_f32(zaddr), n)
+        else:
+            xr, zr = carray(K._ptr_u16(xaddr), n), carray(K._ptr_u16(zaddr), n)
+        for j in range(n):
+            xj, zj = _raw(xr, j, c), _raw(zr, j, c)
+            aj = _sigmoid32(zj) if sigmoid else _silu32(zj)
+            if none:
+                u[j] = K._round(xj * K._round(aj, c), c)
+            else:
+                u[j] = xj * aj
+
+    return inp
+
+
+# (cast, c_in, c_out): the output dtype is c_in after a gate product, else the norm's (c_out)
+_ROUNDINGS = (
+    (GEMMA, F32, F32), (GEMMA, BF16, BF16), (GEMMA, F16, F16),
+    (LLAMA, F32, F32), (LLAMA, BF16, BF16), (LLAMA, BF16, F32), (LLAMA, F16, F16),
+    (LLAMA, F16, F32), (NONE, F32, F32), (NONE, BF16, BF16), (NONE, F16, F16),
+)  # fmt: skip
+_OUT_KEYS = [
+    (cast, c_in, c_out, gate)
+    for cast, c_in, c_out in _ROUNDINGS
+    for gate in (NO_GATE, PRE, RAW_SILU, RAW_SIGMOID)
+    if gate in (NO_GATE, PRE) or c_in in (F32, BF16)
+]
+_IN_KEYS = [(c, sig, none) for c in (F32, BF16) for sig in (False, True) for none in (False, True)]
+_LOOPS = {f"_OUT{i}": _make_out(cast, c_in, c_out, gate, c_in if gate else c_out)
+          for i, (cast, c_in, c_out, gate) in enumerate(_OUT_KEYS)}  # fmt: skip
+_LOOPS.update({f"_IN{i}": _make_in(*key) for i, key in enumerate(_IN_KEYS)})
+
+
+def _dispatcher(name: str, prefix: str, count: int, args: str):
+    """An njit function ``name(variant, <args>)`` calling loop ``<prefix><variant>``: written out
+    as an if-chain (numba calls no function through a variable)."""
+    lines = [f"def {name}(variant, {args}):"]
+    for i in range(count):
+        lines += [f"    {'if' if i == 0 else 'elif'} variant == {i}:",
+                  f"        {prefix}{i}({args})"]  # fmt: skip
+    namespace = dict(_LOOPS)
+    exec("\n".join(lines), namespace)  # noqa: S102 - generated from the constants above
+    return _njit(namespace[name])
+
+
+_out = _dispatcher("_out", "_OUT", len(_OUT_KEYS), "v, xaddr, r, s, b, has_b, a, zaddr, dst")
+_in = _dispatcher("_in", "_IN", len(_IN_KEYS), "xaddr, zaddr, n, u")
+
+
+def out_variant(cast: int, c_in: int, c_out: int, gate: int) -> int:
+    """The index of the output loop for these constants (the launchers put it in the flags), or
+    −1 where none covers them (the kernel then rounds pass by pass). ``gate``: NO_GATE, PRE,
+    RAW_SILU or RAW_SIGMOID."""
+    if cast != LLAMA:
+        c_out = c_in
+    key = (cast, c_in, c_out, gate)
+    return _OUT_KEYS.index(key) if key in _OUT_KEYS else -1
+
+
+def in_variant(code: int, sigmoid: bool, none: bool) -> int:
+    """The index of gate-first's input loop for rows of the dtype ``code``, or −1."""
+    key = (code, sigmoid, none)
+    return _IN_KEYS.index(key) if key in _IN_KEYS else -1
+
+
+@_njit
+def _rstd(ss, k, eps, rms_eps):
+    ms = ss / k
+    if rms_eps:
+        return np.float32(1.0 / (np.sqrt(ms) + eps))
+    return np.float32(1.0 / np.sqrt(ms + eps))
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward: rows [lo, hi)
+# ----------------------------------------------------------------------------------------------
+@_njit
+def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
+    n, g, k, flags = A[_N], A[_G], A[_K], A[_FLAGS]
+    x_code, z_code, y_code = K._field(flags, GX), K._field(flags, GZ), K._field(flags, GY)
+    c_in, c_out, cast = K._field(flags, GIN), K._field(flags, GOUT), K._field(flags, GCAST)
+    has_gate, first = K._field(flags, GHAS_GATE) == 1, K._field(flags, GFIRST) == 1
+    sigmoid, rms_eps = K._field(flags, GSIGMOID) == 1, K._field(flags, GEPS) == 1
+    out_v, in_v = K._field(flags, GOUTV) - 1, K._field(flags, GINV) - 1  # -1: no fused loop
+    raw = K._field(flags, GRAW) == 1  # the output loop reads the gate itself
+    has_b = K._field(flags, GHAS_B) == 1
+    eps = K._bits_f64(A[_EPS])
+    groups = n // g
+    s = carray(K._ptr_f32(A[_S]), n)
+    b = carray(K._ptr_f32(A[_B]), n)  # not read without a bias
+    rstd = carray(K._ptr_f32(A[_RSTD]), A[_M] * groups)
+    xb, xs = A[_X], A[_XS] * K._esize(x_code)
+    zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else K._esize(z_code))
+    yb, ye = A[_Y], K._esize(y_code)
+    ze = 8 if z_code == F64 else K._esize(z_code)
+    xe = K._esize(x_code)
+    last = has_gate and not first
+    for i in range(lo, hi):
+        zrow = zb + i * zs
+        if has_gate and (not raw) and (not first or in_v < 0):
+            _act_row(zrow, n, z_code, sigmoid, ta)
+            if cast == NONE:
+                K._round_row(ta, n, c_in)
+        if first and in_v >= 0:
+            _in(in_v, xb + i * xs, zrow, n, tv)
+            v = tv[:n]
+        elif first:
+            v = _gated_input(K._load_row(xb + i * xs, n, x_code, tx), ta, n, cast, c_in, tv)
+        elif x_code == BF16:  # converted in the pass that sums each group's squares
+            v = tx[:n]
+            src = carray(K._ptr_u16(xb + i * xs), n)
+        else:
+            v = K._load_row(xb + i * xs, n, x_code, tx)
+        row, xrow = yb + i * n * ye, xb + i * xs
+        for q in range(groups):
+            o = q * g
+            vq = v[o : o + g]
+            if not first and x_code == BF16 and raw:  # the output loop reads x raw
+                ss = _bf16_sum_squares(src[o : o + g], k)
+                if ss < _TINY:
+                    K._load_row(xrow + 2 * o, g, BF16, vq)
+                    ss = _ss32(vq, k)
+            elif not first and x_code == BF16:
+                ss = K._load_bf16_sum_squares(src[o : o + g], vq, g, k)
+                ss = _ss32(vq, k) if ss < _TINY else ss
+            else:
+                ss = _sum_squares(vq, k)
+            r = _rstd(ss, k, eps, rms_eps)
+            rstd[i * groups + q] = r
+            if out_v >= 0:
+                _out(out_v, vq, xrow + o * xe, r, s[o : o + g], b[o : o + g], has_b,
+                     ta[o : o + g], zrow + o * ze, row + o * ye)  # fmt: skip
+            else:
+                _apply(vq, r, s[o : o + g], b[o : o + g], has_b, cast, c_in, c_out, ty[o : o + g])
+        if out_v < 0:
+            if last:  # the gate product, in float32 (rounded at the store)
+                for j in range(n):
+                    ty[j] = ty[j] * ta[j]
+            K._store_row(ty, row, n, y_code)
+
+
+@_njit
+def _fwd_block(args, blk):
+    A = carray(K._ptr_i64(args), _WORDS)
+    n = A[_N]
+    scratch = np.empty(4 * n, np.float32)
+    base = np.int64(scratch.ctypes.data)
+    tx = carray(K._ptr_f32(base), n)
+    ta = carray(K._ptr_f32(base + 4 * n), n)
+    tv = carray(K._ptr_f32(base + 8 * n), n)
+    ty = carray(K._ptr_f32(base + 12 * n), n)
+    rpb = A[_RPB]
+    _fwd_rows(A, blk * rpb, min(A[_M], (blk + 1) * rpb), tx, ta, tv, ty)
+    scratch[:0] = 0.0  # the scratch rows live until here
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward: dx, dz for every row; d weight / d bias as per-block partial rows, summed in block order
+# ----------------------------------------------------------------------------------------------
+@_njit
+def _bwd_block(args, blk):
+    A = carray(K._ptr_i64(args), _WORDS)
+    m, n, g, k, flags = A[_M], A[_N], A[_G], A[_K], A[_FLAGS]
+    x_code, z_code, dy_code = K._field(flags, GX), K._field(flags, GZ), K._field(flags, GDY)
+    dr_code, dz_code = K._field(flags, GDR), K._field(flags, GDZ)
+    c_in, c_out, cast = K._field(flags, GIN), K._field(flags, GOUT), K._field(flags, GCAST)
+    has_gate, first = K._field(flags, GHAS_GATE) == 1, K._field(flags, GFIRST) == 1
+    sigmoid, rms_eps = K._field(flags, GSIGMOID) == 1, K._field(flags, GEPS) == 1
+    has_b, has_dr = K._field(flags, GHAS_B) == 1, K._field(flags, GHAS_DR) == 1
+    need_dw, need_db = K._field(flags, GNEED_DW) == 1, K._field(flags, GNEED_DB) == 1
+    last = has_gate and not first
+    groups = n // g
+    s = carray(K._ptr_f32(A[_S]), n)  # offset + γ in float32, unrounded (ones without γ)
+    sn = carray(K._ptr_f32(A[_SN]), n)  # ... and as the forward's n rounded it (norm, then gate)
+    bn = carray(K._ptr_f32(A[_BN]), n)
+    rstd = carray(K._ptr_f32(A[_RSTD]), m * groups)
+    rpb = A[_RPB]
+    pw = carray(K._ptr_f32(A[_PW] + 4 * blk * n), n)
+    pb = carray(K._ptr_f32(A[_PB] + 4 * blk * n), n)
+    if need_dw:
+        pw[:] = 0.0
+    if need_db:
+        pb[:] = 0.0
+    scratch = np.empty(9 * n, np.float32)
+    base = np.int64(scratch.ctypes.data)
+    tx = carray(K._ptr_f32(base), n)
+    tdy = carray(K._ptr_f32(base + 4 * n), n)
+    ta = carray(K._ptr_f32(base + 8 * n), n)
+    tda = carray(K._ptr_f32(base + 12 * n), n)
+    tv = carray(K._ptr_f32(base + 16 * n), n)
+    tn = carray(K._ptr_f32(base + 20 * n), n)  # n (norm, then gate), then d gate
+    tdn = carray(K._ptr_f32(base + 24 * n), n)  # the gradient reaching n
+    tdx = carray(K._ptr_f32(base + 28 * n), n)
+    tw = carray(K._ptr_f32(base + 32 * n), n)  # x̂ rounded to the input dtype ("llama" d weight)
+    xb, xs = A[_X], A[_XS] * K._esize(x_code)
+    zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else K._esize(z_code))
+    dyb, dys = A[_DY], A[_DYS] * K._esize(dy_code)
+    drb, drs = A[_DR], A[_DRS] * K._esize(dr_code)
+    dxb, dzb = A[_DX], A[_DZ]
+    dze = 8 if dz_code == F64 else K._esize(dz_code)
+    for i in range(blk * rpb, min(m, (blk + 1) * rpb)):
+        x = K._load_row(xb + i * xs, n, x_code, tx)
+        dy = K._load_row(dyb + i * dys, n, dy_code, tdy)
+        if has_gate:
+            _gate_row(zb + i * zs, n, z_code, tdx)  # (tdx is free until dx)
+            _activation_grad(tdx, n, sigmoid, ta, tda)
+        v = x
+        if first:
+            if cast == NONE:  # u as the forward rounded it: a rounded to the input dtype first
+                tdn[:n] = ta[:n]
+                K._round_row(tdn, n, c_in)
+                v = _gated_input(x, tdn, n, cast, c_in, tv)
+            else:
+                v = _gated_input(x, ta, n, cast, c_in, tv)
+        for q in range(groups):
+            o, e = q * g, q * g + g
+            r = rstd[i * groups + q]
+            rd = np.float64(r)
+            vq, sq = v[o:e], s[o:e]
+            if last:
+                # n as the forward multiplied it by the gate ("llama": rounded; else in float32)
+                nq = tn[o:e]
+                mode = LLAMA if cast == LLAMA else GEMMA
+                _apply(vq, r, sn[o:e], bn[o:e], has_b, mode, c_in, c_out, nq)
+                _gate_last(dy[o:e], ta[o:e], tda[o:e], nq, tdn[o:e])
+                dn = tdn[o:e]
+            else:
+                dn = dy[o:e]
+            # S = Σ g'·v̂ over the group, g' = dn·(offset + γ), formed as r·Σ g'·v (so that
+            # r = inf keeps S finite where the sum is); dv = r·g' − m·v̂·f as in the plain kernel
+            sv = rd * _sum_gv(dn, sq, vq)
+            if rms_eps:
+                root = np.sqrt(_ss64(vq, k) / k)
+                f = sv / (k * root) if root > 0.0 else 0.0
+            else:
+                f = rd * sv / k
+            if first:
+                _dv_gate_first(dn, sq, vq, x[o:e], ta[o:e], tda[o:e], k, rd, rd * f, tdx[o:e],
+                               tn[o:e])  # fmt: skip
+            else:
+                _dv(dn, sq, vq, k, rd, rd * f, tdx[o:e])
+            if need_dw:
+                _dw_partial(dn, vq, r, cast == LLAMA, c_in, pw[o:e], tw[o:e])
+            if need_db:
+                pbq = pb[o:e]
+                for j in range(g):
+                    pbq[j] += dn[j]
+        if has_dr:
+            K._add_row(drb + i * drs, n, dr_code, tdx)
+        K._store_row(tdx, dxb + i * n * K._esize(x_code), n, x_code)
+        if has_gate:
+            _store(tn, dzb + i * n * dze, n, dz_code)
+    scratch[:0] = 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry points: one signature each, cached on disk (stale when this file or kernels.py changes)
+# ----------------------------------------------------------------------------------------------
+ENTRIES: list = []  # (dispatcher or C callback, argument types or None)
+
+
+def _stale_with_kernels(compiled) -> None:
+    """Make the cache index of ``compiled`` stale when kernels.py changes too (its functions are
+    compiled into this module's code)."""
+    try:
+        cache_file = compiled._cache._cache_file
+        st = os.stat(K.__file__)
+        cache_file._source_stamp = (cache_file._source_stamp, st.st_mtime, st.st_size)
+    except (AttributeError, OSError):  # another numba, or no cache: nothing to keep fresh
+        pass
+
+
+def _entry(*argtypes):
+    def wrap(fn):
+        try:
+            disp = njit(nogil=True, cache=True, error_model="numpy")(fn)
+        except RuntimeError:  # no writable cache directory
+            disp = njit(nogil=True, error_model="numpy")(fn)
+        _stale_with_kernels(disp)
+        ENTRIES.append((disp, argtypes))
+        return disp
+
+    return wrap
+
+
+def _callback(fn):
+    """A block function as a C callback (``void(int64 args, int64 block)``) that the threads
+    sharing a call run through kernels.run_blocks."""
+    body = CFunc(fn, ((types.int64, types.int64), types.void), locals={},
+                 options={"error_model": "numpy"})  # fmt: skip
+    try:
+        body.enable_caching()
+    except RuntimeError:
+        pass
+    _stale_with_kernels(body)
+    ENTRIES.append((body, None))
+    return body
+
+
+def _fwd_callback(args, blk):
+    _fwd_block(args, blk)
+
+
+def _bwd_callback(args, blk):
+    _bwd_block(args, blk)
+
+
+FWD_BLOCK = _callback(_fwd_callback)
+BWD_BLOCK = _callback(_bwd_callback)
+
+_i, _f = types.int64, types.float64
+
+
+@_entry(*(_i,) * 16, _f, _f, _i)
+def forward(ctrl, fn, xp, xs, zp, zs, yp, wp, ws, bp, bs, rstdp, m, n, g, k, eps, offset, flags):
+    """Grouped / gated RMSNorm over m rows of n elements in groups of g (statistics from the first
+    k of each); y and rstd (m·n/g) contiguous. fn: FWD_BLOCK's address. ctrl: as kernels.forward."""
+    c_param = K._field(flags, GPARAM)
+    sp, bpp, owner = K._param_rows(
+        n, wp, ws, K._field(flags, GW), K._field(flags, GHAS_W) == 1, bp, bs, K._field(flags, GB),
+        K._field(flags, GHAS_B) == 1, offset, c_param,
+    )  # fmt: skip
+    A = np.zeros(_WORDS, np.int64)
+    rpb = max(1, 16384 // n)  # ~16 K elements a block, as kernels.forward
+    nb = (m + rpb - 1) // rpb
+    A[_X], A[_XS], A[_Z], A[_ZS], A[_Y] = xp, xs, zp, zs, yp
+    A[_S], A[_B], A[_RSTD], A[_M], A[_N], A[_G], A[_K] = sp, bpp, rstdp, m, n, g, k
+    A[_EPS], A[_FLAGS], A[_RPB] = K._f64_bits(eps), flags, rpb
+    if ctrl == 0:
+        for blk in range(nb):
+            _fwd_block(np.int64(A.ctypes.data), blk)
+    else:
+        K.run_blocks(ctrl, fn, np.int64(A.ctypes.data), nb)
+    owner[:0] = 0.0  # the parameter rows and the argument block live until every block is done
+    A[:0] = 0
+
+
+@_entry(*(_i,) * 23, _f, _i)
+def backward(ctrl, fn, dyp, dys, xp, xs, zp, zs, drp, drs, dxp, dzp, wp, ws, bp, bs, rstdp, dwp,
+             dbp, m, n, g, k, offset, flags):  # fmt: skip
+    """dx (x's dtype) and d gate (the gate's) for m rows, contiguous; d weight / d bias ((N,),
+    their codes) where needed. fn: BWD_BLOCK's address."""
+    has_w, has_b = K._field(flags, GHAS_W) == 1, K._field(flags, GHAS_B) == 1
+    w_code, b_code = K._field(flags, GW), K._field(flags, GB)
+    sp, _, owner = K._param_rows(n, wp, ws, w_code, has_w, 0, 0, F32, False, offset, F32)
+    # n in the gate's derivative (norm, then gate) as the forward rounded it in "llama" mode, in
+    # float32 otherwise ("none" differentiates the unrounded function)
+    c_param = K._field(flags, GPARAM) if K._field(flags, GCAST) == LLAMA else F32
+    snp, bnp, owner_n = K._param_rows(
+        n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_param
+    )
+    need_dw, need_db = K._field(flags, GNEED_DW), K._field(flags, GNEED_DB)
+    rpb = K._bwd_rows_per_block(m, n)
+    nb = (m + rpb - 1) // rpb
+    pw = np.empty(nb * n if need_dw else 0, np.float32)
+    pb = np.empty(nb * n if need_db else 0, np.float32)
+    A = np.zeros(_WORDS, np.int64)
+    A[_X], A[_XS], A[_Z], A[_ZS], A[_DY], A[_DYS] = xp, xs, zp, zs, dyp, dys
+    A[_DR], A[_DRS], A[_DX], A[_DZ] = drp, drs, dxp, dzp
+    A[_S], A[_SN], A[_BN], A[_RSTD] = sp, snp, bnp, rstdp
+    A[_M], A[_N], A[_G], A[_K], A[_FLAGS], A[_RPB] = m, n, g, k, flags, rpb
+    A[_PW], A[_PB] = pw.ctypes.data, pb.ctypes.data
+    if ctrl == 0:
+        for blk in range(nb):
+            _bwd_block(np.int64(A.ctypes.data), blk)
+    else:
+        K.run_blocks(ctrl, fn, np.int64(A.ctypes.data), nb)
+    owner[:0] = 0.0
+    owner_n[:0] = 0.0
+    A[:0] = 0
+    if need_dw or need_db:
+        acc = np.empty(n, np.float64)
+        if need_dw:
+            K._reduce_partials(pw, nb, n, dwp, K._field(flags, GW), acc)
+        if need_db:
+            K._reduce_partials(pb, nb, n, dbp, K._field(flags, GB), acc)
+
+
+def compile_all() -> None:
+    """Load every entry point and callback from the cache, or compile it (and cache it)."""
+    for compiled, argtypes in ENTRIES:
+        if argtypes is None:
+            compiled.compile()
+        else:
+            compiled.compile(argtypes)
+            compiled.disable_compile()
+
+
+def cache_state() -> bool | None:
+    """Whether every entry point is in numba's on-disk cache (None where it cannot be told)."""
+    try:
+        found = []
+        for compiled, argtypes in ENTRIES:
+            if argtypes is None:
+                ctx = compiled._targetdescr.target_context
+                key = compiled._cache._index_key(compiled._sig, ctx.codegen())
+            else:
+                compiled.targetctx.refresh()
+                key = compiled._cache._index_key(argtypes, compiled.targetctx.codegen())
+            found.append(key in compiled._cache._cache_file._load_index())
+        return all(found)
+    except Exception:  # private numba API: only the message depends on it
+        return None

@@ -1,0 +1,244 @@
+"""The grouped / gated launchers of the backend contract (:class:`rmsnorm._contract.Backend`) for
+the CPU kernels of :mod:`.gated`: rows and parameters read in place, outputs allocated, the call
+shared between threads as the plain launchers share theirs (:func:`.launchers._shared`).
+
+float64 rows (input, or a ``"llama"`` product with a float64 weight) and empty tensors go to the
+reference, as in the plain launchers; a float64 gate of a float32 input is read by the kernels
+(rounded to float32, as the spec reads it). Importing this module loads the kernels from numba's
+on-disk cache, or compiles them (saying so once).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ... import reference as ref
+from . import gated as G
+from . import kernels as K
+from . import launchers as L
+
+__all__ = ["gated_rms_norm_fwd", "gated_rms_norm_bwd"]
+
+log = logging.getLogger("rmsnorm")
+_CAST = G._CAST_CODES
+
+
+def _load() -> dict:
+    cached = G.cache_state()
+    if cached is False:
+        where = K.cache_state()[1]
+        log.warning(
+            "rmsnorm: compiling the grouped and gated RMSNorm kernels (once, ~15 s; cached in %s)",
+            where,
+        )
+    t0 = time.perf_counter()
+    G.compile_all()
+    return {"compiled": cached is not True, "seconds": time.perf_counter() - t0}
+
+
+STATUS = _load()
+_forward, _backward = (K.entry_point(d) for d in (G.forward, G.backward))
+_FWD_BLOCK, _BWD_BLOCK = G.FWD_BLOCK.address, G.BWD_BLOCK.address
+
+_fwd_plans: dict[tuple, tuple] = {}
+_bwd_plans: dict[tuple, tuple] = {}
+_REFERENCE = (None, 0)
+
+
+def _check(eps_mode: str, casting_mode: str, activation: str) -> None:
+    L._check_modes(eps_mode, casting_mode)
+    if activation not in ref.ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ref.ACTIVATIONS}, got {activation!r}")
+
+
+def _option_fields(key_in, wdt, bdt, zdt, casting_mode, eps_mode, gate_first, activation):
+    """The flag fields the forward and backward share, and the norm's rounding dtype."""
+    cin = L._CODES[key_in]
+    # the norm's output dtype (reference.output_dtype): promote(input, weight) in "llama"
+    norm_out = key_in
+    if casting_mode == "llama" and wdt is not None:
+        norm_out = torch.promote_types(key_in, wdt)
+    cout = L._CODES.get(norm_out)
+    if cout is None:
+        return None, None
+    param = {"gemma": K.F32, "llama": cout, "none": cin}[casting_mode]
+    fields = dict(
+        z=(G.GZ, L._pc(zdt)), cin=(G.GIN, cin), cout=(G.GOUT, cout),
+        cast=(G.GCAST, _CAST[casting_mode]), has_gate=(G.GHAS_GATE, zdt is not None),
+        first=(G.GFIRST, gate_first), sigmoid=(G.GSIGMOID, activation == "sigmoid"),
+        eps=(G.GEPS, eps_mode == "rms"), w=(G.GW, L._pc(wdt)), has_w=(G.GHAS_W, wdt is not None),
+        b=(G.GB, L._pc(bdt)), has_b=(G.GHAS_B, bdt is not None), param=(G.GPARAM, param),
+        gated=(G.GATED, 1),
+    )  # fmt: skip
+    return fields, norm_out
+
+
+def _fwd_plan(key: tuple) -> tuple:
+    xdt, zdt, wdt, bdt, in_dt, casting_mode, eps_mode, gate_first, activation = key
+    _check(eps_mode, casting_mode, activation)
+    plan = _REFERENCE
+    if L._kernel_dtypes(xdt, in_dt, params=(wdt, bdt, zdt)):
+        fields, norm_out = _option_fields(
+            in_dt, wdt, bdt, zdt, casting_mode, eps_mode, gate_first, activation
+        )
+        if fields is not None:
+            gate_last = zdt is not None and not gate_first
+            out = in_dt if gate_last else norm_out
+            cast, cin, cx = G._CAST_CODES[casting_mode], L._CODES[in_dt], L._CODES[xdt]
+            sigmoid = activation == "sigmoid"
+            # the fused loops of gated.py: the output loop reads the raw gate where it has the
+            # input's dtype; gate-first's input loop reads x and the gate, both of that dtype
+            raw = gate_last and zdt == in_dt == xdt
+            gate = G.NO_GATE if not gate_last else G.PRE
+            if raw:
+                gate = G.RAW_SIGMOID if sigmoid else G.RAW_SILU
+            outv = G.out_variant(cast, cin, L._CODES[norm_out], gate)
+            if raw and outv < 0:  # no raw-gate loop for these dtypes: the precomputed one
+                raw, outv = False, G.out_variant(cast, cin, L._CODES[norm_out], G.PRE)
+            inv = -1
+            if gate_first and zdt == in_dt == xdt:
+                inv = G.in_variant(cx, sigmoid, casting_mode == "none")
+            flags = K.pack(
+                x=(G.GX, cx), y=(G.GY, L._CODES[out]), outv=(G.GOUTV, outv + 1),
+                inv=(G.GINV, inv + 1), raw=(G.GRAW, raw), **fields,
+            )  # fmt: skip
+            plan = (out, flags)
+    _fwd_plans[key] = plan
+    return plan
+
+
+def gated_rms_norm_fwd(
+    x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
+    activation, stats=True, input_dtype=None,
+):  # fmt: skip
+    """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
+    in_dt = x.dtype if input_dtype is None else input_dtype
+    key = (
+        x.dtype, None if gate is None else gate.dtype, None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype, in_dt, casting_mode, eps_mode,
+        gate is not None and not norm_before_gate, activation,
+    )  # fmt: skip
+    out, flags = _fwd_plans.get(key) or _fwd_plan(key)
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    if out is None or not m:
+        return ref.gated_rms_norm_fwd(
+            x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
+            norm_before_gate, activation, stats, input_dtype,
+        )  # fmt: skip
+    g = n if group_size is None else group_size
+    if x.is_contiguous():
+        xs = n
+    else:
+        x, xs = L._row_layout(x, n)
+    zp = zs = wp = ws = bp = bs = 0
+    if gate is not None:
+        gate, zs = L._row_layout(gate, n)
+        zp = gate.data_ptr()
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    y = torch.empty_like(x) if out is x.dtype else torch.empty_like(x, dtype=out)
+    count = m * (n // g)
+    if stats:
+        rstd = L._F32_CPU.new_empty(count)
+        rp = rstd.data_ptr()
+    else:
+        rstd = None
+        rp = L._scratch(count)
+    args = (
+        _FWD_BLOCK, x.data_ptr(), xs, zp, zs, y.data_ptr(), wp, ws, bp, bs, rp, m, n, g, k,
+        float(eps), float(offset), flags,
+    )  # fmt: skip
+    if m * n < L.PARALLEL_MIN:
+        _forward(0, *args)
+    else:
+        L._shared(_forward, *args)
+    return y, rstd
+
+
+def _bwd_plan(key: tuple) -> tuple:
+    dydt, xdt, zdt, wdt, bdt, drdt, in_dt, casting_mode, eps_mode, gate_first, activation, sdt = key
+    _check(eps_mode, casting_mode, activation)
+    plan = _REFERENCE
+    if sdt == torch.float32 and L._kernel_dtypes(dydt, xdt, drdt, in_dt, params=(wdt, bdt, zdt)):
+        fields, _ = _option_fields(
+            in_dt, wdt, bdt, zdt, casting_mode, eps_mode, gate_first, activation
+        )
+        if fields is not None:
+            flags = K.pack(
+                x=(G.GX, L._CODES[xdt]), dy=(G.GDY, L._CODES[dydt]),
+                dr=(G.GDR, L._CODES[drdt] if drdt else 0), has_dr=(G.GHAS_DR, drdt is not None),
+                dz=(G.GDZ, L._pc(zdt)), **fields,
+            )  # fmt: skip
+            plan = (xdt, flags)
+    _bwd_plans[key] = plan
+    return plan
+
+
+_NEED_DW = K.pack(f=(G.GNEED_DW, 1))
+_NEED_DB = K.pack(f=(G.GNEED_DB, 1))
+
+
+def gated_rms_norm_bwd(
+    dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+    group_size, norm_before_gate, activation, input_dtype, need_weight_grad=True,
+):  # fmt: skip
+    """Grouped and gated RMSNorm backward (:func:`rmsnorm.reference.gated_rms_norm_bwd`)."""
+    key = (
+        dy.dtype, x.dtype, None if gate is None else gate.dtype,
+        None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+        None if dresidual is None else dresidual.dtype, input_dtype, casting_mode, eps_mode,
+        gate is not None and not norm_before_gate, activation, rstd.dtype,
+    )  # fmt: skip
+    dxdt, flags = _bwd_plans.get(key) or _bwd_plan(key)
+    if dxdt is None or not x.numel():
+        return ref.gated_rms_norm_bwd(
+            dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
+            group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
+        )  # fmt: skip
+    n = x.shape[-1]
+    m = x.numel() // n
+    g = n if group_size is None else group_size
+    x, xs = L._row_layout(x, n)
+    dy, dys = L._row_layout(dy, n)
+    zp = zs = drp = drs = wp = ws = bp = bs = 0
+    if gate is not None:
+        gate, zs = L._row_layout(gate, n)
+        zp = gate.data_ptr()
+    if dresidual is not None:
+        dresidual, drs = L._row_layout(dresidual, n)
+        drp = dresidual.data_ptr()
+    if not rstd.is_contiguous():
+        rstd = rstd.contiguous()
+    empty = L._F32_CPU.new_empty(0)
+    dx = torch.empty_like(x)
+    dz = torch.empty_like(x, dtype=gate.dtype) if gate is not None else L._F32_CPU.new_empty(0)
+    if need_weight_grad and weight is not None:
+        dw = weight.new_empty(n)
+        flags |= _NEED_DW
+    else:
+        dw = empty
+    if need_weight_grad and bias is not None:
+        db = bias.new_empty(n)
+        flags |= _NEED_DB
+    else:
+        db = L._F32_CPU.new_empty(0)
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    args = (
+        _BWD_BLOCK, dy.data_ptr(), dys, x.data_ptr(), xs, zp, zs, drp, drs, dx.data_ptr(),
+        dz.data_ptr(), wp, ws, bp, bs, rstd.data_ptr(), dw.data_ptr(), db.data_ptr(), m, n, g,
+        k, float(offset), flags,
+    )  # fmt: skip
+    if m * n < L.PARALLEL_MIN:
+        _backward(0, *args)
+    else:
+        L._shared(_backward, *args)
+    return dx, dz, dw, db
