@@ -471,6 +471,24 @@ def test_the_first_compilation_is_announced_once_and_cached(tmp_path):
     assert "compiling" not in second.stderr and "'compiled': False" in second.stdout
 
 
+def test_each_cache_index_is_stamped_with_the_files_its_code_includes():
+    # numba's cache watches only the file of the cached function, while the code it caches
+    # includes the runtime's and kernels.py's functions: an edit of any of them must recompile.
+    cpu.warmup()
+    from rmsnorm.kernels.cpu import gated as G
+    from rmsnorm.kernels.cpu import kernels as K
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    for registry, modules in ((rt.ENTRIES, [rt]), (K.ENTRIES, [rt, K]), (G.ENTRIES, [rt, K, G])):
+        if not registry.cached:
+            pytest.skip("no writable cache directory here")
+        for compiled, _ in registry.items:
+            stamp = compiled._cache._cache_file._source_stamp
+            for module in modules:
+                st = os.stat(module.__file__)
+                assert (st.st_mtime, st.st_size) in stamp, (compiled, module.__name__)
+
+
 def test_without_a_writable_cache_the_kernels_compile_in_process(tmp_path):
     # A read-only install: the package directory, NUMBA_CACHE_DIR and the user cache directory all
     # refuse writes (paths under a regular file, which fail even for root).

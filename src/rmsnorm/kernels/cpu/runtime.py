@@ -536,20 +536,25 @@ class Entries:
             return None, None
 
 
+_told_no_cache = False
+
+
 def load(what: str, *registries: Entries) -> dict:
     """Load the entry points of ``registries`` (compiling them where numba's cache does not hold
     them), saying so once; ``{"compiled", "cached_in", "seconds"}``."""
+    global _told_no_cache
     log = logging.getLogger("rmsnorm")
     states = [r.cache_state() for r in registries]
     where = next((w for _, w in states if w is not None), None)
     if any(r.cached is False for r in registries):
-        log.warning(
-            "rmsnorm: no writable cache directory for %s (the package directory, NUMBA_CACHE_DIR "
-            "and the user cache are read-only), so this process compiles them (~15 s) and no "
-            "later process can reuse them; set NUMBA_CACHE_DIR to a writable directory to keep "
-            "them",
-            what,
-        )
+        if not _told_no_cache:  # once a process, for every module's kernels
+            _told_no_cache = True
+            log.warning(
+                "rmsnorm: no writable cache directory for the CPU kernels (the package directory, "
+                "NUMBA_CACHE_DIR and the user cache are read-only), so this process compiles them "
+                "(~15 s) and no later process can reuse them; set NUMBA_CACHE_DIR to a writable "
+                "directory to keep them"
+            )
     elif any(cached is False for cached, _ in states):
         log.warning("rmsnorm: compiling %s (once, ~15 s; cached in %s)", what, where)
     t0 = time.perf_counter()
