@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from rmsnorm.integrations import hf
+from rmsnorm.integrations.hf import discovery, known_forwards, recognition, registry
 
 GOLDEN = Path(__file__).parent / "golden"
 WRITE = os.environ.get("RMSNORM_WRITE_GOLDEN") == "1"
@@ -43,7 +44,7 @@ def decisions() -> tuple[list[str], set[str]]:
     that is named like a norm or that :func:`hf.patch` would patch, sorted, and the modeling files
     that cannot be imported here (a missing optional dependency), each listed as one line too."""
     lines, missing = [], set()
-    for name in hf._modeling_module_names():
+    for name in discovery.modeling_module_names():
         model = name.split(".")[2]
         prefix = model if name.endswith(f"modeling_{model}") else name.split(".", 2)[2]
         try:
@@ -52,12 +53,12 @@ def decisions() -> tuple[list[str], set[str]]:
             lines.append(f"{prefix}: not importable here ({type(exc).__name__})")
             missing.add(model)
             continue
-        for cls in hf._module_classes(module):
-            decision = hf._decide(cls)
+        for cls in discovery.module_classes(module):
+            decision = registry.decide(cls)
             patched = isinstance(decision, hf.Convention)
             if not patched and "norm" not in cls.__name__.lower():
                 continue
-            origin = hf._known_origin(cls)
+            origin = recognition.known_origin(cls)
             like = f" like {origin}" if origin and origin != f"{prefix}.{cls.__name__}" else ""
             what = f"patched{like}: {describe(decision)}" if patched else f"refused: {decision}"
             lines.append(f"{prefix}.{cls.__name__}: {what}")
@@ -155,7 +156,7 @@ def test_the_docs_quote_the_golden_counts():
     for phrase in [
         f'has {s["total"]} classes whose name contains "Norm"; `hf.patch` patches '
         f"{s['patched']} of them and refuses {s['refused']}",
-        f"must be one of {len(hf._KNOWN_FORWARDS)} known normalization forwards",
+        f"must be one of {len(known_forwards.KNOWN_FORWARDS)} known normalization forwards",
         f"the {s['patched']} matches cost",
         f"Refused, each with its reason ({s['refused']} in transformers 5.24)",
         f"- {k['none']} whose forward is none of the known ones",
@@ -164,7 +165,7 @@ def test_the_docs_quote_the_golden_counts():
     ]:
         assert phrase in docs, phrase
     # The table of known forwards: each row's count(s), in the order of its forwards.
-    by_class = {origin.split(".")[1]: origin for origin, _, _ in hf._KNOWN_FORWARDS}
+    by_class = {origin.split(".")[1]: origin for origin, _, _ in known_forwards.KNOWN_FORWARDS}
     lines = (ROOT / "docs" / "integrations.md").read_text().splitlines()
     start = lines.index(next(line for line in lines if line.startswith("| known forward")))
     rows = 0
@@ -177,4 +178,4 @@ def test_the_docs_quote_the_golden_counts():
         expected = " + ".join(str(s["origins"].get(by_class[n], 0)) for n in names)
         assert counts is not None and counts.group(0) == expected, (names, cells[-1], expected)
         rows += len(names)
-    assert rows == len(hf._KNOWN_FORWARDS)  # every known forward has its row
+    assert rows == len(known_forwards.KNOWN_FORWARDS)  # every known forward has its row
