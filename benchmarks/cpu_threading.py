@@ -36,10 +36,9 @@ def serial(args):
     L._forward(0, *args)
 
 if layer in ("openmp", "pool"):
-    L.ADAPTIVE = False
     L.USE_OPENMP = layer == "openmp"
     def parallel(args):
-        L._shared(L._forward, args[12] * args[13], *args)
+        L._shared(L._forward, *args)
 else:
     import numba
     from numba import njit, prange

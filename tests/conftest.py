@@ -47,12 +47,15 @@ def pytest_collection_modifyitems(config, items):
 # The tiny preset shortened further: enough steps for the loss to fall well below ln 256 ≈ 5.55.
 COMPARISON_STEPS, COMPARISON_EVAL_INTERVAL = 30, 10
 COMPARISON_VARIANTS = "layernorm,rmsnorm,prmsnorm,none"
+# two rates: every variant at LayerNorm's rate and at its own
+COMPARISON_LRS = "3e-3,1e-2"
 
 
 @pytest.fixture(scope="session")
 def comparison_run(tmp_path_factory):
-    """One ``rmsnorm compare`` through the CLI with every variant and two seeds, shared by the
-    tests of the comparison's run, its files and its command: (out dir, results.json, output)."""
+    """One ``rmsnorm compare`` through the CLI with every variant, two rates and two seeds, shared
+    by the tests of the comparison's run, its files and its command: (out dir, results.json,
+    output)."""
     import json
 
     from typer.testing import CliRunner
@@ -63,7 +66,7 @@ def comparison_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     args = ["compare", "--preset", "tiny", "--variants", COMPARISON_VARIANTS, "--seeds", "2"]
     args += ["--threads", "1", "--out", str(out), "--steps", str(COMPARISON_STEPS)]
-    args += ["--eval-interval", str(COMPARISON_EVAL_INTERVAL)]
+    args += ["--eval-interval", str(COMPARISON_EVAL_INTERVAL), "--lrs", COMPARISON_LRS]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return out, json.loads((out / OUTPUT_FILES["json"]).read_text()), result.output

@@ -385,13 +385,15 @@ def test_latency_quick_run_through_the_cli(tmp_path, one_torch_thread):
     assert {(r.op, r.provider, r.N) for r in rows if r.op == "generate"} == {
         ("generate", "hf_eager", 64), ("generate", "hf_patched", 64)
     }  # fmt: skip
+    leaf = {(r.M, r.N, r.dtype) for r in rows if r.mode == "forward_backward_leaf"}
+    assert leaf == {(1, 768, dt) for dt in ("float32", "bfloat16")}  # below 2^16 elements only
     verdicts = latency.judge(rows)
-    assert len(verdicts) == 4 * 2 * 5 + 1  # cells × passes × our paths, + generate
+    assert len(verdicts) == (4 * 2 + 2) * 5 + 1  # (cells × passes + leaf cells) × paths, generate
     md = (tmp_path / "cpu_latency.md").read_text()
     assert "commit" in md and "## Targets" in md and "## Greedy generate(), per token" in md
     assert "Load average" in md
     assert md.count(" met") >= len(verdicts)  # "met" or "not met" in every judged cell
     for op in ("rms_norm", "layer_norm", "add_rms_norm"):
-        for title in ("forward under no_grad", "forward + backward"):
+        for title in ("forward under no_grad", "forward + backward", "forward + .backward() into"):
             assert f"## {op}, {title}" in md
     assert (tmp_path / "cpu_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from rmsnorm.cli import app
 
 TINY = ["--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--seq-len", "16", "--batch", "4"]
+TINY_COMPARE = ["--preset", "tiny", "--seeds", "1", "--steps", "4", "--eval-interval", "2"]
+TINY_COMPARE += ["--variants", "layernorm", "--threads", "1"]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -164,8 +166,19 @@ def test_old_option_spellings_still_work_out_of_the_help(runner, tmp_path):
 def test_compare_writes_its_files_and_a_table(comparison_run):
     out, _, output = comparison_run
     assert "LayerNorm" in output and "wrote" in output
-    for name in ("results.json", "loss_curves.png", "summary.md"):
+    for name in ("results.json", "loss_curves.png", "lr_sweep.png", "summary.md"):
         assert (out / name).stat().st_size > 0
+
+
+def test_compare_keeps_an_earlier_run_unless_told(runner, tmp_path):
+    (tmp_path / "results.json").write_text("{}")
+    args = ["compare", "--out", str(tmp_path), *TINY_COMPARE]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "--overwrite" in result.output
+    assert (tmp_path / "results.json").read_text() == "{}"
+    result = runner.invoke(app, [*args, "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "results.json").read_text())["seeds_completed"] == 1
 
 
 @pytest.mark.parametrize(
@@ -177,7 +190,11 @@ def test_compare_writes_its_files_and_a_table(comparison_run):
         (["--seeds", "0"], "--seeds", "positive integer"),
         (["--threads", "0"], "--threads", "positive integer"),
         (["--text", "/nonexistent/corpus.txt"], "--text", "not found"),
-        (["--preset", "huge"], "--preset", "cpu, gpu, tiny"),
+        (["--preset", "huge"], "--preset", "cpu, full, gpu, tiny"),
+        (["--lrs", "1e-3,fast"], "--lrs", "not a number"),
+        (["--lr", "1e-3", "--lrs", "1e-3,1e-2"], "--lr", "not both"),
+        (["--full", "--preset", "tiny"], "--full", "--preset full"),
+        (["--workers", "0"], "--workers", "positive integer"),
         (["--d-model", "30", "--n-heads", "4"], "--n-heads", "divisible"),
     ],
 )
@@ -187,3 +204,20 @@ def test_compare_bad_arguments_name_the_option(runner, tmp_path, args, option, m
     flat = " ".join(result.output.replace("│", " ").split())  # rich wraps the error box
     assert option in flat and message in flat, flat
     assert not (tmp_path / "results.json").exists()
+
+
+def test_compare_from_results_rewrites_the_summary_without_training(
+    comparison_run, runner, tmp_path
+):
+    """--from-results: the summary and figures of an earlier run from its results.json alone; the
+    same numbers as the run wrote (its summary is computed afresh from the runs in the JSON)."""
+    out, _, _ = comparison_run
+    again = tmp_path / "again"
+    result = runner.invoke(
+        app, ["compare", "--from-results", str(out / "results.json"), "--out", str(again)]
+    )
+    assert result.exit_code == 0, result.output
+    assert (again / "summary.md").read_text() == (out / "summary.md").read_text()
+    assert (again / "lr_sweep.png").stat().st_size > 0
+    bad = runner.invoke(app, ["compare", "--from-results", str(out / "summary.md"), "--out", "x"])
+    assert bad.exit_code == 2 and "--from-results" in bad.output

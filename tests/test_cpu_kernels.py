@@ -308,7 +308,6 @@ def test_shared_calls_match_single_threaded_ones(team, monkeypatch):
     if team == "lock":
         monkeypatch.setattr(L, "_libc_addresses", lambda: (0, 0, 0))
     monkeypatch.setattr(L, "_pool", None)
-    monkeypatch.setattr(L, "ADAPTIVE", False)
     monkeypatch.setattr(L, "USE_OPENMP", team == "openmp")
     before = torch.get_num_threads()
     try:
@@ -335,30 +334,53 @@ def test_shared_calls_match_single_threaded_ones(team, monkeypatch):
             pytest.skip("the helpers never got a core in time")
 
 
-def test_sharing_follows_the_measured_cost():
-    # The choice between a shared and a lone call, fed made-up timings: warm-up calls are ignored,
-    # the cheaper way wins (sharing within 1.25x), the other is retried at growing intervals and
-    # a change of cost turns the choice round.
-    from rmsnorm.kernels.cpu.launchers import _Cost
+def test_sharing_depends_on_the_sizes_and_thread_count_alone(monkeypatch):
+    # No timing decides: below PARALLEL_MIN elements or on one torch thread a call runs alone,
+    # from there on every call is shared, however long the earlier ones took.
+    from rmsnorm.kernels.cpu import launchers as L
 
-    cost = _Cost()
+    shared = []
+    acquire = L._acquire
+    monkeypatch.setattr(L, "_acquire", lambda pool, t: shared.append(t) or acquire(pool, t))
+    before = torch.get_num_threads()
+    small = torch.randn(8, 1024)  # 2^13 elements
+    large = torch.randn(64, 1024)  # 2^16
+    try:
+        torch.set_num_threads(2)
+        for _ in range(20):
+            cpu.rms_norm_fwd(small, None, None, 1e-6, "mean_square", "gemma", 0.0, 1024)
+        assert shared == []
+        for _ in range(20):
+            cpu.rms_norm_fwd(large, None, None, 1e-6, "mean_square", "gemma", 0.0, 1024)
+            cpu.layer_norm_fwd(large, None, None, 1e-5)
+        assert shared == [2] * 40
+        torch.set_num_threads(1)
+        cpu.rms_norm_fwd(large, None, None, 1e-6, "mean_square", "gemma", 0.0, 1024)
+        assert len(shared) == 40
+    finally:
+        torch.set_num_threads(before)
 
-    def run(calls: int, shared_s: float, alone_s: float) -> list[bool]:
-        ways = []
-        for _ in range(calls):
-            shared = cost.choose()
-            cost.record(shared, shared_s if shared else alone_s)
-            ways.append(shared)
-        return ways
 
-    ways = run(400, shared_s=5.0, alone_s=1.0)  # an oversubscribed machine: sharing is slow
-    assert ways[:2] == [True, True]  # warm-up: each way is tried first
-    tail = ways[100:]
-    assert 0 < sum(tail) <= 3  # alone, with a retry of sharing now and then (every 128-256)
-    ways = run(400, shared_s=0.5, alone_s=1.0)  # the machine is quiet again
-    assert sum(ways[-200:]) >= 197  # noticed at the next retry; lone calls only as retries
-    ways = run(200, shared_s=1.2, alone_s=1.0)  # within 1.25x: still shared
-    assert sum(ways[-100:]) >= 99
+def test_a_helper_that_never_runs_does_not_stall_a_call(monkeypatch):
+    # A pool helper the scheduler never runs (an oversubscribed machine, taken to the limit): the
+    # caller runs the blocks of the helper's range too, and the results are those of one thread.
+    from rmsnorm.kernels.cpu import launchers as L
+
+    monkeypatch.setattr(L, "_pool", None)
+    monkeypatch.setattr(L, "USE_OPENMP", False)
+    monkeypatch.setattr(L._Pool, "_spawn", lambda self: setattr(self, "helpers", self.helpers + 1))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = [_everything(dtype) for dtype in (torch.float32, torch.bfloat16)]
+        torch.set_num_threads(2)
+        got = [_everything(dtype) for dtype in (torch.float32, torch.bfloat16)]
+    finally:
+        torch.set_num_threads(before)
+    if L._pool is None or L._pool.max_helpers < 1:
+        pytest.skip("one core: nothing to share")
+    assert bitwise_equal(got[0], want[0]) and bitwise_equal(got[1], want[1])
+    assert int(L._pool.block[L.K.HELPED]) == 0  # every block ran on the calling thread
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")

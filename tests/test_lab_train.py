@@ -88,9 +88,18 @@ def test_stop_on_divergence():
     hist = trainer.history
     assert hist.diverged_at is not None and hist.diverged_at < 49
     assert len(hist.train_loss) == hist.diverged_at + 1
-    assert not math.isfinite(hist.train_loss[-1])
+    # stopped at the first step whose loss or gradient norm is not finite
+    assert not (math.isfinite(hist.train_loss[-1]) and math.isfinite(hist.grad_norm[-1]))
+    assert all(map(math.isfinite, hist.train_loss[:-1] + hist.grad_norm[:-1]))
     with pytest.raises(RuntimeError, match="diverged"):
         trainer.step()
+
+
+def test_min_lr_ratio_sets_the_floor_of_the_cosine():
+    cfg = TrainConfig(steps=101, lr=1.0, warmup=1, min_lr_ratio=0.0)
+    assert cfg.lr_at(0) == 1.0 and cfg.lr_at(51) == pytest.approx(0.5)
+    assert cfg.lr_at(101) == pytest.approx(0.0, abs=1e-12)
+    assert TrainConfig(steps=101, lr=1.0, warmup=1).lr_at(101) == pytest.approx(0.1)  # default
 
 
 def test_bad_config_names_the_field():
@@ -98,6 +107,8 @@ def test_bad_config_names_the_field():
         TrainConfig(val_parts=0)
     with pytest.raises(ValueError, match="warmup"):
         TrainConfig(warmup=-1)
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        TrainConfig(min_lr_ratio=1.5)
     with pytest.raises(ValueError, match="activation"):
         TransformerConfig(activation="tanh")
 
@@ -119,3 +130,36 @@ def test_default_activation_is_gelu():
     x = torch.randn(2, 3, 32)
     mlp = m.blocks[0].mlp
     assert torch.equal(mlp(x), mlp.proj(torch.nn.functional.gelu(mlp.fc(x))))
+
+
+def test_window_losses_average_to_the_validation_loss():
+    m, c = model(), corpus()
+    windows: list[float] = []
+    loss = evaluate(m, c, 3, 4, seed=1, windows=windows)
+    assert len(windows) == 12
+    assert sum(windows) / 12 == pytest.approx(loss, rel=1e-6)
+    cfg = TrainConfig(steps=4, batch_size=4, warmup=1, eval_interval=2, eval_batches=3)
+    hist = train(m, c, TrainConfig(**{**cfg.__dict__, "val_parts": 2}))
+    assert [len(w) for w in hist.val_windows] == [12, 12]  # the last evaluation's
+    for part, windows in zip(hist.val_loss_parts, hist.val_windows, strict=True):
+        assert sum(windows) / 12 == pytest.approx(part[-1], rel=1e-6)
+
+
+def test_a_larger_final_evaluation_keeps_the_curve_on_the_same_windows():
+    """final_eval_batches scores more windows once, after the last step; the curve's last point
+    is still on the eval_batches windows of every earlier point, which are the final set's first
+    windows (one window generator)."""
+    c = corpus()
+    base = dict(steps=4, batch_size=4, warmup=1, eval_interval=2, eval_batches=2, val_parts=2)
+    plain = train(model(), c, TrainConfig(**base))
+    more = train(model(), c, TrainConfig(**base, final_eval_batches=5))
+    assert more.val_loss_parts == plain.val_loss_parts  # the curve is unchanged
+    assert plain.final_val_loss_parts == []
+    assert [len(w) for w in more.val_windows] == [20, 20]
+    for i in range(2):
+        assert more.val_windows[i][:8] == pytest.approx(plain.val_windows[i], rel=1e-6)
+        assert more.final_val_loss_parts[i] == pytest.approx(
+            sum(more.val_windows[i]) / 20, rel=1e-6
+        )
+    with pytest.raises(ValueError, match="final_eval_batches"):
+        TrainConfig(final_eval_batches=0)

@@ -651,22 +651,37 @@ def _override(what: str):
 @app.command()
 def compare(
     out: Annotated[
-        Path, typer.Option(help="Folder for results.json, loss_curves.png, summary.md.")
+        Path,
+        typer.Option(help="Folder for results.json, loss_curves.png, lr_sweep.png, summary.md."),
     ] = Path("compare-results"),
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="The run that can answer the question (same as --preset full): d_model 512 "
+            "(pRMSNorm k = 32), every variant incl. none, 3 rates, 8 paired seeds, 2 workers; "
+            "under an hour on 2 idle cores.",
+        ),
+    ] = False,
     variants: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Comma-separated norms to train: layernorm (required: the baseline), rmsnorm, "
-            "prmsnorm (p = 6.25%), none."
+            "prmsnorm (p = 6.25%), none. Default: the preset's (cpu: all but none)."
         ),
-    ] = "layernorm,rmsnorm,prmsnorm",
+    ] = None,
     seeds: Annotated[
-        int,
-        typer.Option(callback=_positive, help="Runs per variant (seeds --seed, --seed + 1, ...)."),
-    ] = 3,
+        int | None,
+        typer.Option(
+            callback=_positive,
+            help="Paired runs per variant and rate (seeds --seed, --seed + 1, ...; default: the "
+            "preset's, cpu 3, full 8).",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(callback=_non_negative, help="First seed.")] = 0,
     preset: Annotated[
-        str, typer.Option(help="Model and schedule: cpu (≤ 3 min on 2 cores), gpu, tiny.")
+        str,
+        typer.Option(help="Model, schedule and design: cpu (quick look), full, gpu, tiny."),
     ] = "cpu",
     # Checked by the library, which reads it (its message says what is wrong with the file).
     text_file: Annotated[
@@ -678,38 +693,79 @@ def compare(
     batch: Annotated[int | None, _override("Sequences per step")] = None,
     lr: Annotated[
         float | None,
-        typer.Option(callback=_positive_number, help="Peak learning rate (default: the preset's)."),
+        typer.Option(
+            callback=_positive_number, help="One peak learning rate for every variant (no sweep)."
+        ),
+    ] = None,
+    lrs: Annotated[
+        str | None,
+        typer.Option(
+            help="Peak learning rates to sweep per variant, comma-separated (e.g. "
+            "1e-3,3e-3,1e-2; default: the preset's). Each variant is also compared at its own "
+            "best rate."
+        ),
     ] = None,
     n_layers: Annotated[int | None, _override("Transformer blocks")] = None,
     d_model: Annotated[int | None, _override("Model width")] = None,
     n_heads: Annotated[int | None, _override("Attention heads")] = None,
     seq_len: Annotated[int | None, _override("Context length in bytes")] = None,
     eval_interval: Annotated[int | None, _override("Steps between validation losses")] = None,
-    eval_batches: Annotated[int | None, _override("Batches per validation loss")] = None,
+    eval_batches: Annotated[
+        int | None, _override("Batches per validation loss, in each half of the held-out bytes")
+    ] = None,
+    final_eval_batches: Annotated[
+        int | None,
+        _override("Batches per half scored once more after the last step: the compared loss"),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            callback=_positive,
+            help="Processes training seeds side by side (default: the preset's; full 2). The "
+            "losses do not change with it.",
+        ),
+    ] = None,
     threads: _Threads = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the results of an earlier run in --out.")
+    ] = False,
+    from_results: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the summary and figures of an earlier run from its results.json into "
+            "--out, without training (the statistics of this version)."
+        ),
+    ] = None,
     # The spellings of earlier versions, kept working but out of the help.
     old_text: Annotated[Path | None, typer.Option("--text", hidden=True)] = None,
     old_batch_size: Annotated[
         int | None, typer.Option("--batch-size", callback=_positive, hidden=True)
     ] = None,
 ) -> None:
-    """Train the same small GPT-style LM with LayerNorm, RMSNorm and partial RMSNorm (only the norm
-    changes) and write losses, step-time ratios and a summary into --out."""
+    """Train the same small GPT-style LM with LayerNorm, RMSNorm, partial RMSNorm (and no norm),
+    only the norm changing, and write paired loss differences, stability, speed and a summary."""
     from .lab.comparison import (
         CPU_REFUSE_S,
-        SUMMARY_COLUMNS,
         compare_config,
         estimate_seconds,
         format_duration,
         output_dir,
         run_comparison,
-        summary_rows,
         write_outputs,
     )
 
-    _require("compare", "matplotlib")
+    _require("compare", "matplotlib", "scipy")
     text_file = text_file or old_text
     finished = 0
+    if from_results is not None:
+        from .lab.comparison import load_results
+
+        with _reported("compare"):
+            results = load_results(from_results)
+            out_dir = output_dir(out, overwrite=overwrite)
+            paths = write_outputs(results, out_dir)
+        _print_comparison(results, paths)
+        return
 
     def save(partial: dict) -> None:  # after each seed: an interrupted run keeps what it finished
         nonlocal finished
@@ -724,11 +780,15 @@ def compare(
 
     try:
         with _reported("compare"):
+            if full and preset not in ("cpu", "full"):
+                raise ArgumentError("full", f"--full is --preset full; got --preset {preset} too")
             cfg = compare_config(
-                preset,
+                "full" if full else preset,
                 variants=variants,
                 seeds=seeds,
                 seed=seed,
+                lrs=lrs,
+                workers=workers,
                 text=None if text_file is None else str(text_file),
                 device=device,
                 steps=steps,
@@ -740,9 +800,10 @@ def compare(
                 seq_len=seq_len,
                 eval_interval=eval_interval,
                 eval_batches=eval_batches,
+                final_eval_batches=final_eval_batches,
                 threads=threads,
             )
-            out_dir = output_dir(out)
+            out_dir = output_dir(out, overwrite=overwrite)
             if cfg.device == "cpu" and (estimate := estimate_seconds(cfg)) > CPU_REFUSE_S:
                 err_console.print(
                     f"warning: this run will take at least {format_duration(estimate)} on this CPU",
@@ -758,7 +819,14 @@ def compare(
             else "no seed had finished, nothing was written"
         )
         raise _fail("compare", f"interrupted; {kept}", code=130) from None
-    table = Table(title=f"rmsnorm compare ({results['wall_time_s']:.0f} s)")
+    _print_comparison(results, paths)
+
+
+def _print_comparison(results: dict, paths: dict) -> None:
+    """The headline table of a comparison, its warnings and the files written."""
+    from .lab.comparison import SUMMARY_COLUMNS, summary_rows
+
+    table = Table(title=f"rmsnorm compare ({results['wall_time_s']:.0f} s), nats/byte")
     for column in SUMMARY_COLUMNS:
         table.add_column(column)
     for row in summary_rows(results):

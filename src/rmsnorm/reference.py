@@ -125,6 +125,29 @@ def _as(t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
     return t if t is None or t.shape == x.shape else t.reshape(x.shape)
 
 
+# A row is summed in blocks of _ROW_BLOCK elements, then the block sums: torch splits one
+# reduction over threads where it has fewer rows than threads and ≥ 32768 elements (a single row of
+# 65536 summed on two threads rounds differently from the same row in a batch), and a block never
+# reaches that size, so every row is summed in the same order whatever batch it is in and however
+# many threads run (docs/spec.md, "Batch invariance").
+_ROW_BLOCK = 4096
+
+
+def _row_sum(t: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """Σ over the last dim of t, in an order fixed by that dim's size alone."""
+    n = t.shape[-1]
+    if not torch.jit.is_tracing() and n > _ROW_BLOCK:  # (a trace fixes the shapes anyway)
+        blocks = -(-n // _ROW_BLOCK)
+        if blocks * _ROW_BLOCK != n:
+            t = torch.nn.functional.pad(t, (0, blocks * _ROW_BLOCK - n))
+        t = t.reshape(*t.shape[:-1], blocks, _ROW_BLOCK).sum(dim=-1)
+    return t.sum(dim=-1, keepdim=keepdim)
+
+
+def _row_mean(t: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    return _row_sum(t, keepdim) / t.shape[-1]
+
+
 def _column_sum(t: torch.Tensor) -> torch.Tensor:
     """Σ over the rows of t (*, N): (N,)."""
     return t.reshape(-1, t.shape[-1]).sum(dim=0)
@@ -156,8 +179,8 @@ def _mean_square(xf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     or, where mean(x²) overflows, ms = mean((s·x)²) and sc = s (see the module docstring)."""
     xk = xf[..., :k]
     s = overflow_scale(xf.dtype)
-    ms = xk.square().mean(dim=-1)  # (*)
-    ms_s = (xk * s).square().mean(dim=-1)  # the same read of x: one fused reduction when compiled
+    ms = _row_mean(xk.square())  # (*)
+    ms_s = _row_mean((xk * s).square())  # the same read of x: one fused reduction when compiled
     over = ms == math.inf
     return torch.where(over, ms_s, ms), _ones_but(over, s, ms)
 
@@ -251,6 +274,14 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     return y, h, _flat(rstd)
 
 
+def _finite_or_one(r: torch.Tensor) -> torch.Tensor:
+    return torch.where(r.isinf(), torch.ones_like(r), r)
+
+
+def _inf_or_one(r: torch.Tensor) -> torch.Tensor:
+    return torch.where(r.isinf(), r, torch.ones_like(r))
+
+
 def rms_norm_bwd(
     dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
     need_weight_grad=True,
@@ -276,7 +307,9 @@ def rms_norm_bwd(
     xhat = xf * r  # (*, N)
     s = _scale(weight, offset, cd)
     g = dyf * s if s is not None else dyf
-    S = (g * xhat).sum(dim=-1, keepdim=True)  # (*, 1)
+    # Where r = inf (eps = 0 on a row whose squares underflow), S = r·Σ g·x: the sum stays finite
+    # and the products after it are ±inf where torch's autograd has them, not inf − inf = NaN.
+    S = _row_sum(g * (xf * _finite_or_one(r)), keepdim=True) * _inf_or_one(r)  # (*, 1)
     n = x.shape[-1]
     if eps_mode == "mean_square":
         corr = xhat * (r * S / k)
@@ -509,6 +542,14 @@ def gated_rms_norm_bwd(
 _RISK_R = 2.0**-100
 
 
+def _ln_mean(xf: torch.Tensor) -> torch.Tensor:
+    """The mean of each row of xf, or its first element c where Σ (x − c) = 0: a constant row's
+    mean is then exactly its value, so x − μ = 0 and σ² = 0 as in torch (a float32 mean of
+    64 × 0.1 rounds, and eps = 0 then gave finite values where torch has NaN)."""
+    c = xf[..., :1]
+    return torch.where(_row_sum(xf - c) == 0, c[..., 0], _row_mean(xf))
+
+
 def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """LayerNorm forward: y = γ ⊙ (x − μ)·r + β with r = 1/sqrt(σ² + ε), σ² the population variance
     (two-pass). Computed in the compute dtype, returned in x's dtype, as ``F.layer_norm``. A row
@@ -519,17 +560,17 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """
     cd = compute_dtype(x.dtype)
     xf = x.to(cd)
-    mean = xf.mean(dim=-1)  # (*)
+    mean = _ln_mean(xf)  # (*)
     xc = xf - mean[..., None]
-    var = xc.square().mean(dim=-1)
+    var = _row_mean(xc.square())
     s = overflow_scale(cd)
     xs = xf * s  # the same reads as the plain statistics: fused into their reductions when compiled
-    mean_s = xs.mean(dim=-1)
+    mean_s = _ln_mean(xs)
     xc_s = xs - mean_s[..., None]
     over = ~torch.isfinite(var)  # also NaN: a NaN or inf input gives NaN either way
     xc = torch.where(over[..., None], xc_s, xc)
     sc = _ones_but(over, s, var)
-    r = torch.rsqrt(torch.where(over, xc_s.square().mean(dim=-1), var) + eps * sc * sc)  # (*)
+    r = torch.rsqrt(torch.where(over, _row_mean(xc_s.square()), var) + eps * sc * sc)  # (*)
     mean = torch.where(over, mean_s / s, mean)
     rstd = r * sc
     y = xc * r[..., None]
@@ -551,7 +592,7 @@ def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     sc = _ones_but(r < _RISK_R, overflow_scale(cd), r)  # (*, 1)
     xhat = (x.to(cd) * sc - _lead(mean.to(cd), x)[..., None] * sc) * (r / sc)
     g = dyf * weight.to(cd) if weight is not None else dyf
-    dx = r * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+    dx = r * (g - _row_mean(g, keepdim=True) - xhat * _row_mean(g * xhat, keepdim=True))
     dw = x.new_empty((0,), dtype=compute_dtype(x.dtype))  # distinct tensors: outputs never alias
     db = x.new_empty((0,), dtype=compute_dtype(x.dtype))
     if need_weight_grad and weight is not None:

@@ -46,7 +46,8 @@ OPS = (
     "rms_norm", "add_rms_norm", "layer_norm", "gated_rms_norm", "gated_rms_norm_grouped", "copy",
     "generate",
 )  # fmt: skip
-MODES = ("forward", "backward", "forward_backward")
+# forward_backward_leaf: forward + backward into the leaves' .grad (latency mode)
+MODES = ("forward", "backward", "forward_backward", "forward_backward_leaf")
 VARIANTS = ("eager", "cuda_graph")
 
 # Minimal traffic in units of M·N elements (docs/performance.md). Weights and per-row statistics are
@@ -75,8 +76,8 @@ _UNITS = {
 
 def bytes_moved(op: str, mode: str, m: int, n: int, elem: int) -> int:
     """Bytes an ideal kernel moves for (op, mode) on an (m, n) problem of `elem`-byte elements;
-    forward_backward is the sum of the two."""
-    if mode == "forward_backward":
+    forward_backward (and forward_backward_leaf) is the sum of the two."""
+    if mode in ("forward_backward", "forward_backward_leaf"):
         return bytes_moved(op, "forward", m, n, elem) + bytes_moved(op, "backward", m, n, elem)
     try:
         return _UNITS[(op, mode)] * m * n * elem

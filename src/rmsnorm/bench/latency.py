@@ -38,7 +38,10 @@ EPS = 1e-6
 MS = (1, 8, 128, 1024, 8192)
 NS = (128, 768, 4096)
 DTYPES = (torch.float32, torch.bfloat16)
-PASSES = ("forward", "forward_backward")  # "forward" is timed under torch.no_grad()
+# "forward" is timed under torch.no_grad(); "forward_backward" takes torch.autograd.grad of the
+# inputs and parameters, "forward_backward_leaf" calls .backward() into their .grad (a training
+# step's form: autograd's AccumulateGrad nodes run too), the latter in launch-bound cells only.
+PASSES = ("forward", "forward_backward", "forward_backward_leaf")
 LARGE = 2**16  # M·N from which a call carries real work (the targets change there)
 DECODE_M = 128  # M up to which a call is a decoding-size call (Liger, CUDA graphs on a GPU)
 GRAPH_CALLS = 20  # calls captured per CUDA graph; a replay is timed and divided by this
@@ -158,9 +161,13 @@ def _specs(n: int, mods: _Modules, liger, decode: bool) -> dict[tuple[str, str],
     return s
 
 
-def _calls(specs: dict, tensors: tuple, grad: bool, dy, dh) -> dict[tuple[str, str], Callable]:
+def _calls(
+    specs: dict, tensors: tuple, grad: bool, dy, dh, leaf: bool = False
+) -> dict[tuple[str, str], Callable]:
     """The timed callables: forward only, or forward then torch.autograd.grad of every output
-    with respect to the input(s) and the parameters, in one call."""
+    with respect to the input(s) and the parameters (`leaf`: .backward() into their .grad, reset
+    to None after each call, so that every call's AccumulateGrad takes a fresh gradient), in one
+    call."""
     x, r, w, b = tensors
     named = dict(zip("xrwb", tensors, strict=True))
     out = {}
@@ -177,7 +184,12 @@ def _calls(specs: dict, tensors: tuple, grad: bool, dy, dh) -> dict[tuple[str, s
         def fwd_bwd(fwd=fwd, inputs=inputs, gouts=gouts):
             return torch.autograd.grad(fwd(x, r, w, b), inputs, gouts)
 
-        out[key] = fwd_bwd
+        def fwd_bwd_leaf(fwd=fwd, inputs=inputs, gouts=gouts):
+            torch.autograd.backward(fwd(x, r, w, b), gouts)
+            for t in inputs:
+                t.grad = None
+
+        out[key] = fwd_bwd_leaf if leaf else fwd_bwd
     return out
 
 
@@ -278,7 +290,7 @@ def run(
 
 
 def _cell(meta, device, m, n, dtype, liger, gen, quick, log) -> list[Row]:
-    """Every provider of one (M, N, dtype), both passes, interleaved within each pass; the copy
+    """Every provider of one (M, N, dtype), every pass, interleaved within each pass; the copy
     of the cell's elements is timed with the forward pass."""
 
     def rand(*shape, scale=1.0, shift=0.0):
@@ -295,10 +307,12 @@ def _cell(meta, device, m, n, dtype, liger, gen, quick, log) -> list[Row]:
     out: list[Row] = []
     copy_gbps = 0.0
     for mode in PASSES:
-        grad = mode == "forward_backward"
+        if mode == "forward_backward_leaf" and m * n >= LARGE:
+            continue
+        grad = mode != "forward"
         # Inference inputs do not require grad (module weights still do, as in a model).
         tensors = tuple(t.detach().requires_grad_(grad) for t in base)
-        calls = _calls(specs, tensors, grad, dy, dh)
+        calls = _calls(specs, tensors, grad, dy, dh, leaf=mode == "forward_backward_leaf")
         if not grad:
             dst, src = torch.empty_like(base[0]), base[0]
             calls[("copy", "torch")] = lambda dst=dst, src=src: dst.copy_(src)
@@ -519,8 +533,12 @@ def judge(rows: Sequence[Row]) -> list[Verdict]:
 # ----------------------------------------------------------------------------------------------
 # Writers
 # ----------------------------------------------------------------------------------------------
-_PASS_TITLE = {"forward": "forward under no_grad", "forward_backward": "forward + backward"}
-_SHORT = {"forward": "fwd", "forward_backward": "fwd+bwd"}
+_PASS_TITLE = {
+    "forward": "forward under no_grad",
+    "forward_backward": "forward + backward",
+    "forward_backward_leaf": "forward + .backward() into leaves",
+}
+_SHORT = {"forward": "fwd", "forward_backward": "fwd+bwd", "forward_backward_leaf": "leaf"}
 
 
 def _fmt_ms(ms: float) -> str:
@@ -561,8 +579,10 @@ def _intro(device: str, note: str) -> list[str]:
         "outputs are not faulted in again on each call by an amount that depends on the cells "
         "timed before. *Forward under no_grad*: one call inside `torch.no_grad()` (inputs do not "
         "require grad, module weights do). *Forward + backward*: one call doing the forward and "
-        "`torch.autograd.grad` with respect to the input(s) and the parameters."
-        + (f" {note}" if note else "")
+        "`torch.autograd.grad` with respect to the input(s) and the parameters. *Forward + "
+        "`.backward()` into leaves* (cells below 2^16 elements): the same with `.backward()`, "
+        "which accumulates into the inputs' and parameters' `.grad` (reset to `None` after each "
+        "call), as a training step does." + (f" {note}" if note else "")
     )
     targets = (
         "`rmsnorm.rms_norm`, the `rmsnorm.RMSNorm` module and Hugging Face's `LlamaRMSNorm` after "

@@ -19,13 +19,15 @@ from .transformer import Transformer
 
 @dataclass
 class TrainConfig:
-    """AdamW, linear warm-up then cosine decay to 10% of ``lr``; data order fixed by ``seed``."""
+    """AdamW, linear warm-up then cosine decay to ``min_lr_ratio`` (10%) of ``lr``; data order
+    fixed by ``seed``."""
 
     steps: int = 200
     batch_size: int = 16
     lr: float = 3e-3
     weight_decay: float = 0.1
     warmup: int = 20
+    min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     eval_interval: int = 50
     eval_batches: int = 4
@@ -37,30 +39,40 @@ class TrainConfig:
     # ``eval_batches`` fixed windows of its own (``TrainHistory.val_loss_parts``): one part to
     # choose a setting on, another to report, with no byte in common. ``val_loss`` is their mean.
     val_parts: int = 1
-    # Stop a run at its first non-finite training loss (``TrainHistory.diverged_at``) instead of
-    # stepping on with NaN weights; off by default, so a run always has ``steps`` entries.
+    # Batches of each part scored once more after the last step (None: no extra evaluation):
+    # more windows where the final number is what is compared, the curve staying on the same
+    # ``eval_batches`` windows throughout (``TrainHistory.final_val_loss_parts``).
+    final_eval_batches: int | None = None
+    # Stop a run at its first non-finite training loss or gradient norm
+    # (``TrainHistory.diverged_at``) instead of stepping on with inf or NaN weights; off by
+    # default, so a run always has ``steps`` entries.
     stop_on_divergence: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_interval", "eval_batches", "val_parts"):
             positive_int(name, getattr(self, name))
+        if self.final_eval_batches is not None:
+            positive_int("final_eval_batches", self.final_eval_batches)
         positive_number("lr", self.lr)
         non_negative_int("warmup", self.warmup)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
 
     def lr_at(self, step: int) -> float:
         """The learning rate of step ``step`` (0-based)."""
         if step < self.warmup:
             return self.lr * (step + 1) / self.warmup
         progress = (step - self.warmup) / max(1, self.steps - self.warmup)
-        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+        floor = self.min_lr_ratio
+        return self.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 @dataclass
 class TrainHistory:
     """Per step: training loss, step time, global gradient L2 norm before clipping, learning
     rate. Per evaluation: the step count, the validation loss (mean over parts) and the loss of
-    each part of the held-out split. ``diverged_at``: the step whose training loss was not
-    finite (with ``stop_on_divergence``), or None."""
+    each part of the held-out split. ``diverged_at``: the step whose training loss or gradient
+    norm was not finite (with ``stop_on_divergence``), or None."""
 
     train_loss: list[float] = field(default_factory=list)  # one per step
     step_time_s: list[float] = field(default_factory=list)
@@ -70,6 +82,12 @@ class TrainHistory:
     grad_norm: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     val_loss_parts: list[list[float]] = field(default_factory=list)  # [part][evaluation]
+    # [part][window]: the loss of each validation window at the last evaluation (the final one
+    # with ``final_eval_batches``), which says how much of a difference between two models is the
+    # sampling of the windows
+    val_windows: list[list[float]] = field(default_factory=list)
+    # [part]: the loss on ``final_eval_batches`` batches after the last step (empty without)
+    final_val_loss_parts: list[float] = field(default_factory=list)
     diverged_at: int | None = None
 
     def to_dict(self) -> dict:
@@ -77,9 +95,17 @@ class TrainHistory:
 
 
 @torch.no_grad()
-def evaluate(model: Transformer, corpus: Corpus, batches: int, batch_size: int, seed: int) -> float:
+def evaluate(
+    model: Transformer,
+    corpus: Corpus,
+    batches: int,
+    batch_size: int,
+    seed: int,
+    windows: list[float] | None = None,
+) -> float:
     """Mean next-byte cross-entropy (nats) over ``batches`` fixed validation windows (drawn with
-    a generator seeded from ``seed``: the same windows for every model)."""
+    a generator seeded from ``seed``: the same windows for every model). ``windows``, if given,
+    receives the mean loss of each window (``batches × batch_size`` values, in order)."""
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed + 1_000_003)
@@ -89,6 +115,9 @@ def evaluate(model: Transformer, corpus: Corpus, batches: int, batch_size: int, 
         x, y = corpus.batch("val", batch_size, model.cfg.seq_len, gen)
         logits = model(x.to(device))
         total += F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten()).item()
+        if windows is not None:
+            per_byte = F.cross_entropy(logits.transpose(1, 2), y.to(device), reduction="none")
+            windows += per_byte.mean(dim=1).tolist()
     model.train(was_training)
     return total / batches
 
@@ -154,25 +183,27 @@ class Trainer:
         hist.grad_norm.append(grad_norm.item())
         hist.lr.append(lr)
         self.step_index += 1
-        if cfg.stop_on_divergence and not math.isfinite(hist.train_loss[-1]):
+        finite = math.isfinite(hist.train_loss[-1]) and math.isfinite(hist.grad_norm[-1])
+        if cfg.stop_on_divergence and not finite:
             hist.diverged_at = step
             return hist.train_loss[-1]
+        eval_seed = cfg.seed if cfg.eval_seed is None else cfg.eval_seed
         if self.step_index % cfg.eval_interval == 0 or self.step_index == cfg.steps:
-            eval_seed = cfg.seed if cfg.eval_seed is None else cfg.eval_seed
             hist.val_steps.append(self.step_index)
-            if cfg.val_parts == 1:
-                hist.val_loss.append(
-                    evaluate(model, self.corpus, cfg.eval_batches, cfg.batch_size, eval_seed)
-                )
-                hist.val_loss_parts[0].append(hist.val_loss[-1])
-            else:
-                losses = [
-                    evaluate(model, part, cfg.eval_batches, cfg.batch_size, eval_seed)
-                    for part in self.val_corpora
-                ]
-                for part_losses, value in zip(hist.val_loss_parts, losses, strict=True):
-                    part_losses.append(value)
-                hist.val_loss.append(sum(losses) / len(losses))
+            hist.val_windows = [[] for _ in self.val_corpora]
+            losses = [
+                evaluate(model, part, cfg.eval_batches, cfg.batch_size, eval_seed, windows)
+                for part, windows in zip(self.val_corpora, hist.val_windows, strict=True)
+            ]
+            for part_losses, value in zip(hist.val_loss_parts, losses, strict=True):
+                part_losses.append(value)
+            hist.val_loss.append(losses[0] if len(losses) == 1 else sum(losses) / len(losses))
+        if self.step_index == cfg.steps and cfg.final_eval_batches is not None:
+            hist.val_windows = [[] for _ in self.val_corpora]
+            hist.final_val_loss_parts = [
+                evaluate(model, part, cfg.final_eval_batches, cfg.batch_size, eval_seed, windows)
+                for part, windows in zip(self.val_corpora, hist.val_windows, strict=True)
+            ]
         return hist.train_loss[-1]
 
 

@@ -800,7 +800,7 @@ def backward(ctrl, fn, dyp, dys, xp, xs, zp, zs, drp, drs, dxp, dzp, wp, ws, bp,
         n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_param
     )
     need_dw, need_db = K._field(flags, GNEED_DW), K._field(flags, GNEED_DB)
-    rpb = K._bwd_rows_per_block(n)
+    rpb = K._bwd_rows_per_block(m, n)
     nb = (m + rpb - 1) // rpb
     pw = np.empty(nb * n if need_dw else 0, np.float32)
     pb = np.empty(nb * n if need_db else 0, np.float32)

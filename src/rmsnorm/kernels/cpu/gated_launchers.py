@@ -157,7 +157,7 @@ def gated_rms_norm_fwd(
     if m * n < L.PARALLEL_MIN:
         _forward(0, *args)
     else:
-        L._shared(_forward, m * n, *args)
+        L._shared(_forward, *args)
     return y, rstd
 
 
@@ -240,5 +240,5 @@ def gated_rms_norm_bwd(
     if m * n < L.PARALLEL_MIN:
         _backward(0, *args)
     else:
-        L._shared(_backward, m * n, *args)
+        L._shared(_backward, *args)
     return dx, dz, dw, db

@@ -13,8 +13,22 @@ import platform
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import carray, types
+from numba import njit as _numba_njit
 from numba.extending import intrinsic
+
+
+def njit(fn=None, **options):
+    """numba's ``njit`` with ``error_model="numpy"`` (every function of this file is compiled so):
+    float division follows IEEE as torch's ops do (x/0 = ±inf, 0/0 = NaN), where numba's default
+    ``"python"`` model raises ZeroDivisionError from inside a kernel (an all-zero row with eps = 0)
+    and branches on every divisor. The integer divisors here (n, k, rows per block) are ≥ 1 by
+    construction (the launchers send empty tensors to the reference), and no float is converted
+    to an integer, so the model's other difference (integer division by zero giving 0) never
+    applies."""
+    options = {"error_model": "numpy", **options}
+    return _numba_njit(**options) if fn is None else _numba_njit(**options)(fn)
+
 
 # dtype codes (shared with the launchers); F64 only for weights and biases and their gradients
 F32, BF16, F16, F64 = 0, 1, 2, 3
@@ -269,6 +283,19 @@ def _pause(typingctx):
 
 
 @intrinsic
+def _call_int(typingctx, addr):
+    """Call ``int f(void)`` at addr (``omp_get_thread_num``) and return its value."""
+    if addr != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_I32, [])
+        return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), _I64)
+
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
 def _call_int_void(typingctx, addr):
     """Call ``int f(void)`` at addr (``sched_yield``). The address is a run-time value: code that
     embeds a library's address cannot be cached."""
@@ -464,11 +491,19 @@ def _field(flags, f):
     return (flags >> f[0]) & ((1 << f[1]) - 1)
 
 
-# Reductions are accumulated in float64 (the statistics come out as the correctly rounded fp32
-# values in practice) and may be reassociated, so LLVM vectorizes them. Nothing else is fastmath:
-# the element-wise products round exactly as torch's eager ops do.
+# Row statistics are accumulated in float64 (they come out as the correctly rounded float32
+# values in practice) and may be reassociated, so LLVM vectorizes them; float32 sums in their place
+# measured no faster (docs/cpu.md). Nothing else is fastmath: the element-wise products round
+# exactly as torch's eager ops do. A row whose float64 sum is tiny (< _TINY) is summed again the
+# way torch sums it, squares (and x − μ) in float32, so that squares that underflow float32
+# (|x| ≲ 1e-19) do there what they do in torch: an all-tiny row then gets r = inf with eps = 0, as
+# torch's (and the other backends') does. Above _TINY, what underflows in float32 is below 2^-35
+# of the sum, so both ways agree to rounding.
+_TINY = 2.0**-60
+
+
 @njit(fastmath={"reassoc", "contract"})
-def _sum_squares(x, k):
+def _sum_squares64(x, k):
     acc = 0.0
     for j in range(k):
         v = np.float64(x[j])
@@ -477,9 +512,26 @@ def _sum_squares(x, k):
 
 
 @njit(fastmath={"reassoc", "contract"})
+def _sum_squares32(x, k):
+    """Σ_{j<k} x_j² with each square rounded to float32 (as torch's x.pow(2)), summed in float64."""
+    acc = 0.0
+    for j in range(k):
+        acc += np.float64(x[j] * x[j])
+    return acc
+
+
+@njit
+def _sum_squares(x, k):
+    """Σ_{j<k} x_j² in float64 (float32 squares for a tiny row, see above)."""
+    ss = _sum_squares64(x, k)
+    return _sum_squares32(x, k) if ss < _TINY else ss
+
+
+@njit(fastmath={"reassoc", "contract"})
 def _shifted_sums(x, n, c):
     """Σ (x − c) and Σ (x − c)² in float64; with c = x[0] the variance from them has no cancellation
-    unless the row's spread is tiny next to |x[0] − mean|."""
+    unless the row's spread is tiny next to |x[0] − mean|, and a constant row gets μ = c exactly
+    and σ² = 0 (x − μ = 0, as in torch)."""
     s1 = 0.0
     s2 = 0.0
     for j in range(n):
@@ -487,6 +539,29 @@ def _shifted_sums(x, n, c):
         s1 += d
         s2 += d * d
     return s1, s2
+
+
+@njit(fastmath={"reassoc", "contract"})
+def _deviations32(x, n, mu):
+    """Σ (x − μ)² with each x − μ and its square rounded to float32 (torch's), summed in float64."""
+    acc = 0.0
+    for j in range(n):
+        d = x[j] - mu
+        acc += np.float64(d * d)
+    return acc
+
+
+@njit
+def _moments(x, n, c, s1, s2):
+    """(μ in float32, σ²) of the row from :func:`_shifted_sums` about c = x[0]; σ² of a tiny row
+    (see above) again from float32 deviations about that μ."""
+    mu = np.float32(c + s1 / n)
+    var = (s2 - s1 * s1 / n) / n
+    if var < 0.0:  # (NaN stays NaN)
+        var = 0.0
+    if var < _TINY:
+        var = _deviations32(x, n, mu) / n
+    return mu, var
 
 
 @njit(fastmath={"reassoc", "contract"})
@@ -609,11 +684,65 @@ def _dx_ln(dy, x, s64, n, mu, a, b, c, out):
         out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]) - b * (np.float64(x[j]) - mud) + c)
 
 
+# "llama" / "none" products in one pass: v = x·r rounded to c_mul (the input dtype), times the
+# scale (already rounded to the output dtype), plus β rounded again, stored in the output dtype
+# (which rounds), each rounding where torch's eager ops round. One loop per combination, so that
+# each vectorizes (four loops with a rounding pass each measured 1.7-2.4x the gemma forward).
+@njit
+def _apply_rounded(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
+    if y_code == F32:
+        out = carray(_ptr_f32(yaddr), n)
+        if c_mul == BF16 and has_b:
+            for j in range(n):
+                out[j] = _bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j] + b[j]
+        elif c_mul == BF16:
+            for j in range(n):
+                out[j] = _bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j]
+        elif c_mul == F16 and has_b:
+            for j in range(n):
+                out[j] = _f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j] + b[j]
+        elif c_mul == F16:
+            for j in range(n):
+                out[j] = _f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j]
+        else:
+            _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n)
+    elif y_code == BF16 and c_mul == BF16:
+        out16 = carray(_ptr_u16(yaddr), n)
+        if has_b:
+            for j in range(n):
+                v = _bf16_to_f32(_f32_to_bf16(_bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j]))
+                out16[j] = _f32_to_bf16(v + b[j])
+        else:
+            for j in range(n):
+                out16[j] = _f32_to_bf16(_bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j])
+    elif y_code == F16 and c_mul == F16:
+        out16 = carray(_ptr_u16(yaddr), n)
+        if has_b:
+            for j in range(n):
+                v = _f16_to_f32(_f32_to_f16(_f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j]))
+                out16[j] = _f32_to_f16(v + b[j])
+        else:
+            for j in range(n):
+                out16[j] = _f32_to_f16(_f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j])
+    else:
+        _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n)
+
+
+@njit
+def _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
+    """:func:`_apply_rounded` for any codes, an element at a time (mixed half dtypes)."""
+    t = np.empty(n, np.float32)
+    for j in range(n):
+        v = _round(_round(xs[j] * rr, c_mul) * s[j], y_code)
+        t[j] = _round(v + b[j], y_code) if has_b else v
+    _store_row(t, yaddr, n, y_code)
+
+
 # ----------------------------------------------------------------------------------------------
 # The task block: one int64 array per work-sharing pool, read by every thread of a call. The words
 # the threads update are a cache line (8 words) apart.
 # ----------------------------------------------------------------------------------------------
-_GEN, _NEXT, _DONE, _ACTIVE = 0, 8, 16, 24  # generation (odd while written), claim / done counters
+_GEN, _ARRIVED, _DONE, _ACTIVE = 0, 8, 16, 24  # generation (odd while written), arrivals, done
 _SLEEPERS = 32  # helpers asleep in futex_wait on the generation word
 HELPED = 36  # blocks the helpers have run, in all (for tests and measurements)
 HELPER_SPINS = 37  # a helper's pause-loop iterations between a task and sleep (set by the pool)
@@ -621,6 +750,7 @@ HELPER_SPINS = 37  # a helper's pause-loop iterations between a task and sleep (
 # GOMP_parallel's address, the team body's address, the team size); the call then fills a private
 # task block and runs it on an OpenMP team (torch's own threads).
 MODE, GOMP, BODY, TEAM = 38, 39, 33, 34
+TID = 35  # omp_get_thread_num's address (0 where not found: team members take ranges as they come)
 POOL, OPENMP = 0, 1
 # set once by the pool: sched_yield's and syscall's addresses, the futex number, a stop flag, and
 # the helpers' futex timeout as a struct timespec (seconds, nanoseconds)
@@ -632,10 +762,13 @@ _M, _N, _K, _FLAGS = 51, 52, 53, 54  # the call's sizes and flags (both kinds)
 _X, _XS, _R, _RS, _H, _Y, _S, _B, _MEAN, _RSTD, _EPS = 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65
 # backward: dy, dresidual, dx; the scale; the statistics; the float32 partial rows of dw and db
 _DY, _DYS, _DR, _DRS, _DX, _PW, _PB = 66, 67, 68, 69, 70, 71, 72
+_PARTS = 73  # the contiguous ranges the blocks are split into (one per thread of the call)
 # a task of kind _CALL: the address of a compiled ``void fn(int64 args, int64 block)`` that runs
 # one block, and its argument block (kernels of other modules share calls this way: run_blocks)
-_FN, _ARGS = 73, 74
-WORDS = 80
+_FN, _ARGS = 74, 75
+# Range t's claim counter is word _CNT + 8·t (a cache line each), t < MAX_PARTS.
+_CNT, MAX_PARTS = 80, 64
+WORDS = _CNT + 8 * MAX_PARTS
 _FORWARD, _BACKWARD, _CALL = 0, 1, 2
 SPINS = 2000  # pause-loop iterations before a waiting thread starts yielding its core (~20-60 µs)
 _FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE
@@ -693,6 +826,8 @@ def _fwd_rows(c, lo, hi, tx, ty):
             xrow = carray(_ptr_u16(xb + i * xs), n)
             if norm == RMS_NORM:
                 ss = _load_bf16_sum_squares(xrow, xs_, n, k)
+                if ss < _TINY:
+                    ss = _sum_squares32(xs_, k)
             else:
                 cc, s1, s2 = _load_bf16_shifted_sums(xrow, xs_, n)
         else:
@@ -703,8 +838,7 @@ def _fwd_rows(c, lo, hi, tx, ty):
             if has_res or x_code != BF16:
                 cc = np.float64(xs_[0])
                 s1, s2 = _shifted_sums(xs_, n, cc)
-            var = max((s2 - s1 * s1 / n) / n, 0.0)
-            mu = np.float32(cc + s1 / n)
+            mu, var = _moments(xs_, n, cc, s1, s2)
             r = np.float32(1.0 / np.sqrt(var + eps))
             mean[i] = mu
         else:
@@ -726,7 +860,10 @@ def _fwd_rows(c, lo, hi, tx, ty):
             else:
                 _normalize(xs_, mu, r, s, b, has_b, norm, ty[:n])
                 _store_row(ty, yaddr, n, y_code)
-        else:  # "llama" / "none" with half inputs: round where torch's eager ops round
+        elif (c_pre == F32 or (x_code == c_pre and not has_res)) and c_out == y_code:
+            # "llama" / "none" with half inputs, one pass (the input is already in c_pre)
+            _apply_rounded(xs_, _round(r, c_r), s, b, has_b, c_mul, y_code, yaddr, n)
+        else:  # the rest, with a residual in another dtype: round where torch's eager ops round
             if c_pre != F32:
                 for j in range(n):
                     ty[j] = xs_[j]
@@ -783,6 +920,8 @@ def _bwd_block(c, blk, tx, tdy, tdx):
             mu = mean[i]
             sg, sgx = _sum_g_gx(dys, xs_, s64, n, np.float64(mu))
             a, b, cc = rd, rd * rd * (rd * sgx / n), -rd * (sg / n)
+            if rd == np.inf:  # eps = 0, σ² = 0: x̂ is ±inf (or NaN), so mean(g·x̂) is NaN, as torch's
+                a = b = cc = np.nan
         else:
             # dx = r·g − m_j·x̂·f, f = r·S/k ("mean_square") or S/(k·s) ("rms", 0 where s = 0),
             # S = Σ g·x̂, m_j = 1 for the first k elements
@@ -803,7 +942,13 @@ def _bwd_block(c, blk, tx, tdy, tdx):
         # (to the input dtype in "llama" mode). A separate pass over the cached row costs no more
         # than fusing it into dx's (measured).
         if need_dw:
-            if c_xhat != F32:
+            if c_xhat == BF16 and norm == RMS_NORM:  # "llama": x̂ rounded as the forward did
+                for j in range(n):
+                    pw[j] += dys[j] * _bf16_to_f32(_f32_to_bf16(xs_[j] * r))
+            elif c_xhat == F16 and norm == RMS_NORM:
+                for j in range(n):
+                    pw[j] += dys[j] * _f16_to_f32(_f32_to_f16(xs_[j] * r))
+            elif c_xhat != F32:
                 for j in range(n):
                     pw[j] += dys[j] * _round((xs_[j] - mu) * r, c_xhat)
             elif norm == LAYER_NORM and r < _RISK_R:  # x − μ may overflow: as _normalize
@@ -847,17 +992,44 @@ def _reduce_partials(p, nb, n, addr, code, acc):
 
 
 # ----------------------------------------------------------------------------------------------
-# Work sharing. A call runs on its own thread; where a pool's task block is given, it publishes
-# the call there, wakes nobody itself (the launcher has woken the pool's threads) and claims
-# blocks of rows one at a time, as do the pool's threads that arrive while blocks remain. No
-# thread waits for another to start: a helper that wakes late finds nothing left, and the caller
-# only waits for blocks already claimed. Blocks depend on the sizes alone, never on the threads.
+# Work sharing. A call's blocks of rows are split into `parts` contiguous ranges, one per thread
+# of the call, each with its own claim counter. Thread t of the call (the caller is 0; an OpenMP
+# team member's number, a pool helper's index + 1) runs range t's blocks in order, streaming
+# through memory as thread t of torch's own parallel_for does — and the same rows in a forward
+# and in the backward that follows, which finds them in its core's cache where they fit — then it
+# takes the blocks still left in the other ranges, one at a time. So no thread waits for another
+# to start: the blocks of a thread that arrives late (or never: a helper the scheduler does not
+# run) are run by the others, and the caller only waits for blocks already claimed. Blocks depend
+# on the sizes alone, never on the threads, so neither the number of threads nor which thread ran
+# which block changes a result.
 # ----------------------------------------------------------------------------------------------
 @njit
-def _claim(c):
-    """Claim and run blocks of the published task until none is left; returns how many it ran."""
-    nb, n = c[_NB], c[_N]
-    if _atomic_load(_addr(c, _NEXT)) >= nb:
+def _set_ranges(c, nb, parts):
+    """Split the nb blocks into `parts` contiguous ranges (their claim counters at their starts)."""
+    c[_PARTS] = parts
+    for t in range(parts):
+        c[_CNT + 8 * t] = t * nb // parts
+
+
+@njit
+def _left(c, nb, parts):
+    """Whether some range still has a block nobody has claimed."""
+    for t in range(parts):
+        if _atomic_load(_addr(c, _CNT + 8 * t)) < (t + 1) * nb // parts:
+            return True
+    return False
+
+
+@njit
+def _claim(c, me):
+    """Join the published task as thread `me` (< 0: the next free range, in order of arrival):
+    run the blocks of range `me`, then those left in the others' (see above); returns how many
+    blocks it ran."""
+    nb, n, parts = c[_NB], c[_N], c[_PARTS]
+    if me < 0:
+        me = _atomic_add(_addr(c, _ARRIVED), 1)
+    me = me % parts
+    if not _left(c, nb, parts):
         return 0
     # Scratch rows as plain views of one allocation: arrays without an owner are passed between
     # functions without reference counting (atomic increments: ~15 ns a row measured).
@@ -868,18 +1040,22 @@ def _claim(c):
     tz = carray(_ptr_f32(base + 8 * n), n)
     kind, rpb, m = c[_KIND], c[_RPB], c[_M]
     ran = 0
-    while True:
-        blk = _atomic_add(_addr(c, _NEXT), 1)
-        if blk >= nb:
-            break
-        ran += 1
-        if kind == _FORWARD:
-            _fwd_rows(c, blk * rpb, min(m, (blk + 1) * rpb), tx, ty)
-        elif kind == _BACKWARD:
-            _bwd_block(c, blk, tx, ty, tz)
-        else:
-            _call_block(c[_FN], c[_ARGS], blk)
-        _atomic_add(_addr(c, _DONE), 1)
+    for step in range(parts):
+        t = (me + step) % parts
+        hi = (t + 1) * nb // parts
+        counter = _addr(c, _CNT + 8 * t)
+        while _atomic_load(counter) < hi:
+            blk = _atomic_add(counter, 1)
+            if blk >= hi:
+                break
+            ran += 1
+            if kind == _FORWARD:
+                _fwd_rows(c, blk * rpb, min(m, (blk + 1) * rpb), tx, ty)
+            elif kind == _BACKWARD:
+                _bwd_block(c, blk, tx, ty, tz)
+            else:
+                _call_block(c[_FN], c[_ARGS], blk)
+            _atomic_add(_addr(c, _DONE), 1)
     scratch[:0] = 0.0  # the scratch rows live until here
     return ran
 
@@ -900,14 +1076,14 @@ def _publish_begin(c):
 def _run_published(c, gen, nb):
     """Publish generation gen (the task words are written), run blocks, wait for the blocks others
     claimed."""
-    _atomic_store(_addr(c, _NEXT), 0)
+    _atomic_store(_addr(c, _ARRIVED), 0)
     _atomic_store(_addr(c, _DONE), 0)
     _atomic_store(_addr(c, _GEN), gen)
     # A helper counts itself in SLEEPERS before its last look at GEN: one of the two sides sees
     # the other, so no wake-up is lost and none is made while every helper is awake.
     if _atomic_load(_addr(c, _SLEEPERS)) > 0:
         _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAKE, 1 << 30, 0)
-    _claim(c)
+    _claim(c, 0)
     spins = 0
     while _atomic_load(_addr(c, _DONE)) < nb:
         spins = _backoff(c, spins)
@@ -919,7 +1095,10 @@ def _task_block(ctrl):
     OpenMP team)."""
     if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
         return carray(_ptr_i64(ctrl), WORDS)
-    return np.zeros(WORDS, np.int64)
+    c = np.empty(WORDS, np.int64)  # (every word a private task reads is written first)
+    c[_ARRIVED] = 0
+    c[_DONE] = 0
+    return c
 
 
 @njit
@@ -927,13 +1106,21 @@ def _run(ctrl, c, gen, nb):
     """Run the task written in c: alone, with the pool's helpers (c is the pool's block, gen its
     generation) or on an OpenMP team (ctrl points to the launch words)."""
     if ctrl == 0:
-        _claim(c)
+        _set_ranges(c, nb, 1)
+        _claim(c, 0)
         return
     launch = carray(_ptr_i64(ctrl), WORDS)
     if launch[MODE] == POOL:
+        _set_ranges(c, nb, min(1 + c[WANT], nb, MAX_PARTS))
         _run_published(c, gen, nb)
+        return
+    team = min(launch[TEAM], nb, MAX_PARTS)  # no more threads than blocks
+    _set_ranges(c, nb, team)
+    c[TID] = launch[TID]
+    if team < 2:
+        _claim(c, 0)
     else:
-        _gomp_parallel(launch[GOMP], launch[BODY], np.int64(c.ctypes.data), launch[TEAM])
+        _gomp_parallel(launch[GOMP], launch[BODY], np.int64(c.ctypes.data), team)
 
 
 @njit
@@ -1009,11 +1196,13 @@ def forward(
 
 
 @njit
-def _bwd_rows_per_block(n):
+def _bwd_rows_per_block(m, n):
     # ≥ 16 rows (the float32 partial rows of d weight are then ≤ 1/16 of the input), ~16 K elements
-    # where rows are short. Fixed by the sizes alone: d weight is summed in the same order on any
-    # number of threads.
-    return max(16, (16384 + n - 1) // n)
+    # where rows are short, and at most 64 blocks: the caller sums the partial rows alone (64·N
+    # additions: ~0.1 ms at N = 4096, where 8192 × 4096 in blocks of 16 rows left it 512·N,
+    # ~1-2 ms of a 15 ms call on two threads). Fixed by the sizes alone: d weight is summed in the
+    # same order on any number of threads.
+    return max(16, (16384 + n - 1) // n, (m + 63) // 64)
 
 
 @_entry(*(_i,) * 17, _f, _i)
@@ -1029,7 +1218,7 @@ def backward(ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, d
     for j in range(n):
         s64[j] = s32[j]
     need_dw, need_db = _field(flags, BNEED_DW), _field(flags, BNEED_DB)
-    rpb = _bwd_rows_per_block(n)
+    rpb = _bwd_rows_per_block(m, n)
     nb = (m + rpb - 1) // rpb
     pw = np.empty(nb * n if need_dw else 0, np.float32)
     pb = np.empty(nb * n if need_db else 0, np.float32)
@@ -1093,15 +1282,17 @@ def serve(ctrl, index, last, forever):
         last = gen
         _atomic_add(_addr(c, _ACTIVE), 1)
         if _atomic_load(_addr(c, _GEN)) == gen and index < c[WANT]:
-            _atomic_add(_addr(c, HELPED), _claim(c))
+            _atomic_add(_addr(c, HELPED), _claim(c, index + 1))
         _atomic_add(_addr(c, _ACTIVE), -1)
         if not forever:
             return last
 
 
 def _team_member(data):
-    """What every member of an OpenMP team runs: claim blocks of the task block at data."""
-    _claim(carray(data, (WORDS,), np.int64))
+    """What every member of an OpenMP team runs: claim blocks of the task block at data, from the
+    range of its thread number."""
+    c = carray(data, (WORDS,), np.int64)
+    _claim(c, _call_int(c[TID]) if c[TID] != 0 else -1)
 
 
 def _make_team_body():
@@ -1109,7 +1300,12 @@ def _make_team_body():
     try:  # numba's C-callback class, built here so that compile_all compiles it with the rest
         from numba.core.ccallback import CFunc
 
-        body = CFunc(_team_member, ((types.voidptr,), types.void), locals={}, options={})
+        body = CFunc(
+            _team_member,
+            ((types.voidptr,), types.void),
+            locals={},
+            options={"error_model": "numpy"},
+        )
     except (ImportError, TypeError):  # another numba: calls are shared with the helper pool
         return None
     try:

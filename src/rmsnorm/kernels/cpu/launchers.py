@@ -41,9 +41,10 @@ _F32 = torch.float32
 _F32_CPU = torch.empty(0, dtype=_F32, device="cpu")
 
 # Below this many elements (up to four blocks of ~16 K) a call runs on its own thread: sharing it
-# saves less than starting a team costs (measured in docs/cpu.md).
+# saves less than starting a team costs (measured in docs/cpu.md). From there on every call is
+# shared by torch.get_num_threads() threads: the choice depends on the sizes and the thread count
+# alone, never on a timing (which a noisy neighbour would flip).
 PARALLEL_MIN = 1 << 16
-ADAPTIVE = True  # False: share every call that can be shared (tests of the shared path)
 USE_OPENMP = True  # False: share calls with the pool's helpers even where torch uses OpenMP
 # After a task, a pool helper spins this long for the next one before it sleeps: back-to-back calls
 # then find it awake (a futex wake-up took ~45 µs on this project's VM), and an idle pool costs
@@ -111,14 +112,15 @@ def _libc_addresses() -> tuple[int, int, int]:
     return _address(libc, "sched_yield"), _address(libc, "syscall") if futex else 0, futex
 
 
-def _openmp_runtime() -> int:
-    """GOMP_parallel's address in the OpenMP runtime that torch's own kernels use (libgomp,
-    libomp and libiomp5 all export it), or 0 where torch does not use OpenMP or it is not found."""
+def _openmp_runtime() -> tuple[int, int]:
+    """(GOMP_parallel's, omp_get_thread_num's) addresses in the OpenMP runtime that torch's own
+    kernels use (libgomp, libomp and libiomp5 all export both), or zeros where torch does not use
+    OpenMP or it is not found."""
     try:
         if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
-            return 0
+            return 0, 0
     except Exception:  # noqa: BLE001 - an unusual build: no OpenMP sharing
-        return 0
+        return 0, 0
     names = ("libgomp", "libiomp", "libomp")
     paths = []
     try:  # Linux: the runtime already loaded (by torch), found by its path
@@ -134,12 +136,13 @@ def _openmp_runtime() -> int:
         paths += [os.path.join(lib_dir, f) for f in os.listdir(lib_dir) if f.startswith(names)]
     for path in dict.fromkeys(paths):
         try:
-            addr = _address(ctypes.CDLL(path), "GOMP_parallel")
+            lib = ctypes.CDLL(path)
         except OSError:
             continue
+        addr = _address(lib, "GOMP_parallel")
         if addr:
-            return addr
-    return 0
+            return addr, _address(lib, "omp_get_thread_num")
+    return 0, 0
 
 
 def _cores() -> int:
@@ -176,7 +179,6 @@ class _Pool:
         self.wakes: list[threading.Lock] = []  # one per lock-waiting helper: released = "work"
         self.helpers = 0
         self.max_helpers = max(0, _cores() - 1)
-        self.cost: dict[tuple, _Cost] = {}  # see _shared
 
     def _sleep_on_futex(self, index: int) -> None:
         _serve(self.addr, index, 0, 1)  # returns only when STOP is set
@@ -218,7 +220,9 @@ class _Pool:
 _pool: _Pool | None = None
 _pool_lock = threading.Lock()
 # Shared calls run on torch's OpenMP threads where this is not 0 (never in a forked process).
-_gomp = 0 if sys.modules[__package__].forked or K.TEAM_BODY is None else _openmp_runtime()
+_gomp, _gomp_tid = (
+    (0, 0) if sys.modules[__package__].forked or K.TEAM_BODY is None else _openmp_runtime()
+)
 _launch = threading.local()  # per calling thread: the words that ask a kernel for an OpenMP team
 
 
@@ -243,73 +247,19 @@ def _acquire(pool: _Pool, threads: int) -> int:
         if block is None:
             block = _launch.block = np.zeros(K.WORDS, np.int64)
             block[K.MODE], block[K.GOMP], block[K.BODY] = K.OPENMP, _gomp, K.TEAM_BODY.address
+            block[K.TID] = _gomp_tid
             _launch.addr = block.ctypes.data
         block[K.TEAM] = threads
         return _launch.addr
     return pool.acquire(threads)
 
 
-class _Cost:
-    """What sharing calls of one kind (kernel, flags, size class) has cost lately: the seconds per
-    element of the last 4 calls run shared and of the last 4 run alone (each way's first 2 are
-    dropped: fresh outputs are faulted in), and when to try the way not preferred again, so that a
-    change of load is noticed: 8 calls after a change of preference, twice as long after each try
-    that confirms it, up to 256 calls, and at once after a try that beat the preferred way."""
-
-    __slots__ = ("alone", "together", "calls", "interval", "next_try", "warm_alone", "warm_shared")
-
-    def __init__(self) -> None:
-        self.alone: list[float] = []
-        self.together: list[float] = []
-        self.calls = 0
-        self.interval = self.next_try = 8
-        self.warm_alone = self.warm_shared = 2
-
-    def prefer_shared(self) -> bool:
-        # Within 1.25x, sharing wins: timings are noisy, and sharing is what torch's own ops do.
-        return len(self.alone) < 2 or _median(self.together) <= 1.25 * _median(self.alone)
-
-    def choose(self) -> bool:
-        self.calls += 1
-        if len(self.together) < 2:
-            return True
-        if len(self.alone) < 2:
-            return False
-        if self.calls < self.next_try:
-            return self.prefer_shared()
-        self.interval = min(2 * self.interval, 256)
-        self.next_try = self.calls + self.interval
-        return not self.prefer_shared()
-
-    def record(self, shared: bool, per_element: float) -> None:
-        if shared and self.warm_shared:
-            self.warm_shared -= 1
-            return
-        if not shared and self.warm_alone:
-            self.warm_alone -= 1
-            return
-        before = self.prefer_shared()
-        if len(self.alone) >= 2 and shared != before:  # a retry of the way not preferred
-            if shared:
-                won = per_element <= 1.25 * _median(self.alone)
-            else:
-                won = 1.25 * per_element < _median(self.together)
-            if won:  # retry at once, until the medians agree or it loses
-                self.interval, self.next_try = 1, self.calls + 1
-        samples = self.together if shared else self.alone
-        samples.append(per_element)
-        if len(samples) > 4:
-            del samples[0]
-        if len(self.together) >= 2 and self.prefer_shared() != before:
-            self.interval, self.next_try = 8, self.calls + 8
-
-
-def _shared(kernel, elements: int, *args) -> None:
+def _shared(kernel, *args) -> None:
     """kernel(ctrl, *args) on an OpenMP team or with the pool's helpers, or kernel(0, *args) on
-    this thread alone: alone where torch is set to one thread, where another call holds the pool,
-    or where calls of this kind have lately run faster alone (an oversubscribed machine, whose
-    scheduler runs a team's threads late; measured in docs/cpu.md). The choice never changes a
-    result: blocks depend on the sizes alone."""
+    this thread alone where torch is set to one thread or another call holds the pool. The blocks
+    a call is split into depend on the sizes alone, so the way it runs never changes a result;
+    under an oversubscribed machine the caller runs the blocks of a thread that does not start
+    (kernels.py, work sharing)."""
     global _pool
     threads = torch.get_num_threads()
     if threads < 2:
@@ -319,25 +269,12 @@ def _shared(kernel, elements: int, *args) -> None:
     if pool is None:
         with _pool_lock:
             pool = _pool = _pool or _Pool()
-    cost = None
-    if ADAPTIVE:
-        key = (kernel is _forward, args[-1], elements.bit_length())
-        cost = pool.cost.get(key)
-        if cost is None:
-            cost = pool.cost[key] = _Cost()
-    ctrl = _acquire(pool, threads) if cost is None or cost.choose() else 0
-    t0 = time.perf_counter()
+    ctrl = _acquire(pool, threads)
     try:
         kernel(ctrl, *args)
     finally:
         if ctrl and ctrl == pool.addr:
             pool.busy.release()
-    if cost is not None:
-        cost.record(ctrl != 0, (time.perf_counter() - t0) / elements)
-
-
-def _median(samples: list[float]) -> float:
-    return sorted(samples)[len(samples) // 2] if samples else 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -497,7 +434,7 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=
         )  # fmt: skip
     else:
         _shared(
-            _forward, m * n, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rp, m, n,
+            _forward, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rp, m, n,
             k, float(eps), float(offset), flags,
         )  # fmt: skip
     return y, rstd
@@ -533,7 +470,7 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     if m * n < PARALLEL_MIN:
         _forward(0, *args)
     else:
-        _shared(_forward, m * n, *args)
+        _shared(_forward, *args)
     return y, h, rstd
 
 
@@ -541,9 +478,15 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     """The backward kernel's call: (dx, dw, db) with empty float32 tensors for absent gradients."""
     n = x.shape[-1]
     m = x.numel() // n
-    x, xs = _row_layout(x, n)
-    dy, dys = _row_layout(dy, n)
-    drp = drs = meanp = wp = ws = 0
+    if x.is_contiguous():  # (the common case, inline: a decoding-size call is mostly this code)
+        xs = n
+    else:
+        x, xs = _row_layout(x, n)
+    if dy.is_contiguous():
+        dys = n
+    else:
+        dy, dys = _row_layout(dy, n)
+    drp = drs = meanp = wp = ws = dwp = dbp = 0
     if dresidual is not None:
         dresidual, drs = _row_layout(dresidual, n)
         drp = dresidual.data_ptr()
@@ -555,24 +498,28 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     dx = torch.empty_like(x)
     if need_weight_grad and weight is not None:
         dw = weight.new_empty(n)
+        dwp = dw.data_ptr()
         flags |= _NEED_DW
     else:
         dw = _F32_CPU.new_empty(0)
     if need_weight_grad and bias is not None:
         db = bias.new_empty(n)
+        dbp = db.data_ptr()
         flags |= _NEED_DB
     else:
         db = _F32_CPU.new_empty(0)
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
-    args = (
-        dy.data_ptr(), dys, x.data_ptr(), xs, drp, drs, dx.data_ptr(), wp, ws,
-        meanp, rstd.data_ptr(), dw.data_ptr(), db.data_ptr(), m, n, k, float(offset), flags,
-    )  # fmt: skip
-    if m * n < PARALLEL_MIN:
-        _backward(0, *args)
+    if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
+        _backward(
+            0, dy.data_ptr(), dys, x.data_ptr(), xs, drp, drs, dx.data_ptr(), wp, ws, meanp,
+            rstd.data_ptr(), dwp, dbp, m, n, k, float(offset), flags,
+        )  # fmt: skip
     else:
-        _shared(_backward, m * n, *args)
+        _shared(
+            _backward, dy.data_ptr(), dys, x.data_ptr(), xs, drp, drs, dx.data_ptr(), wp, ws,
+            meanp, rstd.data_ptr(), dwp, dbp, m, n, k, float(offset), flags,
+        )  # fmt: skip
     return dx, dw, db
 
 
@@ -630,7 +577,7 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
         )  # fmt: skip
     else:
         _shared(
-            _forward, m * n, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n,
+            _forward, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n,
             n, float(eps), 0.0, flags,
         )  # fmt: skip
     return y, mean, rstd

@@ -62,9 +62,21 @@ def cvt(v, DT: tl.constexpr, RNE: tl.constexpr):
 
 
 @triton.jit
+def up(v, DT: tl.constexpr, RNE: tl.constexpr):
+    """v.to(DT), a widening conversion; under the interpreter (RNE) a bfloat16 v is widened through
+    its bits, because the interpreter's own conversion gets subnormals wrong (triton 3.9: bf16
+    1.01e-39 became 4.4e-39, 9.2e-41 became 0), where a GPU's is exact."""
+    if RNE and v.dtype == tl.bfloat16:
+        bits = v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True).to(DT)
+    else:
+        return v.to(DT)
+
+
+@triton.jit
 def rnd(v, DT: tl.constexpr, RNE: tl.constexpr):
     """Round v to DT's precision and back (a no-op when DT is v's dtype)."""
-    return cvt(v, DT, RNE).to(v.dtype)
+    return up(cvt(v, DT, RNE), v.dtype, RNE)
 
 
 @triton.jit

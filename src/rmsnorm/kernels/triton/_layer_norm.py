@@ -20,44 +20,56 @@ from ._common import (
     publish,
     sqrt,
     tile,
+    up,
 )
 
 
 @triton.jit
-def _centre(x, cmask, nb, ACC: tl.constexpr):
+def _first(X, rows, stride_x, M, ACC: tl.constexpr, RNE: tl.constexpr):
+    """c, each row's first element (BLOCK_M,), in ACC (0 past M)."""
+    return up(tl.load(X + rows.to(tl.int64) * stride_x, mask=rows < M, other=0.0), ACC, RNE)
+
+
+@triton.jit
+def _centre(x, c, cmask, nb, ACC: tl.constexpr):
     """(μ, x − μ, M2 = Σ (x − μ)²) per row of an ACC tile holding nb columns (two-pass in
-    registers: exact centring before squaring)."""
-    mean = div(tl.sum(x, axis=1), nb, ACC)
+    registers: exact centring before squaring). μ = Σx / nb, or c (the row's first element) where
+    Σ (x − c) = 0: a constant row's μ is then exactly its value, x − μ = 0 and σ² = 0, as torch's
+    (a float32 mean of 64 × 0.1 rounds, and eps = 0 then gave finite values for torch's NaN)."""
+    same = tl.sum(tl.where(cmask[None, :], x - c[:, None], 0.0), axis=1) == 0.0
+    mean = tl.where(same, c, div(tl.sum(x, axis=1), nb, ACC))
     xc = tl.where(cmask[None, :], x - mean[:, None], 0.0)
     return mean, xc, tl.sum(xc * xc, axis=1)
 
 
 @triton.jit
-def _centre_safe(x, cmask, nb, ACC: tl.constexpr):
+def _centre_safe(x, c, cmask, nb, ACC: tl.constexpr):
     """μ and M2 of :func:`_centre` per row of the tile x, and sc = 1, or, for a row whose sum,
     x − μ or M2 overflows, those of s·x and sc = s (see _common.sum_squares): μ in units of 1/sc,
     M2 in units of 1/sc². x − μ is left to the caller: keeping x live rather than x − μ next to
     it saves registers where a tile holds several rows (see the forward kernel)."""
-    mean, _, m2 = _centre(x, cmask, nb, ACC)
+    mean, _, m2 = _centre(x, c, cmask, nb, ACC)
     over = overflowed(m2, ACC)
     sc = over_scale(over, ACC)
     if any_row(over):
-        mean_s, _, m2_s = _centre(x * sc[:, None], cmask, nb, ACC)
+        mean_s, _, m2_s = _centre(x * sc[:, None], c * sc, cmask, nb, ACC)
         mean = tl.where(over, mean_s, mean)
         m2 = tl.where(over, m2_s, m2)
     return mean, m2, sc
 
 
 @triton.jit
-def _centre_safe_reload(x, X, rows, stride_x, cols, M, cmask, nb, ACC: tl.constexpr):
+def _centre_safe_reload(
+    x, c, X, rows, stride_x, cols, M, cmask, nb, ACC: tl.constexpr, RNE: tl.constexpr
+):
     """(μ, x − μ, M2, sc) as :func:`_centre_safe`, with x − μ; the rare branch reloads the tile
     instead of keeping x live next to x − μ."""
-    mean, xc, m2 = _centre(x, cmask, nb, ACC)
+    mean, xc, m2 = _centre(x, c, cmask, nb, ACC)
     over = overflowed(m2, ACC)
     sc = over_scale(over, ACC)
     if any_row(over):
-        xs = tile(X, rows, stride_x, cols, M, cmask).to(ACC) * sc[:, None]
-        mean_s, xc_s, m2_s = _centre(xs, cmask, nb, ACC)
+        xs = up(tile(X, rows, stride_x, cols, M, cmask), ACC, RNE) * sc[:, None]
+        mean_s, xc_s, m2_s = _centre(xs, c * sc, cmask, nb, ACC)
         mean = tl.where(over, mean_s, mean)
         xc = tl.where(over[:, None], xc_s, xc)
         m2 = tl.where(over, m2_s, m2)
@@ -79,13 +91,16 @@ def _xhat(x, mu, r, mask, ACC: tl.constexpr):
 
 
 @triton.jit
-def _merge_chunks(s_p, m2_p, c_p, nf, ACC: tl.constexpr):
-    """μ and M2 of whole rows from per-chunk sums s_p, M2s m2_p and column counts c_p (0 for
-    absent chunks), in a fixed order: μ = Σ s_p / N, M2 = Σ m2_p + Σ c_p (s_p / c_p − μ)²."""
-    has = c_p > 0
-    mean = div(tl.sum(s_p, axis=1), nf, ACC)
-    mu_p = div(s_p, tl.where(has, c_p, 1.0)[None, :], ACC)
-    d = tl.where(has[None, :], mu_p - mean[:, None], 0.0)
+def _merge_chunks(mu_p, m2_p, c_p, nf, P2: tl.constexpr, ACC: tl.constexpr):
+    """μ and M2 of whole rows from per-chunk means mu_p, M2s m2_p and column counts c_p (0 for
+    absent chunks), in a fixed order: μ = μ_0 + Σ c_p (μ_p − μ_0) / N (chunks of a constant row all
+    have μ_p = μ_0, exactly: see _centre), M2 = Σ m2_p + Σ c_p (μ_p − μ)²."""
+    has = (c_p > 0)[None, :]
+    first = (tl.arange(0, P2) == 0)[None, :]
+    mu_0 = tl.sum(tl.where(first, mu_p, 0.0), axis=1)
+    mean = mu_0 + div(tl.sum(tl.where(has, c_p[None, :] * (mu_p - mu_0[:, None]), 0.0), axis=1),
+                      nf, ACC)  # fmt: skip
+    d = tl.where(has, mu_p - mean[:, None], 0.0)
     return mean, tl.sum(m2_p, axis=1) + tl.sum(c_p[None, :] * d * d, axis=1)
 
 
@@ -133,6 +148,7 @@ def layer_norm_fwd_kernel(
             # Pass 1: mean and M2 = Σ (x − μ)² per column block (two-pass inside the block, in
             # registers), merged across blocks with Chan's pairwise formula: stable for any
             # mean/std ratio, unlike Σx² − (Σx)²/N.
+            c = _first(X, rows, stride_x, M, ACC, RNE)  # see _centre
             mean = tl.zeros([BLOCK_M], ACC)
             m2 = tl.zeros([BLOCK_M], ACC)
             na = tl.zeros([BLOCK_M], ACC)  # columns merged so far
@@ -140,12 +156,10 @@ def layer_norm_fwd_kernel(
                 cols = c0 + tl.arange(0, BLOCK_N)
                 cmask = cols < N
                 mask = rmask[:, None] & cmask[None, :]
-                x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                            eviction_policy="evict_last").to(ACC)  # fmt: skip
+                x = up(tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_last"), ACC, RNE)  # fmt: skip
                 nb = tl.minimum(N - c0, BLOCK_N).to(ACC)
-                bmean = div(tl.sum(x, axis=1), nb, ACC)
-                xc = tl.where(cmask[None, :], x - bmean[:, None], 0.0)
-                bm2 = tl.sum(xc * xc, axis=1)
+                bmean, _, bm2 = _centre(x, c, cmask, nb, ACC)
                 delta = bmean - mean
                 tot = na + nb
                 mean = mean + delta * div(nb, tot, ACC)
@@ -161,10 +175,10 @@ def layer_norm_fwd_kernel(
                 for c0 in tl.range(0, N, BLOCK_N):
                     c_s = c0 + tl.arange(0, BLOCK_N)
                     m_s = rmask[:, None] & (c_s < N)[None, :]
-                    xs = tl.load(X + rows64[:, None] * stride_x + c_s[None, :], mask=m_s,
-                                 other=0.0).to(ACC) * sc[:, None]  # fmt: skip
+                    xs = up(tl.load(X + rows64[:, None] * stride_x + c_s[None, :], mask=m_s,
+                                 other=0.0), ACC, RNE) * sc[:, None]  # fmt: skip
                     nb = tl.minimum(N - c0, BLOCK_N).to(ACC)
-                    bmean, _, bm2 = _centre(xs, c_s < N, nb, ACC)
+                    bmean, _, bm2 = _centre(xs, c * sc, c_s < N, nb, ACC)
                     delta = bmean - mean_s
                     tot = na + nb
                     mean_s = mean_s + delta * div(nb, tot, ACC)
@@ -181,25 +195,25 @@ def layer_norm_fwd_kernel(
                 cols = c0 + tl.arange(0, BLOCK_N)
                 cmask = cols < N
                 mask = rmask[:, None] & cmask[None, :]
-                x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                            eviction_policy="evict_first").to(ACC)  # fmt: skip
+                x = up(tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_first"), ACC, RNE)  # fmt: skip
                 if any_over:
                     y = (x * sc[:, None] - mean[:, None]) * r[:, None]
                 else:
                     y = (x - mean[:, None]) * r[:, None]
                 if HAS_W:
-                    y = y * tl.load(W + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+                    y = y * up(tl.load(W + cols, mask=cmask, other=0.0), ACC, RNE)[None, :]
                 if HAS_B:
-                    y = y + tl.load(B + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+                    y = y + up(tl.load(B + cols, mask=cmask, other=0.0), ACC, RNE)[None, :]
                 tl.store(Y + rows64[:, None] * stride_y + cols[None, :],
                          cvt(y, Y.dtype.element_ty, RNE), mask=mask)  # fmt: skip
     else:
         cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
         if HAS_W:
-            w = tl.load(W + cols, mask=cmask, other=0.0).to(ACC)
+            w = up(tl.load(W + cols, mask=cmask, other=0.0), ACC, RNE)
         if HAS_B:
-            b = tl.load(B + cols, mask=cmask, other=0.0).to(ACC)
+            b = up(tl.load(B + cols, mask=cmask, other=0.0), ACC, RNE)
         # Columns this program holds (its chunk of the row).
         nb = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(ACC)
         if PREFETCH:  # see the RMSNorm forward
@@ -214,37 +228,39 @@ def layer_norm_fwd_kernel(
                 x_nx = tile(X, rows + n_slots * BLOCK_M, stride_x, cols, M, cmask)
             else:
                 x_raw = tile(X, rows, stride_x, cols, M, cmask)
-            x = x_raw.to(ACC)
+            x = up(x_raw, ACC, RNE)
             # Registers at sm_90 (bf16 / fp32): one row per tile holds x − μ and reloads x in the
             # rare branch (78 / 59 at N = 4096, as without the branch; keeping x instead: 91),
             # several rows per tile keep x (78 / 54 at N = 128; the reload form: 94 / 63).
             ONE_ROW: tl.constexpr = SPLIT == 1 and BLOCK_M == 1
+            c = _first(X, rows, stride_x, M, ACC, RNE)  # see _centre
             if ONE_ROW:
-                mean, xc, m2, sc = _centre_safe_reload(x, X, rows, stride_x, cols, M, cmask, nb,
-                                                       ACC)  # fmt: skip
+                mean, xc, m2, sc = _centre_safe_reload(x, c, X, rows, stride_x, cols, M, cmask,
+                                                       nb, ACC, RNE)  # fmt: skip
             else:
-                mean, m2, sc = _centre_safe(x, cmask, nb, ACC)
+                mean, m2, sc = _centre_safe(x, c, cmask, nb, ACC)
             if SPLIT > 1:
-                # Chunk sums, M2s and units (sc), merged in a fixed order (_merge_chunks).
+                # Chunk means, M2s and units (sc), merged in a fixed order (_merge_chunks).
                 if PHASE != 2:
-                    publish(WS, rows64, rmask, part, 0, mean * nb, 3, SPLIT)
+                    publish(WS, rows64, rmask, part, 0, mean, 3, SPLIT)
                     publish(WS, rows64, rmask, part, 1, m2, 3, SPLIT)
                     publish(WS, rows64, rmask, part, 2, sc, 3, SPLIT)
                 if PHASE == 0:
                     arrive_and_wait(CNT, rb, SPLIT)
                 if PHASE != 1:
-                    s_p = gather(WS, rows64, rmask, 0, 3, SPLIT, SPLIT_P2)
+                    mu_p = gather(WS, rows64, rmask, 0, 3, SPLIT, SPLIT_P2)
                     m2_p = gather(WS, rows64, rmask, 1, 3, SPLIT, SPLIT_P2)
                     sc_p = gather(WS, rows64, rmask, 2, 3, SPLIT, SPLIT_P2)
                     p_idx = tl.arange(0, SPLIT_P2)
                     c_p = tl.minimum(tl.maximum(N - p_idx * BLOCK_N, 0), BLOCK_N).to(ACC)
-                    mean, m2 = _merge_chunks(s_p, m2_p, c_p, nf, ACC)
+                    mean, m2 = _merge_chunks(mu_p, m2_p, c_p, nf, SPLIT_P2, ACC)
                     scaled_p = (sc_p < 1.0) & (c_p > 0)[None, :]
                     over = (tl.max(scaled_p.to(tl.int32), axis=1) > 0) | overflowed(m2, ACC)
                     sc = over_scale(over, ACC)
                     if any_row(over):  # rare: merge again with every chunk in units of 1/s
                         f = tl.where(scaled_p, 1.0, sc[:, None])
-                        mean_s, m2_s = _merge_chunks(s_p * f, m2_p * f * f, c_p, nf, ACC)
+                        mean_s, m2_s = _merge_chunks(mu_p * f, m2_p * f * f, c_p, nf, SPLIT_P2,
+                                                     ACC)  # fmt: skip
                         mean = tl.where(over, mean_s, mean)
                         m2 = tl.where(over, m2_s, m2)
             if PHASE != 1:
@@ -327,13 +343,13 @@ def layer_norm_bwd_kernel(
                 cols = c0 + tl.arange(0, BLOCK_N)
                 cmask = cols < N
                 mask = rmask[:, None] & cmask[None, :]
-                x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                            eviction_policy="evict_last").to(ACC)  # fmt: skip
-                dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
-                             other=0.0, eviction_policy="evict_last").to(ACC)  # fmt: skip
+                x = up(tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_last"), ACC, RNE)  # fmt: skip
+                dy = up(tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
+                             other=0.0, eviction_policy="evict_last"), ACC, RNE)  # fmt: skip
                 xhat = _xhat(x, mu, r, mask, ACC)
                 if HAS_W:
-                    g = dy * tl.load(W + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+                    g = dy * up(tl.load(W + cols, mask=cmask, other=0.0), ACC, RNE)[None, :]
                 else:
                     g = dy
                 acc_g += g
@@ -346,13 +362,13 @@ def layer_norm_bwd_kernel(
                 cols = c0 + tl.arange(0, BLOCK_N)
                 cmask = cols < N
                 mask = rmask[:, None] & cmask[None, :]
-                x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                            eviction_policy="evict_first").to(ACC)  # fmt: skip
-                dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
-                             other=0.0, eviction_policy="evict_first").to(ACC)  # fmt: skip
+                x = up(tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_first"), ACC, RNE)  # fmt: skip
+                dy = up(tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
+                             other=0.0, eviction_policy="evict_first"), ACC, RNE)  # fmt: skip
                 xhat = _xhat(x, mu, r, mask, ACC)
                 if HAS_W:
-                    g = dy * tl.load(W + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+                    g = dy * up(tl.load(W + cols, mask=cmask, other=0.0), ACC, RNE)[None, :]
                 else:
                     g = dy
                 dx = r[:, None] * (g - mg[:, None] - xhat * mgx[:, None])
@@ -368,7 +384,7 @@ def layer_norm_bwd_kernel(
         cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
         if HAS_W:
-            w = tl.load(W + cols, mask=cmask, other=0.0).to(ACC)
+            w = up(tl.load(W + cols, mask=cmask, other=0.0), ACC, RNE)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
         db_acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
         # Prefetch the next row block (see the RMSNorm forward).
@@ -395,8 +411,8 @@ def layer_norm_bwd_kernel(
                 dy_raw = tile(DY, rows, stride_dy, cols, M, cmask)
                 mu_raw = tl.load(MEAN + rows, mask=rmask, other=0.0)
                 r_raw = tl.load(RSTD + rows, mask=rmask, other=0.0)
-            x = x_raw.to(ACC)
-            dy = dy_raw.to(ACC)
+            x = up(x_raw, ACC, RNE)
+            dy = up(dy_raw, ACC, RNE)
             mu = mu_raw.to(ACC)
             r = r_raw.to(ACC)
             xhat = _xhat(x, mu, r, mask, ACC)

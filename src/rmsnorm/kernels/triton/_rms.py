@@ -24,6 +24,7 @@ from ._common import (
     sqrt,
     sum_squares,
     tile,
+    up,
 )
 
 
@@ -45,15 +46,15 @@ def _load_x(X, RES, H, rows64, cols, mask, stride_x, stride_res, stride_h,
             EVICT: tl.constexpr, RNE: tl.constexpr):  # fmt: skip
     """The normalized input tile in ACC: x, or h = x + residual rounded to the residual's dtype
     (stored to H when STORE_H) so the statistics are those of the h returned."""
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                eviction_policy=EVICT).to(ACC)  # fmt: skip
+    x = up(tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                eviction_policy=EVICT), ACC, RNE)  # fmt: skip
     if HAS_RES:
-        res = tl.load(RES + rows64[:, None] * stride_res + cols[None, :], mask=mask, other=0.0,
-                      eviction_policy=EVICT).to(ACC)  # fmt: skip
+        res = up(tl.load(RES + rows64[:, None] * stride_res + cols[None, :], mask=mask, other=0.0,
+                      eviction_policy=EVICT), ACC, RNE)  # fmt: skip
         h = cvt(x + res, H.dtype.element_ty, RNE)
         if STORE_H:
             tl.store(H + rows64[:, None] * stride_h + cols[None, :], h, mask=mask)
-        x = h.to(ACC)
+        x = up(h, ACC, RNE)
     return x
 
 
@@ -67,9 +68,9 @@ def _rms_apply(x, r, w, b, off, HAS_W: tl.constexpr, HAS_B: tl.constexpr, CAST: 
         # "gemma": everything in the compute dtype, one cast at the end (by the caller's store).
         y = x * r[:, None]
         if HAS_W:
-            y = y * (w.to(ACC) + off)[None, :]
+            y = y * (up(w, ACC, RNE) + off)[None, :]
         if HAS_B:
-            y = y + b.to(ACC)[None, :]
+            y = y + up(b, ACC, RNE)[None, :]
     elif CAST == flag.CAST_LLAMA:
         # "llama": normalize, round to the input dtype, then × weight in promote(input, weight).
         if OUT == tl.float64:
@@ -78,10 +79,10 @@ def _rms_apply(x, r, w, b, off, HAS_W: tl.constexpr, HAS_B: tl.constexpr, CAST: 
             P: tl.constexpr = tl.float32
         y = cvt(x * r[:, None], IN, RNE).to(P)
         if HAS_W:
-            s = rnd(w.to(P) + off.to(P), OUT, RNE)
+            s = rnd(up(w, P, RNE) + off.to(P), OUT, RNE)
             y = rnd(y * s[None, :], OUT, RNE)
         if HAS_B:
-            y = rnd(y + rnd(b.to(P), OUT, RNE)[None, :], OUT, RNE)
+            y = rnd(y + rnd(up(b, P, RNE), OUT, RNE)[None, :], OUT, RNE)
     else:
         # "none": r rounded to the input dtype, each product rounded in the input dtype.
         if IN == tl.float64:
@@ -90,10 +91,10 @@ def _rms_apply(x, r, w, b, off, HAS_W: tl.constexpr, HAS_B: tl.constexpr, CAST: 
             P: tl.constexpr = tl.float32
         y = rnd(rnd(x.to(P), IN, RNE) * rnd(r.to(P), IN, RNE)[:, None], IN, RNE)
         if HAS_W:
-            s = rnd(rnd(w.to(P), IN, RNE) + off.to(P), IN, RNE)
+            s = rnd(rnd(up(w, P, RNE), IN, RNE) + off.to(P), IN, RNE)
             y = rnd(y * s[None, :], IN, RNE)
         if HAS_B:
-            y = rnd(y + rnd(b.to(P), IN, RNE)[None, :], IN, RNE)
+            y = rnd(y + rnd(up(b, P, RNE), IN, RNE)[None, :], IN, RNE)
     return y
 
 
@@ -218,12 +219,12 @@ def rms_norm_fwd_kernel(
                 x_raw = tile(X, rows, stride_x, cols, M, cmask)
                 if HAS_RES:
                     res_raw = tile(RES, rows, stride_res, cols, M, cmask)
-            x = x_raw.to(ACC)
+            x = up(x_raw, ACC, RNE)
             if HAS_RES:
-                h = cvt(x + res_raw.to(ACC), H.dtype.element_ty, RNE)
+                h = cvt(x + up(res_raw, ACC, RNE), H.dtype.element_ty, RNE)
                 if PHASE != 1:
                     tl.store(H + rows64[:, None] * stride_h + cols[None, :], h, mask=mask)
-                x = h.to(ACC)
+                x = up(h, ACC, RNE)
             if PARTIAL:
                 ss, sc = sum_squares(tl.where((cols < K)[None, :], x, 0.0), ACC)
             else:
@@ -249,12 +250,14 @@ def rms_norm_fwd_kernel(
 # RMSNorm backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _rms_dx(x, dy, r, wo, sg, ss, sc, kf, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.constexpr,
+def _rms_dx(x, dy, r, wo, sgx, ss, sc, kf, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.constexpr,
             PARTIAL: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """dx = r·g − m·x̂·coef with g = dy ⊙ (offset + γ), coef = r·S/k ("mean_square") or
-    S/(k·s) where s = sqrt(ss/k) > 0, else 0 ("rms"; from a rescaled ss, s is the RMS times sc and
-    coef is multiplied by sc); m masks columns ≥ K."""
+    """dx = r·g − m·x̂·coef with g = dy ⊙ (offset + γ), S = Σ g·x̂ (from the partial sums of
+    :func:`_rms_bwd_row_sums`), coef = r·S/k ("mean_square") or S/(k·s) where s = sqrt(ss/k) > 0,
+    else 0 ("rms"; from a rescaled ss, s is the RMS times sc and coef is multiplied by sc); m masks
+    columns ≥ K."""
     xhat = x * r[:, None]
+    sg = tl.where(overflowed(r, ACC), sgx * r, sgx)
     if HAS_W:
         g = dy * wo[None, :]
     else:
@@ -272,15 +275,23 @@ def _rms_dx(x, dy, r, wo, sg, ss, sc, kf, cols, K, HAS_W: tl.constexpr, RMS_EPS:
 
 
 @triton.jit
+def _finite_r(r, ACC: tl.constexpr):
+    """r, or 1 where r = inf (eps = 0 on a row whose squares underflow): such a row's Σ g·x̂ is
+    summed as Σ g·x and multiplied by r afterwards (in _rms_dx), so it is ±inf where torch's
+    autograd has ±inf rather than inf − inf = NaN."""
+    return tl.where(overflowed(r, ACC), 1.0, r)
+
+
+@triton.jit
 def _rms_bwd_row_sums(x, dy, r, wo, cols, K, HAS_W: tl.constexpr, RMS_EPS: tl.constexpr,
                       PARTIAL: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """Per-row S = Σ g·x̂ and (for "rms") (ss, sc) = sum_squares of x_j, j < K, of one tile
-    (ss and sc are S when unused)."""
+    """Per-row Σ g·x̂ (Σ g·x where r = inf, see _finite_r) and (for "rms") (ss, sc) =
+    sum_squares of x_j, j < K, of one tile (ss and sc are that sum when unused)."""
     if HAS_W:
         g = dy * wo[None, :]
     else:
         g = dy
-    sg = tl.sum(g * (x * r[:, None]), axis=1)
+    sg = tl.sum(g * (x * _finite_r(r, ACC)[:, None]), axis=1)
     if RMS_EPS:
         if PARTIAL:
             ss, sc = sum_squares(tl.where((cols < K)[None, :], x, 0.0), ACC)
@@ -356,16 +367,16 @@ def rms_norm_bwd_kernel(
                 cols = c0 + tl.arange(0, BLOCK_N)
                 cmask = cols < N
                 mask = rmask[:, None] & cmask[None, :]
-                x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                            eviction_policy="evict_last").to(ACC)  # fmt: skip
-                dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
-                             other=0.0, eviction_policy="evict_last").to(ACC)  # fmt: skip
+                x = up(tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_last"), ACC, RNE)  # fmt: skip
+                dy = up(tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
+                             other=0.0, eviction_policy="evict_last"), ACC, RNE)  # fmt: skip
                 if HAS_W:
-                    wo = tl.load(W + cols, mask=cmask, other=0.0).to(ACC) + off
+                    wo = up(tl.load(W + cols, mask=cmask, other=0.0), ACC, RNE) + off
                 else:
                     wo = 0.0
                 g = dy * wo[None, :] if HAS_W else dy
-                acc_sg += g * (x * r[:, None])
+                acc_sg += g * (x * _finite_r(r, ACC)[:, None])
                 if RMS_EPS:
                     xs = tl.where((cols < K)[None, :], x, 0.0) if PARTIAL else x
                     acc_ss += xs * xs
@@ -380,8 +391,8 @@ def rms_norm_bwd_kernel(
                     for c0 in tl.range(0, K, BLOCK_N):
                         c_s = c0 + tl.arange(0, BLOCK_N)
                         m_s = rmask[:, None] & (c_s < K)[None, :]
-                        xs = tl.load(X + rows64[:, None] * stride_x + c_s[None, :], mask=m_s,
-                                     other=0.0).to(ACC) * sc[:, None]  # fmt: skip
+                        xs = up(tl.load(X + rows64[:, None] * stride_x + c_s[None, :], mask=m_s,
+                                     other=0.0), ACC, RNE) * sc[:, None]  # fmt: skip
                         acc_ss += xs * xs
                     ss = tl.where(over, tl.sum(acc_ss, axis=1), ss)
             # Pass 2: dx, and the d weight / d bias contributions added into this program's
@@ -392,24 +403,25 @@ def rms_norm_bwd_kernel(
                 cols = c0 + tl.arange(0, BLOCK_N)
                 cmask = cols < N
                 mask = rmask[:, None] & cmask[None, :]
-                x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                            eviction_policy="evict_first").to(ACC)  # fmt: skip
-                dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
-                             other=0.0, eviction_policy="evict_first").to(ACC)  # fmt: skip
+                x = up(tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_first"), ACC, RNE)  # fmt: skip
+                dy = up(tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask,
+                             other=0.0, eviction_policy="evict_first"), ACC, RNE)  # fmt: skip
                 if HAS_W:
-                    wo = tl.load(W + cols, mask=cmask, other=0.0).to(ACC) + off
+                    wo = up(tl.load(W + cols, mask=cmask, other=0.0), ACC, RNE) + off
                 else:
                     wo = 0.0
                 dx = _rms_dx(x, dy, r, wo, sg, ss, sc, kf, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
                 if HAS_DRES:
-                    dx += tl.load(DRES + rows64[:, None] * stride_dres + cols[None, :], mask=mask,
-                                  other=0.0, eviction_policy="evict_first").to(ACC)  # fmt: skip
+                    dres = tl.load(DRES + rows64[:, None] * stride_dres + cols[None, :],
+                                   mask=mask, other=0.0, eviction_policy="evict_first")  # fmt: skip
+                    dx += up(dres, ACC, RNE)
                 tl.store(DX + rows64[:, None] * stride_dx + cols[None, :],
                          cvt(dx, DX.dtype.element_ty, RNE), mask=mask)  # fmt: skip
                 if NEED_DW:
                     xhat = x * r[:, None]
                     if LLAMA:
-                        xhat = cvt(xhat, IN, RNE).to(ACC)
+                        xhat = up(cvt(xhat, IN, RNE), ACC, RNE)
                     prev = tl.load(part_row + cols, mask=cmask & later, other=0.0)
                     tl.store(part_row + cols, prev + tl.sum(dy * xhat, axis=0), mask=cmask)
                 if NEED_DB:
@@ -419,7 +431,7 @@ def rms_norm_bwd_kernel(
         cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
         if HAS_W:
-            wo = tl.load(W + cols, mask=cmask, other=0.0).to(ACC) + off
+            wo = up(tl.load(W + cols, mask=cmask, other=0.0), ACC, RNE) + off
         else:
             wo = 0.0
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
@@ -453,8 +465,8 @@ def rms_norm_bwd_kernel(
                 if HAS_DRES:
                     dres = tile(DRES, rows, stride_dres, cols, M, cmask)
                 r_raw = tl.load(RSTD + rows, mask=rmask, other=0.0)
-            x = x_raw.to(ACC)
-            dy = dy_raw.to(ACC)
+            x = up(x_raw, ACC, RNE)
+            dy = up(dy_raw, ACC, RNE)
             r = r_raw.to(ACC)
             sg, ss, sc = _rms_bwd_row_sums(x, dy, r, wo, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
             if SPLIT > 1:
@@ -472,13 +484,13 @@ def rms_norm_bwd_kernel(
             if PHASE != 1:
                 dx = _rms_dx(x, dy, r, wo, sg, ss, sc, kf, cols, K, HAS_W, RMS_EPS, PARTIAL, ACC)
                 if HAS_DRES:
-                    dx += dres.to(ACC)
+                    dx += up(dres, ACC, RNE)
                 tl.store(DX + rows64[:, None] * stride_dx + cols[None, :],
                          cvt(dx, DX.dtype.element_ty, RNE), mask=mask)  # fmt: skip
                 if NEED_DW:
                     xhat = x * r[:, None]
                     if LLAMA:
-                        xhat = cvt(xhat, IN, RNE).to(ACC)
+                        xhat = up(cvt(xhat, IN, RNE), ACC, RNE)
                     dw_acc += dy * xhat
                 if NEED_DB:
                     db_acc += dy

@@ -1,8 +1,9 @@
 """The training comparison behind ``rmsnorm compare``: the same small GPT-style language model
-trained with LayerNorm, RMSNorm, partial RMSNorm (and optionally no normalization), changing nothing
-but the normalization. One module per job: :mod:`.config` (what runs), :mod:`.models` (models that
-differ only in the norm), :mod:`.run` (the training and timing), :mod:`.summary` (statistics and
-verdicts), :mod:`.render` (JSON, PNG and Markdown)."""
+trained with LayerNorm, RMSNorm, partial RMSNorm and no normalization, changing nothing but the
+normalization (and, in a sweep, the learning rate). One module per job: :mod:`.config` (what runs),
+:mod:`.models` (models that differ only in the norm), :mod:`.run` (the training and timing),
+:mod:`.paired` (paired statistics), :mod:`.summary` (rate choice, stability, verdicts),
+:mod:`.render` (JSON, PNG and Markdown)."""
 
 from .config import (
     BASELINE,
@@ -20,14 +21,17 @@ from .config import (
     estimate_seconds,
     format_duration,
     load_corpus,
+    parse_lrs,
     parse_variants,
     resolve_device,
     torch_threads,
     training_flops,
 )
 from .models import build_models, fingerprint, norm_parameter_names, shared_parameters
+from .paired import Paired, minimal_detectable_effect, paired, power, seeds_needed
 from .render import (
     OUTPUT_FILES,
+    load_results,
     output_dir,
     plot_losses,
     render_markdown,
@@ -36,13 +40,16 @@ from .render import (
 )
 from .run import busy_machine_warnings, machine_info, run_comparison
 from .summary import (
-    RULE,
-    SPREAD_FACTOR,
+    FLAT_TOLERANCE,
+    FLAT_WINDOW,
+    SELECTION,
     SUMMARY_COLUMNS,
     TIMING_SKIP_STEPS,
+    choose_rates,
+    conclusion,
+    stability,
     summarize,
     summary_rows,
-    verdict,
 )
 
 __all__ = [
@@ -58,6 +65,7 @@ __all__ = [
     "CompareConfig",
     "compare_config",
     "parse_variants",
+    "parse_lrs",
     "resolve_device",
     "training_flops",
     "cpu_matmul_rate",
@@ -72,14 +80,23 @@ __all__ = [
     "machine_info",
     "run_comparison",
     "busy_machine_warnings",
-    "SPREAD_FACTOR",
-    "RULE",
+    "Paired",
+    "paired",
+    "power",
+    "minimal_detectable_effect",
+    "seeds_needed",
+    "SELECTION",
+    "FLAT_WINDOW",
+    "FLAT_TOLERANCE",
     "TIMING_SKIP_STEPS",
+    "choose_rates",
+    "stability",
+    "conclusion",
     "summarize",
-    "verdict",
     "SUMMARY_COLUMNS",
     "summary_rows",
     "OUTPUT_FILES",
+    "load_results",
     "output_dir",
     "write_outputs",
     "plot_losses",
