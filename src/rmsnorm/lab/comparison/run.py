@@ -261,7 +261,7 @@ def run_comparison(
 
     # fork_rng: the run seeds torch's global generator; the caller's stream is left as it was.
     # No torch.use_deterministic_algorithms: every op here is deterministic on CPU for a fixed
-    # thread count (tests/test_lab_comparison_run.py checks a rerun bit for bit), and the switch
+    # thread count (tests/lab/test_comparison.py checks a rerun bit for bit), and the switch
     # imports torch._inductor, which costs seconds.
     with torch.random.fork_rng(devices=[]), torch_threads(threads):
         machine = machine_info(cfg.device, torch.get_num_threads())  # before training

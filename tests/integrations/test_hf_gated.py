@@ -4,7 +4,7 @@ recognition of respelled and altered gated forwards, the per-instance refusals (
 activation, xLSTM's half-precision reductions), AXK2's container, copies and pickles, compile.
 
 The whole-model logits and gradients of the gated families (float32, bfloat16, autocast) and the
-class-by-class sweep are in tests/test_integrations_hf.py, whose models and helpers this reuses."""
+class-by-class sweep are in tests/integrations/test_hf.py, whose models and helpers this reuses."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from rmsnorm.integrations import hf, norm_kind
 from rmsnorm.testing import assert_close_to_reference
 
 transformers = pytest.importorskip("transformers")
-from test_integrations_hf import (  # noqa: E402  (the shared tiny models; after the skip)
+from test_hf import (  # noqa: E402  (the shared tiny models; after the skip)
     GATED_CASES,
     _round_trip,
     build,

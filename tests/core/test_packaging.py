@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NEEDS_SETUPTOOLS = (77, 0, 3)  # PEP 639 license metadata, as pyproject.toml's build-system says
 # Never part of a build; a checkout may hold GBs of them (.venv, results of runs).
 BUILD_OUTPUTS = shutil.ignore_patterns(
@@ -98,8 +98,8 @@ def test_sdist_carries_what_its_tests_and_docs_need(built):
     with tarfile.open(built["sdist"]) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     expected = {"LICENSE", "README.md", "pyproject.toml", "MANIFEST.in", "src/rmsnorm/py.typed"}
-    expected |= {str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py")}
-    expected |= {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "golden").glob("*.txt")}
+    expected |= {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")}
+    expected |= {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.txt")}
     expected |= {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")}
     assert "tests/conftest.py" in expected
     assert expected <= names, sorted(expected - names)

@@ -525,7 +525,7 @@ def test_a_patched_model_loads_patched_in_a_fresh_process(tmp_path):
         "assert all(hf.is_patched(m.get_submodule(n)) for n in names); "
         "assert not any('forward' in x.__dict__ for x in m.modules()); print('ok')"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, timeout=300, capture_output=True, text=True
     )
@@ -815,7 +815,7 @@ def test_importing_does_not_import_transformers():
         "rmsnorm.integrations.distributed, rmsnorm.convert; "
         "assert 'transformers' not in sys.modules, 'transformers imported'"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 

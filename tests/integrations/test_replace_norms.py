@@ -195,5 +195,5 @@ def test_norm_kind_never_imports_transformers():
         "assert norm_kind(N()) is None and norm_kind(torch.nn.Linear(2, 2)) is None\n"
         "assert 'transformers' not in sys.modules, 'transformers imported'\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
 
@@ -28,7 +28,7 @@ def test_ci_runs_lint_and_the_readmes_test_command():
         ("lint", "ruff format --check"),
         ("lint", "check_fmt_skip.py"),
         ("bench", "rmsnorm bench --out benchmarks/results"),
-        ("test-gpu", "tests/test_triton_kernels.py"),
+        ("test-gpu", "tests/kernels/test_triton_kernels.py"),
         ("test-gpu", "-m gpu tests"),
     ],
 )

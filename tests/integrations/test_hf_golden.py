@@ -1,13 +1,13 @@
 """The golden list: how ``rmsnorm.integrations.hf`` decides every normalization class of one
-transformers version, one line per class, kept in ``tests/golden/``. A change to the recognition
-shows here class by class (which classes it patches or refuses now, and why); so does a new
-transformers version, compared with the list of the nearest older one until it has its own. The
+transformers version, one line per class, kept in ``tests/integrations/golden/``. A change to the
+recognition shows here class by class (which classes it patches or refuses now, and why); so does a
+new transformers version, compared with the list of the nearest older one until it has its own. The
 counts README.md and docs/integrations.md quote are checked against the list of the version they
 name.
 
 Write the list of the installed version (after checking the difference it reports)::
 
-    RMSNORM_WRITE_GOLDEN=1 .venv/bin/python -m pytest tests/test_hf_golden.py
+    RMSNORM_WRITE_GOLDEN=1 .venv/bin/python -m pytest tests/integrations/test_hf_golden.py
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def compare(path: Path, version: str, current: list[str], missing: set[str]) -> 
     lines = [head, *(f"- {how} ({len(names)}): {', '.join(names)}" for how, names in moves.items())]
     lines.append(
         "If each change is intended, write the list of the installed version with "
-        "RMSNORM_WRITE_GOLDEN=1 .venv/bin/python -m pytest tests/test_hf_golden.py."
+        "RMSNORM_WRITE_GOLDEN=1 .venv/bin/python -m pytest tests/integrations/test_hf_golden.py."
     )
     lines.append("The lines that differ (-: the list, +: now):")
     lines += difflib.unified_diff(golden, current, "list", "now", lineterm="", n=0)
@@ -243,7 +243,7 @@ def test_the_failure_names_the_classes_that_moved(tmp_path):
 # name), and its table's per-forward counts are those of the classes that match each forward.
 # ------------------------------------------------------------------------------------------------
 DOCS_VERSION = "5.24.0"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 _REFUSAL_KINDS = {
     "none": "its forward is none of the known normalization forwards",

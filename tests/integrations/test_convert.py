@@ -259,7 +259,7 @@ def test_converting_hf_models_never_imports_the_lab():
         "assert verify_conversion(model, torch.float64) < 1e-12\n"
         f"assert {lab_package!r} not in sys.modules, 'the lab was imported'\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 

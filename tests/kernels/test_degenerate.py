@@ -7,7 +7,7 @@ close to torch's, and never an exception from a kernel.
 The references are torch's own ops (``F.rms_norm``, ``F.layer_norm``, ``x + r`` then
 ``F.rms_norm``) and, for ``eps_mode="rms"`` (which torch has no op for), torch's composite
 x / (sqrt(mean(x²)) + ε). Two documented departures are left out here: rows whose statistics
-overflow float32 (rescaled: tests/test_overflow.py) and the ``"rms"`` backward of a row with
+overflow float32 (rescaled: tests/kernels/test_overflow.py) and the ``"rms"`` backward of a row with
 mean(x²) = 0 and ε > 0, which is the formula's finite limit g/ε (docs/spec.md, section 3) where
 the composite's autograd divides 0 by 0.
 """
