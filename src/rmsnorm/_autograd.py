@@ -87,9 +87,7 @@ def gated_rms_norm_backward(
         return None, None, None, None
     args = (dy, x, gate, norm_dims, weight, bias)
     if torch.is_grad_enabled():  # create_graph=True: keep the backward differentiable
-        dx, dz, dw, db = _spec_gated_backward(
-            *args, opts, gating, input_dtype, need_w or need_b
-        )
+        dx, dz, dw, db = _spec_gated_backward(*args, opts, gating, input_dtype, need_w or need_b)
     else:
         dx, dz, dw, db = ops.gated_rms_norm_bwd(
             *args, rstd, None, opts, gating, input_dtype, need_w or need_b

@@ -37,6 +37,9 @@ def set_debug(on: bool = True) -> None:
     :func:`last_calls`; the log shows once logging is configured at DEBUG
     (``logging.basicConfig(level=logging.DEBUG)``).
 
+    Args:
+        on (bool): record and log (``True``) or stop (``False``). Default: ``True``.
+
     Example::
 
         >>> rmsnorm.set_debug(True)
@@ -95,8 +98,23 @@ def fallback(backend: str, op: str, reason: str) -> None:
 
 
 def last_calls() -> dict[str, dict]:
-    """The last recorded call of each function: its path, backend, dtype, device, shape and the
-    fallback to the reference inside the backend (None when none happened)."""
+    """The last recorded call of each function (:func:`set_debug`): its path (``"launch"``,
+    ``"function"``, ``"op"`` or ``"spec"``, as :mod:`rmsnorm.functional` names them), backend,
+    dtype, device, shape and the hand-off to the reference inside the backend (None when there was
+    none), keyed by function name.
+
+    Args:
+        none.
+
+    Example::
+
+        >>> rmsnorm.set_debug(True)
+        >>> y = rmsnorm.layer_norm(torch.randn(2, 8, dtype=torch.float64), 8)
+        >>> call = rmsnorm.last_calls()["layer_norm"]
+        >>> call["path"], call["dtype"]
+        ('launch', 'float64')
+        >>> rmsnorm.set_debug(False)
+    """
     return {op: dict(record) for op, record in _last.items()}
 
 

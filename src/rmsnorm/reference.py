@@ -75,8 +75,9 @@ class RMSOptions(NamedTuple):
     layer and the custom ops carry it unchanged. A NamedTuple rather than a dataclass: it costs a
     tuple to build (~0.2 µs) and its fields read at C speed, and ``*options`` gives the flat
     arguments of the launchers and of the ops' schemas (:mod:`rmsnorm._ops` writes their schema
-    from the fields' annotations, which are schema types). A new option is a new field here, with its
-    check in :func:`rmsnorm.functional.check_rms_options` and its place in the kernels.
+    from the fields' annotations, which are schema types). A new option is a new field here, with
+    its check in :func:`rmsnorm.functional.check_rms_options` and its place in the spec's and the
+    kernels' launchers.
 
     Fields: ``eps`` (ε ≥ 0), ``eps_mode`` (one of :data:`EPS_MODES`), ``casting_mode`` (one of
     :data:`CASTING_MODES`), ``offset`` (added to the weight), ``k`` (1 ≤ k ≤ N, the leading elements
@@ -88,7 +89,6 @@ class RMSOptions(NamedTuple):
     casting_mode: str
     offset: float
     k: int
-
 
 
 # ----------------------------------------------------------------------------------------------

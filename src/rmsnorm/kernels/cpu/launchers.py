@@ -297,7 +297,7 @@ def _check_modes(eps_mode: str, casting_mode: str) -> None:
 
 def _to_reference(op: str, dtypes: bool) -> None:
     """Say (:func:`rmsnorm._calls.fallback`) that ``op`` runs the reference: for its dtypes (a
-    float64 tensor, or float64 statistics: the kernels compute in float32) or for an empty tensor."""
+    float64 tensor or statistic: the kernels compute in float32) or for an empty tensor."""
     why = "a float64 tensor or statistic (the kernels compute in float32)" if dtypes else "no rows"
     _calls.fallback("cpu", op, why)
 
