@@ -45,9 +45,16 @@ def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, opts, input_dtype, ne
     rstd = ref.rms_rstd(x2.to(cd), opts.eps, opts.eps_mode, opts.k)
     w, b = ref.param_vector(weight), ref.param_vector(bias)
     dx, dw, db = ref.rms_norm_bwd(
-        ref.row_matrix(dy, n), x2, w, b, rstd, ref.row_matrix(dh, n), *opts, input_dtype,
+        ref.row_matrix(dy, n),
+        x2,
+        w,
+        b,
+        rstd,
+        ref.row_matrix(dh, n),
+        *opts,
+        input_dtype,
         need_params,
-    )  # fmt: skip
+    )
     return _in_shapes(dx, dw, db, x, weight, bias)
 
 
@@ -78,9 +85,22 @@ def _spec_gated_backward(
 
 
 def gated_rms_norm_backward(
-    ops, dy, x, gate, norm_dims, weight, bias, rstd, opts, gating, input_dtype, need_x, need_z,
-    need_w, need_b,
-):  # fmt: skip
+    ops,
+    dy,
+    x,
+    gate,
+    norm_dims,
+    weight,
+    bias,
+    rstd,
+    opts,
+    gating,
+    input_dtype,
+    need_x,
+    need_z,
+    need_w,
+    need_b,
+):
     """(d x, d gate, d weight, d bias) of gated_rms_norm (and grouped rms_norm) at x; as
     :func:`rms_norm_backward`, ``gating`` the op's (group_size, norm_before_gate, activation)."""
     if not (need_x or need_z or need_w or need_b):
@@ -123,15 +143,38 @@ def rms_norm_backward(
 
 
 def add_rms_norm_backward(
-    ops, dy, dh, h, norm_dims, weight, bias, rstd, opts, input_dtype, need_input, need_residual,
-    need_w, need_b,
-):  # fmt: skip
+    ops,
+    dy,
+    dh,
+    h,
+    norm_dims,
+    weight,
+    bias,
+    rstd,
+    opts,
+    input_dtype,
+    need_input,
+    need_residual,
+    need_w,
+    need_b,
+):
     """(d input, d residual, d weight, d bias) of add_rms_norm from its sum h: d input and
     d residual are both the gradient reaching h, each in its own tensor's dtype."""
     dx, dw, db = rms_norm_backward(
-        ops, dy, dh, h, norm_dims, weight, bias, rstd, opts, input_dtype,
-        need_input or need_residual, need_w, need_b,
-    )  # fmt: skip
+        ops,
+        dy,
+        dh,
+        h,
+        norm_dims,
+        weight,
+        bias,
+        rstd,
+        opts,
+        input_dtype,
+        need_input or need_residual,
+        need_w,
+        need_b,
+    )
     dinput = dx.to(input_dtype) if need_input else None
     return dinput, dx if need_residual else None, dw, db
 
@@ -169,9 +212,20 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
         dx, dw, db = rms_norm_backward(
-            _launch, dy, None, x, ctx.norm_dims, weight, bias, ctx.rstd, ctx.opts, x.dtype,
-            need[0], need[1], need[2],
-        )  # fmt: skip
+            _launch,
+            dy,
+            None,
+            x,
+            ctx.norm_dims,
+            weight,
+            bias,
+            ctx.rstd,
+            ctx.opts,
+            x.dtype,
+            need[0],
+            need[1],
+            need[2],
+        )
         return dx, dw, db, None, None
 
 
@@ -188,10 +242,26 @@ class AddRMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy, dh):
         h, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
-        return *add_rms_norm_backward(
-            _launch, dy, dh, h, ctx.norm_dims, weight, bias, ctx.rstd, ctx.opts, ctx.input_dtype,
-            need[0], need[1], need[2], need[3],
-        ), None, None  # fmt: skip
+        return (
+            *add_rms_norm_backward(
+                _launch,
+                dy,
+                dh,
+                h,
+                ctx.norm_dims,
+                weight,
+                bias,
+                ctx.rstd,
+                ctx.opts,
+                ctx.input_dtype,
+                need[0],
+                need[1],
+                need[2],
+                need[3],
+            ),
+            None,
+            None,
+        )
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -207,9 +277,18 @@ class LayerNormFunction(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
         dx, dw, db = layer_norm_backward(
-            _launch, dy, x, ctx.norm_dims, weight, bias, *ctx.stats, ctx.eps,
-            need[0], need[1], need[2],
-        )  # fmt: skip
+            _launch,
+            dy,
+            x,
+            ctx.norm_dims,
+            weight,
+            bias,
+            *ctx.stats,
+            ctx.eps,
+            need[0],
+            need[1],
+            need[2],
+        )
         return dx, dw, db, None, None
 
 
@@ -229,7 +308,20 @@ class GatedRMSNormFunction(torch.autograd.Function):
         x, gate, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
         dx, dz, dw, db = gated_rms_norm_backward(
-            _launch, dy, x, gate, ctx.norm_dims, weight, bias, ctx.rstd, ctx.opts, ctx.gating,
-            ctx.input_dtype, need[0], need[1], need[2], need[3],
-        )  # fmt: skip
+            _launch,
+            dy,
+            x,
+            gate,
+            ctx.norm_dims,
+            weight,
+            bias,
+            ctx.rstd,
+            ctx.opts,
+            ctx.gating,
+            ctx.input_dtype,
+            need[0],
+            need[1],
+            need[2],
+            need[3],
+        )
         return dx, dz, dw, db, None, None, None, None

@@ -318,8 +318,9 @@ class _Rows:
         self.big_n = math.prod(x.shape[lead:])
         # d weight / d bias: this rank's rows and this rank's slice of the row, a partial sum on
         # every mesh dim that shards x (zero outside the slice), as the ops' rules give it.
-        self.grad_placements = [Partial("sum") if p.is_shard() else Replicate()
-                                for p in x.placements]  # fmt: skip
+        self.grad_placements = [
+            Partial("sum") if p.is_shard() else Replicate() for p in x.placements
+        ]
 
     def local(self, t) -> torch.Tensor:
         """t's local shard (t laid out as x) as (M, n) rows."""
@@ -345,9 +346,13 @@ class _Rows:
 
         shape = self.x.shape
         return DTensor.from_local(
-            rows.reshape(self.local_shape), self.mesh, self.x.placements, run_check=False,
-            shape=shape, stride=_contiguous_strides(shape),
-        )  # fmt: skip
+            rows.reshape(self.local_shape),
+            self.mesh,
+            self.x.placements,
+            run_check=False,
+            shape=shape,
+            stride=_contiguous_strides(shape),
+        )
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         for i in self.mesh_dims:
@@ -398,9 +403,14 @@ class _Rows:
             return y
         with torch.no_grad():
             value = ref.rms_norm_apply(
-                xl.detach(), r.detach(), None if w is None else w.detach(),
-                None if b is None else b.detach(), casting_mode, offset, in_dtype,
-            )  # fmt: skip
+                xl.detach(),
+                r.detach(),
+                None if w is None else w.detach(),
+                None if b is None else b.detach(),
+                casting_mode,
+                offset,
+                in_dtype,
+            )
         return _ValueOf.apply(value, y)
 
     def rms_rstd(self, xd: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:

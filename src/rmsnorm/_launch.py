@@ -77,18 +77,28 @@ def rms_norm_fwd(x, norm_dims, weight, bias, opts):
 
 def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
     y, h, rstd = backend_for(x).add_rms_norm_fwd(
-        _as_rows(x, norm_dims), _as_rows(residual, norm_dims), param_vector(weight),
-        param_vector(bias), *opts,
-    )  # fmt: skip
+        _as_rows(x, norm_dims),
+        _as_rows(residual, norm_dims),
+        param_vector(weight),
+        param_vector(bias),
+        *opts,
+    )
     return _shaped(y, x), _shaped(h, x), rstd
 
 
 def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dtype, need_wgrad):
     dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
     dx, dw, db = backend_for(x).rms_norm_bwd(
-        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), param_vector(weight), param_vector(bias),
-        _flat(rstd), dr, *opts, input_dtype, need_wgrad,
-    )  # fmt: skip
+        _as_rows(dy, norm_dims),
+        _as_rows(x, norm_dims),
+        param_vector(weight),
+        param_vector(bias),
+        _flat(rstd),
+        dr,
+        *opts,
+        input_dtype,
+        need_wgrad,
+    )
     return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
 
 
@@ -101,9 +111,14 @@ def layer_norm_fwd(x, norm_dims, weight, bias, eps):
 
 def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
     dx, dw, db = backend_for(x).layer_norm_bwd(
-        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), param_vector(weight), param_vector(bias),
-        _flat(mean), _flat(rstd), need_weight_grad,
-    )  # fmt: skip
+        _as_rows(dy, norm_dims),
+        _as_rows(x, norm_dims),
+        param_vector(weight),
+        param_vector(bias),
+        _flat(mean),
+        _flat(rstd),
+        need_weight_grad,
+    )
     return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
 
 
@@ -111,9 +126,15 @@ def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dty
     """y in x's shape and the (M·G,) statistics (None where ``stats`` is false and the backend
     skips them). ``gating`` is (group_size, norm_before_gate, activation)."""
     y, rstd = backend_for(x).gated_rms_norm_fwd(
-        _as_rows(x, norm_dims), None if gate is None else _as_rows(gate, norm_dims),
-        param_vector(weight), param_vector(bias), *opts, *gating, stats, input_dtype,
-    )  # fmt: skip
+        _as_rows(x, norm_dims),
+        None if gate is None else _as_rows(gate, norm_dims),
+        param_vector(weight),
+        param_vector(bias),
+        *opts,
+        *gating,
+        stats,
+        input_dtype,
+    )
     return _shaped(y, x), rstd
 
 
@@ -123,9 +144,18 @@ def gated_rms_norm_bwd(
     dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
     z = None if gate is None else _as_rows(gate, norm_dims)
     dx, dz, dw, db = backend_for(x).gated_rms_norm_bwd(
-        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), z, param_vector(weight),
-        param_vector(bias), _flat(rstd), dr, *opts, *gating, input_dtype, need_wgrad,
-    )  # fmt: skip
+        _as_rows(dy, norm_dims),
+        _as_rows(x, norm_dims),
+        z,
+        param_vector(weight),
+        param_vector(bias),
+        _flat(rstd),
+        dr,
+        *opts,
+        *gating,
+        input_dtype,
+        need_wgrad,
+    )
     if gate is not None:
         dz = _shaped(dz, x)
     return _shaped(dx, x), dz, _param_grad(dw, weight), _param_grad(db, bias)

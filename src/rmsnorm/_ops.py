@@ -68,9 +68,14 @@ _lib.define(
 )
 
 OP_NAMES = (
-    "rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd",
-    "gated_rms_norm_fwd", "gated_rms_norm_bwd",
-)  # fmt: skip
+    "rms_norm_fwd",
+    "add_rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+    "gated_rms_norm_fwd",
+    "gated_rms_norm_bwd",
+)
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -248,9 +253,19 @@ def _gated_rms_norm_bwd(dy, x, gate, norm_dims, weight, bias, rstd, dresidual, *
     g = _check_gated(op, x, n, opts, gating)
     _check_stat(op, rstd, x, n // g, "rstd")
     return _launch.gated_rms_norm_bwd(
-        dy, x, gate, norm_dims, weight, bias, rstd, dresidual, opts, gating, input_dtype,
+        dy,
+        x,
+        gate,
+        norm_dims,
+        weight,
+        bias,
+        rstd,
+        dresidual,
+        opts,
+        gating,
+        input_dtype,
         need_weight_grad,
-    )  # fmt: skip
+    )
 
 
 _IMPLS = {
@@ -358,9 +373,20 @@ def _rms_backward(ctx, dy, _drstd):
     x, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
     dx, dw, db = _autograd.rms_norm_backward(
-        call, dy, None, x, ctx.norm_dims, weight, bias, rstd, ctx.opts, x.dtype, need[0], need[2],
+        call,
+        dy,
+        None,
+        x,
+        ctx.norm_dims,
+        weight,
+        bias,
+        rstd,
+        ctx.opts,
+        x.dtype,
+        need[0],
+        need[2],
         need[3],
-    )  # fmt: skip
+    )
     return dx, None, dw, db, *_NO_OPTION_GRADS
 
 
@@ -374,9 +400,21 @@ def _add_backward(ctx, dy, dh, _drstd):
     h, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
     dinput, dresidual, dw, db = _autograd.add_rms_norm_backward(
-        call, dy, dh, h, ctx.norm_dims, weight, bias, rstd, ctx.opts, ctx.input_dtype, need[0],
-        need[1], need[3], need[4],
-    )  # fmt: skip
+        call,
+        dy,
+        dh,
+        h,
+        ctx.norm_dims,
+        weight,
+        bias,
+        rstd,
+        ctx.opts,
+        ctx.input_dtype,
+        need[0],
+        need[1],
+        need[3],
+        need[4],
+    )
     return dinput, dresidual, None, dw, db, *_NO_OPTION_GRADS
 
 
@@ -407,9 +445,22 @@ def _gated_backward(ctx, dy, _drstd):
     x, gate, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
     dx, dz, dw, db = _autograd.gated_rms_norm_backward(
-        call, dy, x, gate, ctx.norm_dims, weight, bias, rstd, ctx.opts, ctx.gating,
-        ctx.input_dtype, need[0], need[1], need[3], need[4],
-    )  # fmt: skip
+        call,
+        dy,
+        x,
+        gate,
+        ctx.norm_dims,
+        weight,
+        bias,
+        rstd,
+        ctx.opts,
+        ctx.gating,
+        ctx.input_dtype,
+        need[0],
+        need[1],
+        need[3],
+        need[4],
+    )
     # None for norm_dims, the options, the gating arguments and input_dtype
     return dx, dz, None, dw, db, *_NO_OPTION_GRADS, None, None, None, None
 
@@ -485,6 +536,16 @@ class call:
         dy, x, gate, norm_dims, weight, bias, rstd, dresidual, opts, gating, input_dtype, need
     ):
         return torch.ops.rmsnorm.gated_rms_norm_bwd(
-            dy, x, gate, norm_dims, weight, bias, rstd, dresidual, *opts, *gating, input_dtype,
+            dy,
+            x,
+            gate,
+            norm_dims,
+            weight,
+            bias,
+            rstd,
+            dresidual,
+            *opts,
+            *gating,
+            input_dtype,
             need,
-        )  # fmt: skip
+        )

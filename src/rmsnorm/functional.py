@@ -395,9 +395,17 @@ def _rms_arguments(
     (N,) weight on the input's device, default or float eps and offset) is checked inline."""
     if _tracing() is not None:
         return _untraced(
-            _rms_arguments, input, normalized_shape, weight, eps, eps_mode, casting_mode, offset,
-            bias, partial,
-        )  # fmt: skip
+            _rms_arguments,
+            input,
+            normalized_shape,
+            weight,
+            eps,
+            eps_mode,
+            casting_mode,
+            offset,
+            bias,
+            partial,
+        )
     shape = input.shape
     if type(normalized_shape) is int and shape and shape[-1] == normalized_shape > 0:
         norm_dims, n = 1, normalized_shape
@@ -492,9 +500,20 @@ def _check_gating(gate, input, norm_before_gate, activation) -> None:
 
 
 def _gated_arguments(
-    input, gate, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial,
-    group_size, norm_before_gate, activation,
-):  # fmt: skip
+    input,
+    gate,
+    normalized_shape,
+    weight,
+    eps,
+    eps_mode,
+    casting_mode,
+    offset,
+    bias,
+    partial,
+    group_size,
+    norm_before_gate,
+    activation,
+):
     """gated_rms_norm's checks; returns (norm_dims, N, options, g) with g as
     :func:`_group_arguments` gives it and the options' k that of a group."""
     if not isinstance(input, torch.Tensor):
@@ -620,10 +639,19 @@ def rms_norm(
     """
     if _has_torch_function(input, weight, bias):
         return handle_torch_function(
-            rms_norm, (input, weight, bias), input, normalized_shape, weight, eps,
-            eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
-            partial=partial, group_size=group_size,
-        )  # fmt: skip
+            rms_norm,
+            (input, weight, bias),
+            input,
+            normalized_shape,
+            weight,
+            eps,
+            eps_mode=eps_mode,
+            casting_mode=casting_mode,
+            offset=offset,
+            bias=bias,
+            partial=partial,
+            group_size=group_size,
+        )
     if not isinstance(input, torch.Tensor):
         _check_float_tensor(input, "input")
     norm_dims, n, opts = _rms_arguments(
@@ -689,10 +717,20 @@ def add_rms_norm(
     """
     if _has_torch_function(input, residual, weight, bias):
         return handle_torch_function(
-            add_rms_norm, (input, residual, weight, bias), input, residual, normalized_shape,
-            weight, eps, eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
-            partial=partial, group_size=group_size,
-        )  # fmt: skip
+            add_rms_norm,
+            (input, residual, weight, bias),
+            input,
+            residual,
+            normalized_shape,
+            weight,
+            eps,
+            eps_mode=eps_mode,
+            casting_mode=casting_mode,
+            offset=offset,
+            bias=bias,
+            partial=partial,
+            group_size=group_size,
+        )
     _check_residual(input, residual)
     norm_dims, n, opts = _rms_arguments(
         input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
@@ -783,20 +821,49 @@ def gated_rms_norm(
     """
     if _has_torch_function(input, gate, weight, bias):
         return handle_torch_function(
-            gated_rms_norm, (input, gate, weight, bias), input, gate, normalized_shape, weight,
-            eps, group_size=group_size, norm_before_gate=norm_before_gate, activation=activation,
-            eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
+            gated_rms_norm,
+            (input, gate, weight, bias),
+            input,
+            gate,
+            normalized_shape,
+            weight,
+            eps,
+            group_size=group_size,
+            norm_before_gate=norm_before_gate,
+            activation=activation,
+            eps_mode=eps_mode,
+            casting_mode=casting_mode,
+            offset=offset,
+            bias=bias,
             partial=partial,
-        )  # fmt: skip
+        )
     norm_dims, n, opts, group_size = _gated_arguments(
-        input, gate, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial,
-        group_size, norm_before_gate, activation,
-    )  # fmt: skip
+        input,
+        gate,
+        normalized_shape,
+        weight,
+        eps,
+        eps_mode,
+        casting_mode,
+        offset,
+        bias,
+        partial,
+        group_size,
+        norm_before_gate,
+        activation,
+    )
     if gate is None and group_size is None:
         return rms_norm(
-            input, normalized_shape, weight, opts.eps, eps_mode=eps_mode,
-            casting_mode=casting_mode, offset=opts.offset, bias=bias, partial=partial,
-        )  # fmt: skip
+            input,
+            normalized_shape,
+            weight,
+            opts.eps,
+            eps_mode=eps_mode,
+            casting_mode=casting_mode,
+            offset=opts.offset,
+            bias=bias,
+            partial=partial,
+        )
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, gate, weight, bias = _fp32(input), _fp32(gate), _fp32(weight), _fp32(bias)
     gating = (group_size, norm_before_gate, activation)
