@@ -22,6 +22,8 @@ TENSOR_API = [
 ]
 OTHER_API = [
     rmsnorm.use_backend,
+    rmsnorm.set_debug,
+    rmsnorm.last_calls,
     integrations.replace_norms,
     integrations.restore_norms,
     integrations.norm_kind,

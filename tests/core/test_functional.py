@@ -326,3 +326,107 @@ def test_torch_function_subclasses_see_the_function():
     y = rmsnorm.rms_norm(x, 8)
     assert "rms_norm" in seen and type(y) is Logged
     torch.testing.assert_close(y.as_subclass(torch.Tensor), rmsnorm.rms_norm(torch.Tensor(x), 8))
+
+
+# ----------------------------------------------------------------------------------------------
+# The four call paths: each forced, its result checked, and the path taken checked twice — by the
+# record rmsnorm.set_debug keeps and by which path implementation actually ran.
+# ----------------------------------------------------------------------------------------------
+class _NoOpDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _forced(path, fn, *tensors):
+    """fn(*tensors) on ``path``: "launch" (plain tensors, no gradient), "function" (a tensor needs
+    a gradient), "op" (under a dispatch mode, as the tracers are) or "spec" (forward-mode AD)."""
+    if path == "function":
+        return fn(tensors[0].detach().requires_grad_(), *tensors[1:]).detach()
+    if path == "op":
+        with _NoOpDispatchMode():
+            return fn(*tensors)
+    if path == "spec":
+        with torch.autograd.forward_ad.dual_level():
+            return fn(*tensors)
+    return fn(*tensors)
+
+
+def _call_gated(x, z, w):
+    return rmsnorm.gated_rms_norm(x, z, 8, w, 1e-6, group_size=4, casting_mode="llama")
+
+
+def _spec_gated(x, z, w):
+    y, _ = ref.gated_rms_norm_fwd(x, z, w, None, 1e-6, "mean_square", "llama", 0.0, 4, 4, True,
+                                  "silu")  # fmt: skip
+    return y
+
+
+PATH_CASES = {
+    "rms_norm": (
+        lambda x, z, w: rmsnorm.rms_norm(x, 8, w, 1e-6, eps_mode="rms", offset=0.5, partial=0.5),
+        lambda x, z, w: ref.rms_norm(x, w, 1e-6, eps_mode="rms", offset=0.5, partial=0.5),
+    ),
+    "add_rms_norm": (
+        lambda x, z, w: rmsnorm.add_rms_norm(x, z, 8, w, 1e-6, casting_mode="none")[0],
+        lambda x, z, w: ref.add_rms_norm(x, z, w, 1e-6, casting_mode="none")[0],
+    ),
+    "gated_rms_norm": (_call_gated, _spec_gated),
+    "layer_norm": (
+        lambda x, z, w: rmsnorm.layer_norm(x, 8, w, z[0]),
+        lambda x, z, w: ref.layer_norm(x, w, z[0]),
+    ),
+}
+
+
+@pytest.mark.parametrize("op", PATH_CASES)
+@pytest.mark.parametrize("path", ["launch", "function", "op", "spec"])
+def test_each_call_path_is_taken_and_agrees_with_the_spec(op, path, monkeypatch):
+    from rmsnorm import functional
+
+    taken = []
+    impls = dict(zip(rmsnorm._calls.PATHS, functional._PATHS, strict=True))
+    for name, impl in impls.items():
+        method = getattr(impl, op)
+
+        def spy(*args, _method=method, _name=name):
+            taken.append(_name)
+            return _method(*args)
+
+        monkeypatch.setattr(impl, op, staticmethod(spy))
+    x, z = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    w = torch.rand(8, dtype=torch.float64) + 0.5
+    ours, spec = PATH_CASES[op]
+    monkeypatch.setattr(rmsnorm._calls, "recording", True)
+    y = _forced(path, ours, x, z, w)
+    assert taken == [path]
+    assert rmsnorm.last_calls()[op]["path"] == path
+    torch.testing.assert_close(y, spec(x, z, w), rtol=1e-12, atol=1e-12)
+
+
+def test_debug_log_names_the_path_and_backend_and_a_fallback_is_not_silent(caplog, monkeypatch):
+    from rmsnorm import _backend, _calls
+
+    monkeypatch.setattr(_calls, "recording", False)
+    _calls.clear()
+    x = torch.randn(2, 8, dtype=torch.float64)
+    with caplog.at_level("DEBUG", logger="rmsnorm.calls"):
+        rmsnorm.rms_norm(x, 8)  # not recorded: no record of the path, but a fallback still logs
+        assert rmsnorm.last_calls() == {}
+        backend = _backend.describe("cpu")
+        if backend == "cpu":
+            assert any("runs the reference" in r.getMessage() for r in caplog.records)
+            assert any(k[:2] == ("cpu", "rms_norm_fwd") for k in _calls.fallbacks())
+        caplog.clear()
+        rmsnorm.set_debug(True)
+        try:
+            rmsnorm.rms_norm(x.requires_grad_(), 8)
+        finally:
+            rmsnorm.set_debug(False)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"function path, {backend} backend" in m for m in messages), messages
+    call = rmsnorm.last_calls()["rms_norm"]
+    assert (call["path"], call["backend"], call["dtype"]) == ("function", backend, "float64")
+    if backend == "cpu":
+        assert call["fallback"].startswith("cpu rms_norm_fwd → reference")
+    with pytest.raises(TypeError, match="on must be True or False"):
+        rmsnorm.set_debug("yes")

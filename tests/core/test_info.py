@@ -89,3 +89,15 @@ def test_benchmark_rows_carry_the_same_facts(monkeypatch):
     meta = machine("cpu")
     assert meta["commit"] == "f00dfeed" and meta["device_name"] == info.cpu_model()
     assert meta["triton"] == (info.package_version("triton") or "none")
+
+
+def test_served_calls_name_the_path_backend_and_a_hand_off_to_the_reference():
+    from rmsnorm import _backend
+
+    served = info.served_calls((torch.float32, torch.float64))
+    backend = _backend.describe("cpu")
+    assert f"rms_norm: launch path, {backend} backend" in served["float32"]
+    if backend == "cpu":  # the CPU kernels compute in float32: float64 goes to the reference
+        assert "cpu rms_norm_fwd → reference: a float64 tensor" in served["float64"]
+        assert "→ reference" not in served["float32"]
+    assert not rmsnorm._calls.recording  # the probe leaves recording as it found it

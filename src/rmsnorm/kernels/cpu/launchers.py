@@ -20,6 +20,7 @@ import time
 import numpy as np
 import torch
 
+from ... import _calls
 from ... import reference as ref
 from . import kernels as K
 
@@ -294,6 +295,13 @@ def _check_modes(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"casting_mode must be one of {ref.CASTING_MODES}, got {casting_mode!r}")
 
 
+def _to_reference(op: str, dtypes: bool) -> None:
+    """Say (:func:`rmsnorm._calls.fallback`) that ``op`` runs the reference: for its dtypes (a
+    float64 tensor or statistic: the kernels compute in float32) or for an empty tensor."""
+    why = "a float64 tensor or statistic (the kernels compute in float32)" if dtypes else "no rows"
+    _calls.fallback("cpu", op, why)
+
+
 def _pc(dtype: torch.dtype | None) -> int:
     """A parameter's dtype code (0 where there is none)."""
     return 0 if dtype is None else _PARAM_CODES[dtype]
@@ -410,6 +418,7 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=
     n = x.shape[-1]
     m = x.numel() // n if n else 0
     if out is None or not m:
+        _to_reference("rms_norm_fwd", out is None)
         return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
     if x.is_contiguous():
         xs = n
@@ -450,6 +459,7 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     n = x.shape[-1]
     m = x.numel() // n if n else 0
     if out is None or not m:
+        _to_reference("add_rms_norm_fwd", out is None)
         return ref.add_rms_norm_fwd(
             x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
@@ -535,6 +545,7 @@ def rms_norm_bwd(
     )  # fmt: skip
     dxdt, flags = _rms_bwd_plans.get(key) or _rms_bwd_plan(key)
     if dxdt is None or not x.numel():
+        _to_reference("rms_norm_bwd", dxdt is None)
         return ref.rms_norm_bwd(
             dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
             input_dtype, need_weight_grad,
@@ -552,6 +563,7 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
     n = x.shape[-1]
     m = x.numel() // n if n else 0
     if out is None or not m:
+        _to_reference("layer_norm_fwd", out is None)
         return ref.layer_norm_fwd(x, weight, bias, eps)
     if x.is_contiguous():
         xs = n
@@ -591,6 +603,7 @@ def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     )  # fmt: skip
     dxdt, flags = _ln_bwd_plans.get(key) or _ln_bwd_plan(key)
     if dxdt is None or not x.numel():
+        _to_reference("layer_norm_bwd", dxdt is None)
         return ref.layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
     return _bwd(dy, x, weight, bias, mean, rstd, None, x.shape[-1], 0.0, flags, need_weight_grad)
 
