@@ -1,6 +1,7 @@
-"""Pieces the RMSNorm and LayerNorm kernels share: the tile layouts' conventions, scalar and
-rounding helpers, the split layout's cross-program exchange, and the fixed-order sum of the
-backward's per-program d weight / d bias partials.
+"""Pieces the RMSNorm, gated RMSNorm and LayerNorm kernels share: the tile layouts' conventions,
+scalar and rounding helpers, tile loads and stores, the RMSNorm family's input, statistics, output
+and input gradient, the split layout's cross-program exchange, and the backward's per-program
+d weight / d bias partials with their fixed-order sum.
 
 Every kernel works on (BLOCK_M, BLOCK_N) tiles of rows and walks row blocks with a grid stride,
 so one kernel body serves three layouts (chosen by the launch config, see ``_config.py``):
@@ -16,14 +17,19 @@ so one kernel body serves three layouts (chosen by the launch config, see ``_con
   finish halves as two launches: the Triton interpreter runs programs one after another, where the
   spin-wait of ``PHASE`` 0 would never end.
 
-Statistics and all arithmetic are in ``ACC`` (float32, float64 for float64 inputs); row offsets are
-int64 (``rows.to(tl.int64) * stride``) so tensors past 2^31 elements address correctly.
+Helpers that need several of a launch's options take its ``FLAGS`` constexpr (bits in
+``_flags.py``) and decode them as the kernels do. Helper parameters in capitals are compile-time
+constants: Triton specialises a helper on the constants it is called with, annotated or not.
+Statistics and all arithmetic are in ``ACC`` (float32, float64 for float64 inputs); row offsets
+are int64 (``rows.to(tl.int64) * stride``) so tensors past 2^31 elements address correctly.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from . import _flags as flag
 
 
 @triton.jit
@@ -84,6 +90,104 @@ def first_chunk(r_idx, part, BLOCK_M: tl.constexpr):
     """``part == 0`` as a (BLOCK_M,) mask: only chunk 0 of a split row writes the row statistics.
     (A vector, because the interpreter mis-types ``vector_mask & scalar_mask``.)"""
     return (r_idx + part * BLOCK_M) < BLOCK_M
+
+
+@triton.jit
+def grid_slot(M, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
+    """(slot, part, n_slots, num_rb, r_idx): this program's row-block slot, its column chunk of a
+    split row, the number of slots (SPLIT programs a slot), of row blocks, and the row indices
+    within a block."""
+    pid = tl.program_id(0)
+    n_slots = tl.num_programs(0) // SPLIT
+    return pid // SPLIT, pid % SPLIT, n_slots, tl.cdiv(M, BLOCK_M), tl.arange(0, BLOCK_M)
+
+
+@triton.jit
+def row_block(rb, r_idx, BLOCK_M: tl.constexpr, M):
+    """(rows, rmask, rows64) of row block rb: int32 rows, their mask and their int64 form."""
+    rows = rb * BLOCK_M + r_idx
+    return rows, rows < M, rows.to(tl.int64)
+
+
+@triton.jit
+def col_chunk(c0, BLOCK_N: tl.constexpr, N, rmask):
+    """(cols, cmask, mask) of the BLOCK_N columns from c0: the columns, their mask, the tile's."""
+    cols = c0 + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    return cols, cmask, rmask[:, None] & cmask[None, :]
+
+
+@triton.jit
+def rowptr(P, rows64, stride):
+    """(BLOCK_M, 1) pointers to the rows rows64 of P (row stride `stride`, offsets in int64)."""
+    return P + rows64[:, None] * stride
+
+
+@triton.jit
+def load_acc(p, cols, mask, EVICT: tl.constexpr, ACC: tl.constexpr, RNE: tl.constexpr):
+    """The (BLOCK_M, BLOCK_N) tile at row pointers p and columns cols, in ACC (0 outside mask)."""
+    return up(tl.load(p + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT), ACC, RNE)
+
+
+@triton.jit
+def store_cvt(p, cols, mask, v, RNE: tl.constexpr):
+    """Store the ACC tile v at row pointers p and columns cols, rounded to p's dtype."""
+    tl.store(p + cols[None, :], cvt(v, p.dtype.element_ty, RNE), mask=mask)
+
+
+@triton.jit
+def opt_param(P, cols, cmask, HAS: tl.constexpr, ACC: tl.constexpr, RNE: tl.constexpr):
+    """A weight or bias chunk (BLOCK_N,) in ACC (0 outside cmask), or 0.0 when absent."""
+    if HAS:
+        return up(tl.load(P + cols, mask=cmask, other=0.0), ACC, RNE)
+    else:
+        return 0.0
+
+
+@triton.jit
+def param(P, offs, mask, HAS: tl.constexpr):
+    """The raw weight or bias tile at offs (any shape), or 0.0 when absent."""
+    if HAS:
+        return tl.load(P + offs, mask=mask, other=0.0)
+    else:
+        return 0.0
+
+
+@triton.jit
+def weighted(dy, w, HAS_W: tl.constexpr):
+    """g = dy ⊙ w for a (BLOCK_N,) ACC chunk w of the weight (offset + γ in RMSNorm), or dy
+    without a weight."""
+    if HAS_W:
+        return dy * w[None, :]
+    else:
+        return dy
+
+
+@triton.jit
+def grad_tile(xp, dyp, w, cols, mask, EVICT, HAS_W, ACC, RNE):
+    """(x, dy, g = dy ⊙ w) in ACC of a backward's tile at the rows xp, dyp and the columns cols
+    (w: the weight chunk, see weighted)."""
+    x = load_acc(xp, cols, mask, EVICT, ACC, RNE)
+    dy = load_acc(dyp, cols, mask, EVICT, ACC, RNE)
+    return x, dy, weighted(dy, w, HAS_W)
+
+
+@triton.jit
+def bwd_row_block(X, DY, RSTD, stride_x, stride_dy, rb, r_idx, BLOCK_M, M, ACC):
+    """A backward's row block rb: (rows, rmask, rows64) (see row_block), the row pointers of x and
+    dy, and r in ACC."""
+    rows, rmask, rows64 = row_block(rb, r_idx, BLOCK_M, M)
+    r = tl.load(RSTD + rows, mask=rmask, other=0.0).to(ACC)
+    return rows, rmask, rows64, rowptr(X, rows64, stride_x), rowptr(DY, rows64, stride_dy), r
+
+
+@triton.jit
+def head(x, cols, K, PARTIAL: tl.constexpr):
+    """The tile x with its columns ≥ K zeroed when PARTIAL (the RMS is over the first K)."""
+    if PARTIAL:
+        return tl.where((cols < K)[None, :], x, 0.0)
+    else:
+        return x
 
 
 @triton.jit
@@ -162,52 +266,334 @@ def combine_partials(v, ACC: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------
+# The RMSNorm family (plain, fused residual add, grouped and gated): the normalized input v, its
+# sum of squares in the looped layout, r, the output and the input gradient
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def act(z, SIGMOID: tl.constexpr, ACC: tl.constexpr):
+    """act(z) as torch computes it: σ(z) = 1/(1 + exp(−z)), SiLU = z/(1 + exp(−z)) (NaN at −inf,
+    as there)."""
+    e = tl.exp(-z) + 1.0
+    if SIGMOID:
+        return div(tl.full(z.shape, 1.0, ACC), e, ACC)
+    else:
+        return div(z, e, ACC)
+
+
+@triton.jit
+def gated_input(x, a, CAST: tl.constexpr, IN: tl.constexpr, RNE: tl.constexpr):
+    """u = x ⊙ act(z) (gate, then norm): in ACC, or in "none" mode rounded to the input dtype (x
+    rounded to it first; a already is)."""
+    if CAST == flag.CAST_NONE:
+        return rnd(rnd(x, IN, RNE) * a, IN, RNE)
+    else:
+        return x * a
+
+
+@triton.jit
+def add_residual(x, res, hp, c, mask, STORE_H: tl.constexpr, ACC: tl.constexpr, RNE: tl.constexpr):
+    """h = x + residual rounded to the residual's dtype (stored at hp + c when STORE_H), in ACC:
+    the statistics are those of the h returned."""
+    h = cvt(x + res, hp.dtype.element_ty, RNE)
+    if STORE_H:
+        tl.store(hp + c, h, mask=mask)
+    return up(h, ACC, RNE)
+
+
+@triton.jit
+def load_input(xp, ap, hp, c, mask, EVICT, RES, FLAGS, GATING, IN, ACC):
+    """(v, a) in ACC of the tile at the 2-D columns c of the rows at xp (x), ap (the residual, or
+    the gate z) and hp (h). v is the normalized input: x; h = x + residual (RES 1; RES 2 also
+    stores h); or x ⊙ act(z) gate first (GATING as the gated kernels'). a = act(z) (v without a
+    gate)."""
+    RNE: tl.constexpr = (FLAGS & flag.RNE) != 0
+    CAST: tl.constexpr = (FLAGS >> flag.CAST_SHIFT) & flag.FIELD_MASK
+    x = up(tl.load(xp + c, mask=mask, other=0.0, eviction_policy=EVICT), ACC, RNE)
+    if RES:
+        res = up(tl.load(ap + c, mask=mask, other=0.0, eviction_policy=EVICT), ACC, RNE)
+        x = add_residual(x, res, hp, c, mask, RES == 2, ACC, RNE)
+    v = x
+    a = x
+    if GATING % 4 != 0:
+        a = act(
+            up(tl.load(ap + c, mask=mask, other=0.0, eviction_policy=EVICT), ACC, RNE),
+            GATING >= 4,
+            ACC,
+        )
+        if CAST == flag.CAST_NONE:
+            a = rnd(a, IN, RNE)
+        if GATING % 4 == 2:
+            v = gated_input(x, a, CAST, IN, RNE)
+    return v, a
+
+
+@triton.jit
+def _sum_v2(xp, ap, hp, rmask, N, K, sc, BLOCK_N, RES, RESCALE, FLAGS, GATING, IN, ACC):
+    """Per row of a looped row block, Σv² over the first K columns, walked in BLOCK_N column
+    blocks whose loads ask L2 to keep the row for the next pass. The first pass walks all N
+    columns with a residual (RES) and stores h; the RESCALE pass sums (sc·v)² and reads v only
+    (a gate applied after the norm does not enter it)."""
+    PARTIAL: tl.constexpr = (FLAGS & flag.PARTIAL) != 0
+    n1 = K
+    if RES and not RESCALE:
+        n1 = N
+    acc = tl.zeros([rmask.shape[0], BLOCK_N], ACC)
+    for c0 in tl.range(0, n1, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        m = rmask[:, None] & (cols < n1)[None, :]
+        if RESCALE:
+            ONLY_V: tl.constexpr = GATING % 4 // 2 * 2 + GATING // 4 * 4
+            v, _ = load_input(
+                xp, ap, hp, cols[None, :], m, "evict_last", RES, FLAGS, ONLY_V, IN, ACC
+            )
+            v = v * sc[:, None]
+        else:
+            v, _ = load_input(
+                xp, ap, hp, cols[None, :], m, "evict_last", RES * 2, FLAGS, GATING, IN, ACC
+            )
+            v = head(v, cols, K, PARTIAL and RES)
+        acc += v * v
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def rescaled(ss, xp, ap, hp, rmask, K, BLOCK_N, RES, FLAGS, GATING, IN, ACC):
+    """(ss, sc) of a looped row block from its Σv² ss: sc = 1, or where ss overflowed (rare, see
+    sum_squares), sc = s and Σ(s·v)², read again."""
+    over = overflowed(ss, ACC)
+    sc = over_scale(over, ACC)
+    if any_row(over):
+        ss_s = _sum_v2(xp, ap, hp, rmask, K, K, sc, BLOCK_N, RES, True, FLAGS, GATING, IN, ACC)
+        ss = tl.where(over, ss_s, ss)
+    return ss, sc
+
+
+@triton.jit
+def loop_sum_squares(xp, ap, hp, rmask, N, K, BLOCK_N, RES, FLAGS, GATING, IN, ACC):
+    """(ss, sc) of a looped row block (see _sum_v2 and rescaled)."""
+    ss = _sum_v2(xp, ap, hp, rmask, N, K, 1.0, BLOCK_N, RES, False, FLAGS, GATING, IN, ACC)
+    return rescaled(ss, xp, ap, hp, rmask, K, BLOCK_N, RES, FLAGS, GATING, IN, ACC)
+
+
+@triton.jit
+def inv_rms(ss, sc, kf, eps, FLAGS: tl.constexpr, ACC: tl.constexpr):
+    """r from the sum of squares of the first k elements: 1/sqrt(ms + eps) ("mean_square") or
+    1/(sqrt(ms) + eps) ("rms"); from a rescaled sum (sc = s, see sum_squares) sc/sqrt(ms + eps·s²)
+    or sc/(sqrt(ms) + eps·s). Per row, so the correctly rounded forms cost nothing."""
+    ms = div(ss, kf, ACC)
+    if (FLAGS & flag.RMS_EPS) != 0:
+        return div(tl.full(ss.shape, 1.0, ACC), sqrt(ms, ACC) + eps * sc, ACC) * sc
+    else:
+        return div(tl.full(ss.shape, 1.0, ACC), sqrt(ms + eps * sc * sc, ACC), ACC) * sc
+
+
+@triton.jit
+def rms_apply(
+    v, r, w, b, off, FLAGS: tl.constexpr, IN: tl.constexpr, OUT: tl.constexpr, ACC: tl.constexpr
+):
+    """n = (offset + γ) ⊙ v·r + β for an ACC tile v and its per-tile-row r, rounded where the
+    casting mode rounds (``reference.rms_norm_apply``); w, b are the raw weight / bias tiles
+    (broadcastable to v; unused when absent). OUT is the output dtype (promote(input, weight) in
+    "llama")."""
+    HAS_W: tl.constexpr = (FLAGS & flag.W) != 0
+    HAS_B: tl.constexpr = (FLAGS & flag.B) != 0
+    CAST: tl.constexpr = (FLAGS >> flag.CAST_SHIFT) & flag.FIELD_MASK
+    RNE: tl.constexpr = (FLAGS & flag.RNE) != 0
+    if CAST == flag.CAST_GEMMA:
+        # "gemma": everything in the compute dtype, one cast at the end (by the caller's store).
+        y = v * r[:, None]
+        if HAS_W:
+            y = y * (up(w, ACC, RNE) + off)
+        if HAS_B:
+            y = y + up(b, ACC, RNE)
+    elif CAST == flag.CAST_LLAMA:
+        # "llama": normalize, round to the input dtype, then × weight in promote(input, weight).
+        if OUT == tl.float64:
+            P: tl.constexpr = tl.float64
+        else:
+            P: tl.constexpr = tl.float32
+        y = cvt(v * r[:, None], IN, RNE).to(P)
+        if HAS_W:
+            y = rnd(y * rnd(up(w, P, RNE) + off.to(P), OUT, RNE), OUT, RNE)
+        if HAS_B:
+            y = rnd(y + rnd(up(b, P, RNE), OUT, RNE), OUT, RNE)
+    else:
+        # "none": r rounded to the input dtype, each product rounded in the input dtype.
+        if IN == tl.float64:
+            P: tl.constexpr = tl.float64
+        else:
+            P: tl.constexpr = tl.float32
+        y = rnd(rnd(v.to(P), IN, RNE) * rnd(r.to(P), IN, RNE)[:, None], IN, RNE)
+        if HAS_W:
+            y = rnd(y * rnd(rnd(up(w, P, RNE), IN, RNE) + off.to(P), IN, RNE), IN, RNE)
+        if HAS_B:
+            y = rnd(y + rnd(up(b, P, RNE), IN, RNE), IN, RNE)
+    return y
+
+
+@triton.jit
+def finite_r(r, ACC: tl.constexpr):
+    """r, or 1 where r = inf (eps = 0 on a row whose squares underflow): such a row's Σ g·x̂ is
+    summed as Σ g·x and multiplied by r afterwards (in rms_dx), so it is ±inf where torch's
+    autograd has ±inf rather than inf − inf = NaN."""
+    return tl.where(overflowed(r, ACC), 1.0, r)
+
+
+@triton.jit
+def rms_row_sums(x, g, r, cols, K, FLAGS: tl.constexpr, ACC: tl.constexpr):
+    """Per row of one tile: Σ g·x̂ (Σ g·x where r = inf, see finite_r), g = dy ⊙ (offset + γ), and
+    (for "rms") (ss, sc) = sum_squares of x_j, j < K (ss and sc are that sum when unused)."""
+    sg = tl.sum(g * (x * finite_r(r, ACC)[:, None]), axis=1)
+    if (FLAGS & flag.RMS_EPS) != 0:
+        ss, sc = sum_squares(head(x, cols, K, (FLAGS & flag.PARTIAL) != 0), ACC)
+    else:
+        ss = sg
+        sc = sg
+    return sg, ss, sc
+
+
+@triton.jit
+def rms_dx(x, g, r, sgx, ss, sc, kf, cols, K, FLAGS: tl.constexpr, ACC: tl.constexpr):
+    """dx = r·g − m·x̂·coef with g = dy ⊙ (offset + γ), S = Σ g·x̂ (from the partial sums of
+    :func:`rms_row_sums`), coef = r·S/k ("mean_square") or S/(k·s) where s = sqrt(ss/k) > 0,
+    else 0 ("rms"; from a rescaled ss, s is the RMS times sc and coef is multiplied by sc); m masks
+    columns ≥ K."""
+    xhat = x * r[:, None]
+    sg = tl.where(overflowed(r, ACC), sgx * r, sgx)
+    if (FLAGS & flag.RMS_EPS) != 0:
+        root = sqrt(div(ss, kf, ACC), ACC)
+        pos = root > 0
+        coef = tl.where(pos, div(sg, kf * tl.where(pos, root, 1.0), ACC), 0.0) * sc
+    else:
+        coef = r * sg / kf
+    return r[:, None] * g - head(xhat * coef[:, None], cols, K, (FLAGS & flag.PARTIAL) != 0)
+
+
+@triton.jit
+def dw_term(dy, x, r, FLAGS: tl.constexpr, IN: tl.constexpr):
+    """dy ⊙ x̂, a tile's d weight contribution: x̂ = x·r, rounded to IN in "llama" (whose forward
+    multiplies the weight by the rounded x̂)."""
+    xhat = x * r[:, None]
+    if ((FLAGS >> flag.CAST_SHIFT) & flag.FIELD_MASK) == flag.CAST_LLAMA:
+        xhat = rnd(xhat, IN, (FLAGS & flag.RNE) != 0)
+    return dy * xhat
+
+
+# ----------------------------------------------------------------------------------------------
 # Cross-program exchange for the split layout
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def publish(WS, rows64, rmask, part, j: tl.constexpr, v, NV: tl.constexpr,
-             SPLIT: tl.constexpr):  # fmt: skip
-    """Store this program's per-row partial v (BLOCK_M,) as value j of chunk `part`.
-    WS is (M, NV, SPLIT) in ACC."""
-    tl.store(WS + rows64 * (NV * SPLIT) + j * SPLIT + part, v, mask=rmask)
+def publish(ws, rmask, part, j: tl.constexpr, v, SPLIT: tl.constexpr):
+    """Store this program's per-row partial v (BLOCK_M,) as value j of chunk `part`; ws points at
+    the rows of the (M, NV, SPLIT) ACC workspace."""
+    tl.store(ws + j * SPLIT + part, v, mask=rmask)
 
 
 @triton.jit
-def arrive_and_wait(CNT, rb, SPLIT: tl.constexpr):
-    """Count this program in for row block rb, then wait until all SPLIT chunks have published.
-    The barrier orders every thread's workspace stores before the release; the acquire orders the
-    workspace loads after the last arrival. All SPLIT programs are co-resident (grid ≤ SMs)."""
+def arrive_and_wait(cnt, SPLIT: tl.constexpr):
+    """Count this program in at its row block's arrival counter cnt, then wait until all SPLIT
+    chunks have published. The barrier orders every thread's workspace stores before the release;
+    the acquire orders the workspace loads after the last arrival. All SPLIT programs are
+    co-resident (grid ≤ SMs)."""
     tl.debug_barrier()
-    seen = tl.atomic_add(CNT + rb, 1, sem="acq_rel") + 1
+    seen = tl.atomic_add(cnt, 1, sem="acq_rel") + 1
     while seen < SPLIT:
-        seen = tl.atomic_add(CNT + rb, 0, sem="acquire")
+        seen = tl.atomic_add(cnt, 0, sem="acquire")
 
 
 @triton.jit
-def gather(WS, rows64, rmask, j: tl.constexpr, NV: tl.constexpr, SPLIT: tl.constexpr,
-            SPLIT_P2: tl.constexpr):  # fmt: skip
+def gather(ws, rmask, j: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
     """The SPLIT partials of value j for each row, as a (BLOCK_M, SPLIT_P2) tile (0 past SPLIT);
     loaded from L2 (.cg) so no stale L1 line is ever read."""
     p = tl.arange(0, SPLIT_P2)
     m = rmask[:, None] & (p < SPLIT)[None, :]
-    return tl.load(WS + rows64[:, None] * (NV * SPLIT) + j * SPLIT + p[None, :], mask=m,
-                   other=0.0, cache_modifier=".cg")  # fmt: skip
+    return tl.load(ws[:, None] + j * SPLIT + p[None, :], mask=m, other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def exchange(ws, cnt, rmask, part, v0, v1, v2, USE, SPLIT, SPLIT_P2, PHASE):
+    """Publish this chunk's first USE of the per-row values v0, v1, v2 (ws: the rows of the
+    workspace), wait for every chunk of the row block (PHASE 0, cnt its counter), and return the
+    gathered (BLOCK_M, SPLIT_P2) tiles of all chunks (PHASE != 1; v0 in place of unused ones)."""
+    if PHASE != 2:
+        publish(ws, rmask, part, 0, v0, SPLIT)
+        if USE > 1:
+            publish(ws, rmask, part, 1, v1, SPLIT)
+        if USE > 2:
+            publish(ws, rmask, part, 2, v2, SPLIT)
+    if PHASE == 0:
+        arrive_and_wait(cnt, SPLIT)
+    g0 = v0
+    g1 = v0
+    g2 = v0
+    if PHASE != 1:
+        g0 = gather(ws, rmask, 0, SPLIT, SPLIT_P2)
+        if USE > 1:
+            g1 = gather(ws, rmask, 1, SPLIT, SPLIT_P2)
+        if USE > 2:
+            g2 = gather(ws, rmask, 2, SPLIT, SPLIT_P2)
+    return g0, g1, g2
 
 
 # ----------------------------------------------------------------------------------------------
-# d weight / d bias: the fixed-order sum of the per-program partials
+# d weight / d bias: per-program partial rows, then their fixed-order sum
 # ----------------------------------------------------------------------------------------------
+@triton.jit
+def partial_rows(PART, slot, N, FLAGS: tl.constexpr):
+    """Pointers to program `slot`'s partial d weight and d bias rows (FLAGS: DW, DB): PART is
+    (slots, DW·N + DB·N) in ACC, d weight first."""
+    if (FLAGS & flag.DW) != 0 and (FLAGS & flag.DB) != 0:
+        stride_part = 2 * N
+    else:
+        stride_part = N
+    dw_row = PART + slot.to(tl.int64) * stride_part
+    if (FLAGS & flag.DW) != 0:
+        return dw_row, dw_row + N
+    else:
+        return dw_row, dw_row
+
+
+@triton.jit
+def store_partials(dw_row, db_row, offs, mask, dw, db, FLAGS: tl.constexpr):
+    """Write this program's d weight / d bias partials dw, db (FLAGS: DW, DB) at offs."""
+    if (FLAGS & flag.DW) != 0:
+        tl.store(dw_row + offs, dw, mask=mask)
+    if (FLAGS & flag.DB) != 0:
+        tl.store(db_row + offs, db, mask=mask)
+
+
+@triton.jit
+def add_partials(dw_row, db_row, offs, mask, later, dw, db, FLAGS: tl.constexpr):
+    """Add dw, db into this program's partial rows (looped layout): the program's first row block
+    writes them, `later` ones (a vector, see first_chunk) read, add and write (program-private)."""
+    if (FLAGS & flag.DW) != 0:
+        dw += tl.load(dw_row + offs, mask=mask & later, other=0.0)
+    if (FLAGS & flag.DB) != 0:
+        db += tl.load(db_row + offs, mask=mask & later, other=0.0)
+    store_partials(dw_row, db_row, offs, mask, dw, db, FLAGS)
+
+
+@triton.jit
+def later_block(rb, slot, BLOCK_N: tl.constexpr):
+    """(BLOCK_N,) mask: row block rb is not this program's first (a vector: see first_chunk)."""
+    return (tl.zeros([BLOCK_N], tl.int32) + rb) != slot
+
+
 @triton.jit
 def sum_partials_kernel(
     PART,  # (n_rows, NEED_DW·N + NEED_DB·N) ACC
     DW,  # (N,) weight dtype (NEED_DW) else unused
     DB,  # (N,) bias dtype (NEED_DB) else unused
-    n_rows, N, stride_part,
-    NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    n_rows,
+    N,
+    stride_part,
+    NEED_DW: tl.constexpr,
+    NEED_DB: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     ACC: tl.constexpr,
     RNE: tl.constexpr,  # see cvt
-):  # fmt: skip
+):
     # grid: (cdiv(N, BLOCK_N), NEED_DW + NEED_DB); axis 1 picks d weight (0) or d bias.
     # The summation order depends only on n_rows and the block sizes: bit-identical across runs.
     pid_n = tl.program_id(0)
@@ -219,8 +605,9 @@ def sum_partials_kernel(
     for r0 in tl.range(0, n_rows, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
         m = (rows < n_rows)[:, None] & cmask[None, :]
-        acc += tl.load(base + rows.to(tl.int64)[:, None] * stride_part + cols[None, :], mask=m,
-                       other=0.0)  # fmt: skip
+        acc += tl.load(
+            rowptr(base, rows.to(tl.int64), stride_part) + cols[None, :], mask=m, other=0.0
+        )
     tot = tl.sum(acc, axis=0)
     if NEED_DW:
         if NEED_DB:
