@@ -20,32 +20,34 @@ import triton.language as tl
 
 from . import _flags as flag
 from ._common import (
-    act,
     add_partials,
     as_acc,
     cvt,
     div,
-    dw_term,
-    finite_r,
-    gated_input,
     grid_slot,
     head,
-    inv_rms,
     later_block,
-    load_input,
-    loop_sum_squares,
     param,
     partial_rows,
-    rescaled,
-    rms_apply,
-    rms_dx,
-    rms_row_sums,
     rnd,
     row_block,
     rowptr,
     store_partials,
     sum_squares,
     up,
+)
+from ._rms import (
+    act,
+    dw_term,
+    finite_r,
+    gated_input,
+    inv_rms,
+    load_input,
+    loop_sum_squares,
+    rescaled,
+    rms_apply,
+    rms_dx,
+    rms_row_sums,
 )
 
 

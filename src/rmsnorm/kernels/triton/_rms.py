@@ -1,5 +1,5 @@
 """The RMSNorm kernels (plain and fused residual add), forward and backward, in the three layouts
-described in ``_common.py``."""
+described in ``_common.py``, and the RMSNorm device math the grouped and gated kernels reuse."""
 
 from __future__ import annotations
 
@@ -9,33 +9,30 @@ import triton.language as tl
 from . import _flags as flag
 from ._common import (
     add_partials,
-    add_residual,
+    any_row,
     as_acc,
     bwd_row_block,
     col_chunk,
     combine_partials,
-    dw_term,
+    cvt,
+    div,
     encode_partial,
     exchange,
-    finite_r,
     first_chunk,
     grad_tile,
     grid_slot,
     head,
-    inv_rms,
     later_block,
     load_acc,
-    load_input,
-    loop_sum_squares,
     opt_param,
+    over_scale,
+    overflowed,
     param,
     partial_rows,
-    rescaled,
-    rms_apply,
-    rms_dx,
-    rms_row_sums,
+    rnd,
     row_block,
     rowptr,
+    sqrt,
     store_cvt,
     store_partials,
     sum_squares,
@@ -43,6 +40,220 @@ from ._common import (
     up,
     weighted,
 )
+
+
+# ----------------------------------------------------------------------------------------------
+# The RMSNorm family's device math, shared with the grouped and gated kernels (_gated.py): the
+# normalized input v, its sum of squares in the looped layout, r, the output and the input gradient
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def act(z, SIGMOID: tl.constexpr, ACC: tl.constexpr):
+    """act(z) as torch computes it: σ(z) = 1/(1 + exp(−z)), SiLU = z/(1 + exp(−z)) (NaN at −inf,
+    as there)."""
+    e = tl.exp(-z) + 1.0
+    if SIGMOID:
+        return div(tl.full(z.shape, 1.0, ACC), e, ACC)
+    else:
+        return div(z, e, ACC)
+
+
+@triton.jit
+def gated_input(x, a, CAST: tl.constexpr, IN: tl.constexpr, RNE: tl.constexpr):
+    """u = x ⊙ act(z) (gate, then norm): in ACC, or in "none" mode rounded to the input dtype (x
+    rounded to it first; a already is)."""
+    if CAST == flag.CAST_NONE:
+        return rnd(rnd(x, IN, RNE) * a, IN, RNE)
+    else:
+        return x * a
+
+
+@triton.jit
+def add_residual(x, res, hp, c, mask, STORE_H: tl.constexpr, ACC: tl.constexpr, RNE: tl.constexpr):
+    """h = x + residual rounded to the residual's dtype (stored at hp + c when STORE_H), in ACC:
+    the statistics are those of the h returned."""
+    h = cvt(x + res, hp.dtype.element_ty, RNE)
+    if STORE_H:
+        tl.store(hp + c, h, mask=mask)
+    return up(h, ACC, RNE)
+
+
+@triton.jit
+def load_input(xp, ap, hp, c, mask, EVICT, RES, FLAGS, GATING, IN, ACC):
+    """(v, a) in ACC of the tile at the 2-D columns c of the rows at xp (x), ap (the residual, or
+    the gate z) and hp (h). v is the normalized input: x; h = x + residual (RES 1; RES 2 also
+    stores h); or x ⊙ act(z) gate first (GATING as the gated kernels'). a = act(z) (v without a
+    gate)."""
+    RNE: tl.constexpr = (FLAGS & flag.RNE) != 0
+    CAST: tl.constexpr = (FLAGS >> flag.CAST_SHIFT) & flag.FIELD_MASK
+    x = up(tl.load(xp + c, mask=mask, other=0.0, eviction_policy=EVICT), ACC, RNE)
+    if RES:
+        res = up(tl.load(ap + c, mask=mask, other=0.0, eviction_policy=EVICT), ACC, RNE)
+        x = add_residual(x, res, hp, c, mask, RES == 2, ACC, RNE)
+    v = x
+    a = x
+    if GATING % 4 != 0:
+        a = act(
+            up(tl.load(ap + c, mask=mask, other=0.0, eviction_policy=EVICT), ACC, RNE),
+            GATING >= 4,
+            ACC,
+        )
+        if CAST == flag.CAST_NONE:
+            a = rnd(a, IN, RNE)
+        if GATING % 4 == 2:
+            v = gated_input(x, a, CAST, IN, RNE)
+    return v, a
+
+
+@triton.jit
+def _sum_v2(xp, ap, hp, rmask, N, K, sc, BLOCK_N, RES, RESCALE, FLAGS, GATING, IN, ACC):
+    """Per row of a looped row block, Σv² over the first K columns, walked in BLOCK_N column
+    blocks whose loads ask L2 to keep the row for the next pass. The first pass walks all N
+    columns with a residual (RES) and stores h; the RESCALE pass sums (sc·v)² and reads v only
+    (a gate applied after the norm does not enter it)."""
+    PARTIAL: tl.constexpr = (FLAGS & flag.PARTIAL) != 0
+    n1 = K
+    if RES and not RESCALE:
+        n1 = N
+    acc = tl.zeros([rmask.shape[0], BLOCK_N], ACC)
+    for c0 in tl.range(0, n1, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        m = rmask[:, None] & (cols < n1)[None, :]
+        if RESCALE:
+            ONLY_V: tl.constexpr = GATING % 4 // 2 * 2 + GATING // 4 * 4
+            v, _ = load_input(
+                xp, ap, hp, cols[None, :], m, "evict_last", RES, FLAGS, ONLY_V, IN, ACC
+            )
+            v = v * sc[:, None]
+        else:
+            v, _ = load_input(
+                xp, ap, hp, cols[None, :], m, "evict_last", RES * 2, FLAGS, GATING, IN, ACC
+            )
+            v = head(v, cols, K, PARTIAL and RES)
+        acc += v * v
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def rescaled(ss, xp, ap, hp, rmask, K, BLOCK_N, RES, FLAGS, GATING, IN, ACC):
+    """(ss, sc) of a looped row block from its Σv² ss: sc = 1, or where ss overflowed (rare, see
+    sum_squares), sc = s and Σ(s·v)², read again."""
+    over = overflowed(ss, ACC)
+    sc = over_scale(over, ACC)
+    if any_row(over):
+        ss_s = _sum_v2(xp, ap, hp, rmask, K, K, sc, BLOCK_N, RES, True, FLAGS, GATING, IN, ACC)
+        ss = tl.where(over, ss_s, ss)
+    return ss, sc
+
+
+@triton.jit
+def loop_sum_squares(xp, ap, hp, rmask, N, K, BLOCK_N, RES, FLAGS, GATING, IN, ACC):
+    """(ss, sc) of a looped row block (see _sum_v2 and rescaled)."""
+    ss = _sum_v2(xp, ap, hp, rmask, N, K, 1.0, BLOCK_N, RES, False, FLAGS, GATING, IN, ACC)
+    return rescaled(ss, xp, ap, hp, rmask, K, BLOCK_N, RES, FLAGS, GATING, IN, ACC)
+
+
+@triton.jit
+def inv_rms(ss, sc, kf, eps, FLAGS: tl.constexpr, ACC: tl.constexpr):
+    """r from the sum of squares of the first k elements: 1/sqrt(ms + eps) ("mean_square") or
+    1/(sqrt(ms) + eps) ("rms"); from a rescaled sum (sc = s, see sum_squares) sc/sqrt(ms + eps·s²)
+    or sc/(sqrt(ms) + eps·s). Per row, so the correctly rounded forms cost nothing."""
+    ms = div(ss, kf, ACC)
+    if (FLAGS & flag.RMS_EPS) != 0:
+        return div(tl.full(ss.shape, 1.0, ACC), sqrt(ms, ACC) + eps * sc, ACC) * sc
+    else:
+        return div(tl.full(ss.shape, 1.0, ACC), sqrt(ms + eps * sc * sc, ACC), ACC) * sc
+
+
+@triton.jit
+def rms_apply(
+    v, r, w, b, off, FLAGS: tl.constexpr, IN: tl.constexpr, OUT: tl.constexpr, ACC: tl.constexpr
+):
+    """n = (offset + γ) ⊙ v·r + β for an ACC tile v and its per-tile-row r, rounded where the
+    casting mode rounds (``reference.rms_norm_apply``); w, b are the raw weight / bias tiles
+    (broadcastable to v; unused when absent). OUT is the output dtype (promote(input, weight) in
+    "llama")."""
+    HAS_W: tl.constexpr = (FLAGS & flag.W) != 0
+    HAS_B: tl.constexpr = (FLAGS & flag.B) != 0
+    CAST: tl.constexpr = (FLAGS >> flag.CAST_SHIFT) & flag.FIELD_MASK
+    RNE: tl.constexpr = (FLAGS & flag.RNE) != 0
+    if CAST == flag.CAST_GEMMA:
+        # "gemma": everything in the compute dtype, one cast at the end (by the caller's store).
+        y = v * r[:, None]
+        if HAS_W:
+            y = y * (up(w, ACC, RNE) + off)
+        if HAS_B:
+            y = y + up(b, ACC, RNE)
+    elif CAST == flag.CAST_LLAMA:
+        # "llama": normalize, round to the input dtype, then × weight in promote(input, weight).
+        if OUT == tl.float64:
+            P: tl.constexpr = tl.float64
+        else:
+            P: tl.constexpr = tl.float32
+        y = cvt(v * r[:, None], IN, RNE).to(P)
+        if HAS_W:
+            y = rnd(y * rnd(up(w, P, RNE) + off.to(P), OUT, RNE), OUT, RNE)
+        if HAS_B:
+            y = rnd(y + rnd(up(b, P, RNE), OUT, RNE), OUT, RNE)
+    else:
+        # "none": r rounded to the input dtype, each product rounded in the input dtype.
+        if IN == tl.float64:
+            P: tl.constexpr = tl.float64
+        else:
+            P: tl.constexpr = tl.float32
+        y = rnd(rnd(v.to(P), IN, RNE) * rnd(r.to(P), IN, RNE)[:, None], IN, RNE)
+        if HAS_W:
+            y = rnd(y * rnd(rnd(up(w, P, RNE), IN, RNE) + off.to(P), IN, RNE), IN, RNE)
+        if HAS_B:
+            y = rnd(y + rnd(up(b, P, RNE), IN, RNE), IN, RNE)
+    return y
+
+
+@triton.jit
+def finite_r(r, ACC: tl.constexpr):
+    """r, or 1 where r = inf (eps = 0 on a row whose squares underflow): such a row's Σ g·x̂ is
+    summed as Σ g·x and multiplied by r afterwards (in rms_dx), so it is ±inf where torch's
+    autograd has ±inf rather than inf − inf = NaN."""
+    return tl.where(overflowed(r, ACC), 1.0, r)
+
+
+@triton.jit
+def rms_row_sums(x, g, r, cols, K, FLAGS: tl.constexpr, ACC: tl.constexpr):
+    """Per row of one tile: Σ g·x̂ (Σ g·x where r = inf, see finite_r), g = dy ⊙ (offset + γ), and
+    (for "rms") (ss, sc) = sum_squares of x_j, j < K (ss and sc are that sum when unused)."""
+    sg = tl.sum(g * (x * finite_r(r, ACC)[:, None]), axis=1)
+    if (FLAGS & flag.RMS_EPS) != 0:
+        ss, sc = sum_squares(head(x, cols, K, (FLAGS & flag.PARTIAL) != 0), ACC)
+    else:
+        ss = sg
+        sc = sg
+    return sg, ss, sc
+
+
+@triton.jit
+def rms_dx(x, g, r, sgx, ss, sc, kf, cols, K, FLAGS: tl.constexpr, ACC: tl.constexpr):
+    """dx = r·g − m·x̂·coef with g = dy ⊙ (offset + γ), S = Σ g·x̂ (from the partial sums of
+    :func:`rms_row_sums`), coef = r·S/k ("mean_square") or S/(k·s) where s = sqrt(ss/k) > 0,
+    else 0 ("rms"; from a rescaled ss, s is the RMS times sc and coef is multiplied by sc); m masks
+    columns ≥ K."""
+    xhat = x * r[:, None]
+    sg = tl.where(overflowed(r, ACC), sgx * r, sgx)
+    if (FLAGS & flag.RMS_EPS) != 0:
+        root = sqrt(div(ss, kf, ACC), ACC)
+        pos = root > 0
+        coef = tl.where(pos, div(sg, kf * tl.where(pos, root, 1.0), ACC), 0.0) * sc
+    else:
+        coef = r * sg / kf
+    return r[:, None] * g - head(xhat * coef[:, None], cols, K, (FLAGS & flag.PARTIAL) != 0)
+
+
+@triton.jit
+def dw_term(dy, x, r, FLAGS: tl.constexpr, IN: tl.constexpr):
+    """dy ⊙ x̂, a tile's d weight contribution: x̂ = x·r, rounded to IN in "llama" (whose forward
+    multiplies the weight by the rounded x̂)."""
+    xhat = x * r[:, None]
+    if ((FLAGS >> flag.CAST_SHIFT) & flag.FIELD_MASK) == flag.CAST_LLAMA:
+        xhat = rnd(xhat, IN, (FLAGS & flag.RNE) != 0)
+    return dy * xhat
 
 
 # ----------------------------------------------------------------------------------------------
