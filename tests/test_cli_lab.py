@@ -97,8 +97,6 @@ def test_report_quick_writes_files(runner, tmp_path):
     assert data["simulation"]["n_seeds"] == 4 and data["mode"] == "quick"
     assert not {"training", "swap", "planted", "sweep"} & set(data)
     assert "at initialization: median |μ|/σ ÷ i.i.d. median" in plain(result)
-    # the old spelling of the planted-mean option still works, out of the help
-    assert "--planted-mean" not in plain(runner.invoke(app, ["report", "--help"]))
 
 
 @pytest.mark.parametrize(
