@@ -1,11 +1,11 @@
-"""Progress reporting of the lab's long steps (lab/progress.py): plain timestamped lines for logs
-and pipes."""
+"""Progress reporting of long steps (rmsnorm/_progress.py): plain timestamped lines for logs and
+pipes."""
 
 import re
 
 import pytest
 
-from rmsnorm.lab.progress import LogProgress
+from rmsnorm._progress import LogProgress
 
 
 def test_log_progress_lines():

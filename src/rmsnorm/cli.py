@@ -225,8 +225,8 @@ def bench(
     ] = None,
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
+    from ._progress import RichProgress
     from .bench import resolve_device, run, summary
-    from .lab.progress import RichProgress
 
     with _reported("bench", RuntimeError, ValueError, OSError):
         device = resolve_device(device)
@@ -331,7 +331,7 @@ def _progress():
     """Progress bars on a terminal; on anything else (a log file, a pipe, CI) plain timestamped
     lines, which a bar cannot give: rich draws nothing where it cannot redraw. Both on stderr, so
     stdout keeps only the results."""
-    from .lab.progress import LogProgress, RichProgress
+    from ._progress import LogProgress, RichProgress
 
     if err_console.is_terminal:
         return RichProgress(err_console)
