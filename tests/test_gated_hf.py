@@ -204,15 +204,15 @@ def test_gated_classes_are_all_covered():
     the table above (a new one shows up here first)."""
     import inspect
 
-    from rmsnorm.integrations import hf
+    from rmsnorm.integrations.hf import discovery
 
     seen = set()
-    for name in hf._modeling_module_names():
+    for name in discovery.modeling_module_names():
         try:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        for cls in hf._module_classes(module):
+        for cls in discovery.module_classes(module):
             forward = cls.__dict__.get("forward")
             if "Norm" not in cls.__name__ or forward is None:
                 continue

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from rmsnorm.integrations import hf, norm_kind
+from rmsnorm.integrations.hf import discovery, known_forwards, patching, registry, replacements
 from rmsnorm.testing import assert_close_to_reference
 
 transformers = pytest.importorskip("transformers")
@@ -294,7 +295,7 @@ def patch_as_expected(name: str, model: nn.Module) -> list[str]:
     refused = CASES[name].refused
     assert all(_qualified(c) in messages for c in refused), messages
     assert bool(messages) == bool(refused), messages
-    seen = {hf._qualname(hf._base_of(type(model.get_submodule(n)))) for n in names}
+    seen = {registry.qualname(replacements.base_of(type(model.get_submodule(n)))) for n in names}
     assert seen == {_qualified(c) for c in CASES[name].patched}
     return names
 
@@ -338,7 +339,7 @@ def test_every_named_convention_and_known_forward_has_a_model_or_class():
     covered = {hf.convention_of(cls) for cls in classes if cls is not None}
     assert set(hf.NAMED_CONVENTIONS.values()) - {hf.NAMED_CONVENTIONS["layer_norm"]} <= covered
     assert hf.CONVENTIONS[_qualified("torch.LayerNorm")] in covered
-    for origin, conv, _ in hf._KNOWN_FORWARDS:
+    for origin, conv, _ in known_forwards.KNOWN_FORWARDS:
         cls = _class(origin)
         assert cls is not None or origin != "llama.LlamaRMSNorm"
         assert cls is None or hf.convention_of(cls) == conv, origin
@@ -580,7 +581,7 @@ def test_patch_classes_by_model_name_and_default_covers_every_recognised_class()
         assert hf.patch_classes(["mixtral"]) == [mixtral]
     finally:
         assert hf.unpatch_classes(["mixtral"]) == [mixtral]
-    expected = {hf._qualname(cls) for cls in _recognised_classes() if not _shared(cls)}
+    expected = {registry.qualname(cls) for cls in _recognised_classes() if not _shared(cls)}
     try:
         names = hf.patch_classes()
         assert set(names) == expected
@@ -613,7 +614,7 @@ def test_conventions_hold_only_real_casting_modes():
     register(cls, "t5") still names it."""
     from rmsnorm.reference import CASTING_MODES
 
-    known = [conv for _, conv, _ in hf._KNOWN_FORWARDS]
+    known = [conv for _, conv, _ in known_forwards.KNOWN_FORWARDS]
     for conv in [*hf.NAMED_CONVENTIONS.values(), *hf.CONVENTIONS.values(), *known]:
         assert conv.casting_mode in CASTING_MODES, conv
     t5 = hf.NAMED_CONVENTIONS["t5"]
@@ -767,8 +768,8 @@ def test_a_class_whose_forward_is_replaced_is_decided_again():
 
 
 def test_register_wins_over_recognition(monkeypatch):
-    monkeypatch.setattr(hf, "_registered_classes", {})
-    monkeypatch.setattr(hf, "_registered_names", {})
+    monkeypatch.setattr(registry, "_registered_classes", {})
+    monkeypatch.setattr(registry, "_registered_names", {})
     model = nn.Sequential(LlamaCopyNorm(8), EpsRenamedNorm(8))
     with pytest.warns(UserWarning, match="EpsRenamedNorm"):
         assert hf.patch(model) == ["0"]
@@ -823,7 +824,7 @@ def test_importing_does_not_import_transformers():
 # test (collection lists the files without importing them; each test imports its own module, so
 # pytest-xdist spreads the imports).
 # ----------------------------------------------------------------------------------------------
-MODELING = hf._modeling_module_names()
+MODELING = discovery.modeling_module_names()
 WIDTH = 24  # not a power of two
 EPS = 0.1  # large enough that where and how ε enters shows in the output
 _WIDTH_ARGS = frozenset(
@@ -852,8 +853,8 @@ def _norm_classes(module) -> list[type]:
     """The classes of ``module`` named like a norm, and any other that patch would patch."""
     return [
         cls
-        for cls in hf._module_classes(module)
-        if "norm" in cls.__name__.lower() or isinstance(hf._decide(cls), hf.Convention)
+        for cls in discovery.module_classes(module)
+        if "norm" in cls.__name__.lower() or isinstance(registry.decide(cls), hf.Convention)
     ]
 
 
@@ -864,7 +865,7 @@ def _recognised_classes() -> list[type]:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        found += [c for c in _norm_classes(module) if isinstance(hf._decide(c), hf.Convention)]
+        found += [c for c in _norm_classes(module) if isinstance(registry.decide(c), hf.Convention)]
     return found
 
 
@@ -981,7 +982,7 @@ def _check_values(module: nn.Module, ref: nn.Module, gated: bool, label: str) ->
 
 
 def _check_refused(cls: type) -> None:
-    qualname = hf._qualname(cls)
+    qualname = registry.qualname(cls)
     with pytest.raises(ValueError) as info:
         hf.convention_of(cls)
     message = str(info.value)
@@ -994,7 +995,7 @@ def _check_refused(cls: type) -> None:
         instance = cls(**builds[0])
     except Exception:  # an argument the heuristics cannot fill: the class-level check suffices
         return
-    if not hf._looks_like_norm(instance):
+    if not patching.looks_like_norm(instance):
         return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1027,14 +1028,14 @@ def test_every_norm_class_is_patched_with_parity_or_refused(module_name):
             _check_refused(cls)
             continue
         builds = _constructions(cls)
-        assert builds is not None, f"cannot build {hf._qualname(cls)} to check its parity"
+        assert builds is not None, f"cannot build {registry.qualname(cls)} to check its parity"
         for kwargs in builds:
             instance = cls(**kwargs)
-            label = f"{hf._qualname(cls)}({kwargs})"
+            label = f"{registry.qualname(cls)}({kwargs})"
             try:
                 instance_conv = hf.convention_of(instance)
             except ValueError as exc:  # e.g. a weight the op cannot take: refused, with why
-                assert hf._qualname(cls) in str(exc)
+                assert registry.qualname(cls) in str(exc)
                 continue
             assert instance_conv == conv
             _check_parity(cls, instance, conv, label)

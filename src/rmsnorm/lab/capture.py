@@ -55,6 +55,8 @@ from torch import nn
 from .. import integrations
 from ..functional import gated_rms_norm, rms_norm
 from ..integrations import hf
+from ..integrations.hf.conventions import ACT2FN_NAMES
+from ..integrations.hf.conventions import group_size as hf_group_size
 from ..modules import AddRMSNorm, GatedRMSNorm
 from .outliers import OutlierAccumulator
 from .stats import row_stats, summarize
@@ -217,7 +219,7 @@ def _gating(module: nn.Module, form: _Form) -> tuple[str, str] | None:
     activation = conv.activation
     if conv.activation_attr is not None:
         name = getattr(module, conv.activation_attr, None)
-        activation = hf._ACT2FN_NAMES.get(name, repr(name))
+        activation = ACT2FN_NAMES.get(name, repr(name))
     return (NORM_THEN_GATE if before else GATE_THEN_NORM), activation
 
 
@@ -227,7 +229,7 @@ def _group_size(module: nn.Module, form: _Form, n: int) -> int:
         g = None
     elif form.source == "hf":
         try:
-            g = hf._group_size(module, form.conv, n)
+            g = hf_group_size(module, form.conv, n)
         except (AttributeError, TypeError, ValueError, ZeroDivisionError) as exc:
             raise _Unreadable(f"its groups cannot be read: {exc}") from exc
     else:
@@ -381,8 +383,8 @@ def _rms_library_call(module: nn.Module, form: _Form, v: torch.Tensor, n: int, g
             bias=module.bias,
             partial=module.partial,
         )
-    conv = form.conv  # a gated HF class: its patched forward's call, gate=None (hf._gated_forward)
-    eps = getattr(module, conv.eps_attr) if conv.eps_attr else conv.eps
+    conv = form.conv  # a gated HF class: its patched forward's call, gate=None
+    eps = conv.eps_of(module)
     return rms_norm(
         v,
         n,
