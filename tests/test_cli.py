@@ -242,18 +242,15 @@ def test_argument_error_renders_names_for_the_command_line():
             positive_int("n", bad)
 
 
-def test_convert_writes_json_with_either_spelling(monkeypatch, tmp_path):
-    """`--json` as in `inspect`; `--json-out`, its earlier spelling, still works unlisted."""
+def test_convert_writes_json(monkeypatch, tmp_path):
+    """`--json`, as in `inspect`."""
     import rmsnorm.convert as convert
 
     report = convert.ConversionReport(
         "gpt2", "a", "b", {"float32": 1e-7}, {"original": 0.01}, (2, 32), False, "cpu", 1
     )
     monkeypatch.setattr(convert, "convert_directory", lambda *a, **k: report)
-    for flag in ("--json", "--json-out"):
-        out = tmp_path / f"{flag}.json"
-        result = CliRunner().invoke(app, ["convert", "a", "b", flag, str(out)])
-        assert result.exit_code == 0, result.output
-        assert json.loads(out.read_text())["architecture"] == "gpt2"
-    help_text = CliRunner().invoke(app, ["convert", "--help"]).output
-    assert "--json " in help_text and "--json-out" not in help_text
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(app, ["convert", "a", "b", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["architecture"] == "gpt2"

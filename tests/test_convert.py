@@ -319,7 +319,7 @@ def test_cli_convert(tmp_path):
     save_model(lab(), tmp_path / "src")
     runner = CliRunner()
     args = ["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--repeats", "1"]
-    result = runner.invoke(app, args + ["--json-out", str(tmp_path / "r.json")])
+    result = runner.invoke(app, args + ["--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     assert "max |Δ logits| (float64)" in result.output and "inference" in result.output
     report = json.loads((tmp_path / "r.json").read_text())
