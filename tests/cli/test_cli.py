@@ -174,7 +174,8 @@ def test_gpu_preset_is_refused_on_a_cpu_with_the_estimate(monkeypatch, tmp_path)
     assert not any(tmp_path.iterdir())
     # Asked for explicitly, or short enough, it runs.
     assert compare_config("gpu", device="cpu").device == "cpu"
-    assert compare_config("gpu", steps=2, seeds=1, eval_batches=1).device == "cpu"
+    short = {"steps": 2, "seeds": 1, "eval_batches": 1, "final_eval_batches": 1}
+    assert compare_config("gpu", **short).device == "cpu"
     with pytest.raises(ArgumentError, match="at least"):
         compare_config("gpu")
 
@@ -206,8 +207,9 @@ def test_compare_logs_progress_and_keeps_finished_seeds_when_interrupted(monkeyp
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 130, result.output
     assert "interrupted; the 1 finished seed(s) are in" in result.output
-    assert re.search(r"\] seed 0 \(1/3\): 1 variants x 4 steps: started", result.output)
-    assert re.search(r"\] seed 0 \(1/3\).*: done in", result.output)
+    task = r"\] 3 seeds x 1 variants x 1 rates x 4 steps"
+    assert re.search(task + ": started", result.output)
+    assert "1 of 3 seeds finished: results so far in" in result.output
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["seeds_completed"] == 1 and results["config"]["seeds"] == 3
     assert len(results["runs"]["layernorm"]) == 1
