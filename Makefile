@@ -7,7 +7,7 @@ BENCH_OUT ?= benchmarks/results
 BENCH_ARGS ?=
 # The GPU subset: the launcher and Triton kernel tests (run natively, not interpreted, where torch
 # sees a GPU) and every test marked `gpu` elsewhere.
-GPU_TEST_FILES ?= tests/test_launchers.py tests/test_triton_kernels.py tests/test_overflow.py
+GPU_TEST_FILES ?= $(addprefix tests/kernels/,test_launchers.py test_triton_kernels.py test_overflow.py)
 LINT_PATHS := src tests benchmarks scripts
 
 .PHONY: setup report test test-gpu lint bench clean

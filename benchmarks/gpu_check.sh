@@ -6,7 +6,7 @@
 # 0. records the GPU, driver, python, torch and triton, and imports the Triton kernels (which refuse
 #    a triton older than they support, with the version found);
 # 1. installs Liger-Kernel from .whl/ when a wheel is there (pip download liger-kernel --no-deps -d .whl);
-# 2. runs the GPU tests (tests/test_launchers.py, tests/test_triton_kernels.py, tests/test_overflow.py
+# 2. runs the GPU tests (tests/kernels/: test_launchers.py, test_triton_kernels.py, test_overflow.py;
 #    and every test marked gpu, among them > 2^31 elements, N up to 2^20, CUDA graphs,
 #    torch.compile, bitwise d weight) in $SHARDS parallel pytest processes while $SHARDS more
 #    processes compile the benchmark's kernels once each, filling Triton's and inductor's on-disk
@@ -64,7 +64,7 @@ fi
 
 # 2. Tests in shards, cache-warming benchmark shards alongside.
 {
-  "$PY" -m pytest tests/test_launchers.py tests/test_triton_kernels.py tests/test_overflow.py --collect-only -q -p no:cacheprovider 2>/dev/null
+  "$PY" -m pytest tests/kernels/test_launchers.py tests/kernels/test_triton_kernels.py tests/kernels/test_overflow.py --collect-only -q -p no:cacheprovider 2>/dev/null
   "$PY" -m pytest tests -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null
 } | grep '::' | grep -v contention | sort -u >"$LOG/test_ids.txt"
 stamp "$(wc -l <"$LOG/test_ids.txt") tests in $SHARDS shards; warming benchmark kernels in $SHARDS more processes"
@@ -88,7 +88,7 @@ stamp "tests and warm-up done"
 
 # 3. Split rows under contention, alone on the GPU: a hang is a failure with a name, not a lost run.
 timeout "$CONTENTION_TIMEOUT" "$PY" -m pytest -q -rfE -p no:cacheprovider \
-  tests/test_triton_kernels.py::test_gpu_split_rows_under_contention >"$LOG/contention.log" 2>&1
+  tests/kernels/test_triton_kernels.py::test_gpu_split_rows_under_contention >"$LOG/contention.log" 2>&1
 case $? in
   0) contention="passed" ;;
   124 | 137) contention="TIMED OUT after ${CONTENTION_TIMEOUT}s: split rows deadlocked or stalled" ;;

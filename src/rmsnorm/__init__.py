@@ -5,6 +5,7 @@ Importing this package never imports triton or transformers.
 """
 
 from ._backend import use_backend
+from ._calls import last_calls, set_debug
 from .functional import add_rms_norm, gated_rms_norm, layer_norm, rms_norm
 from .modules import AddRMSNorm, GatedRMSNorm, LayerNorm, RMSNorm
 
@@ -20,5 +21,7 @@ __all__ = [
     "GatedRMSNorm",
     "LayerNorm",
     "use_backend",
+    "set_debug",
+    "last_calls",
     "__version__",
 ]

@@ -36,18 +36,25 @@ def _in_shapes(dx, dw, db, x, weight, bias):
     return dx.reshape(x.shape), dw, db
 
 
-def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, params, input_dtype, need_params):
+def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, opts, input_dtype, need_params):
     """The written-out RMSNorm backward as differentiable torch operations of (dy, x, weight)."""
-    eps, eps_mode, casting_mode, offset, k = params
     n = _row_size(x, norm_dims)
     x2 = ref.row_matrix(x, n)
     cd = torch.promote_types(ref.compute_dtype(x.dtype), ref.compute_dtype(input_dtype))
-    rstd = ref.rms_rstd(x2.to(cd), eps, eps_mode, k)  # recomputed: its derivative in x is needed
+    # rstd recomputed: its derivative in x is needed
+    rstd = ref.rms_rstd(x2.to(cd), opts.eps, opts.eps_mode, opts.k)
     w, b = ref.param_vector(weight), ref.param_vector(bias)
     dx, dw, db = ref.rms_norm_bwd(
-        ref.row_matrix(dy, n), x2, w, b, rstd, ref.row_matrix(dh, n), eps, eps_mode, casting_mode,
-        offset, k, input_dtype, need_params,
-    )  # fmt: skip
+        ref.row_matrix(dy, n),
+        x2,
+        w,
+        b,
+        rstd,
+        ref.row_matrix(dh, n),
+        *opts,
+        input_dtype,
+        need_params,
+    )
     return _in_shapes(dx, dw, db, x, weight, bias)
 
 
@@ -61,42 +68,50 @@ def _spec_ln_backward(dy, x, norm_dims, weight, bias, eps, need_params):
     return _in_shapes(dx, dw, db, x, weight, bias)
 
 
-def _spec_gated_backward(dy, x, gate, norm_dims, weight, bias, params, input_dtype, need_params):
+def _spec_gated_backward(
+    dy, x, gate, norm_dims, weight, bias, opts, gating, input_dtype, need_params
+):
     """The written-out grouped / gated backward as differentiable torch operations of
     (dy, x, gate, weight, bias), the statistics recomputed (their derivative is needed)."""
-    eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate, activation = params
     n = _row_size(x, norm_dims)
     x2, z2 = ref.row_matrix(x, n), ref.row_matrix(gate, n)
     w, b = ref.param_vector(weight), ref.param_vector(bias)
-    _, rstd = ref.gated_rms_norm_fwd(
-        x2, z2, w, b, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
-        activation, input_dtype=input_dtype,
-    )  # fmt: skip
+    _, rstd = ref.gated_rms_norm_fwd(x2, z2, w, b, *opts, *gating, input_dtype=input_dtype)
     dx, dz, dw, db = ref.gated_rms_norm_bwd(
-        ref.row_matrix(dy, n), x2, z2, w, b, rstd, None, eps, eps_mode, casting_mode, offset, k,
-        group_size, norm_before_gate, activation, input_dtype, need_params,
-    )  # fmt: skip
+        ref.row_matrix(dy, n), x2, z2, w, b, rstd, None, *opts, *gating, input_dtype, need_params
+    )
     dx, dw, db = _in_shapes(dx, dw, db, x, weight, bias)
     return dx, None if gate is None else dz.reshape(x.shape), dw, db
 
 
 def gated_rms_norm_backward(
-    ops, dy, x, gate, norm_dims, weight, bias, rstd, params, input_dtype, need_x, need_z, need_w,
+    ops,
+    dy,
+    x,
+    gate,
+    norm_dims,
+    weight,
+    bias,
+    rstd,
+    opts,
+    gating,
+    input_dtype,
+    need_x,
+    need_z,
+    need_w,
     need_b,
-):  # fmt: skip
+):
     """(d x, d gate, d weight, d bias) of gated_rms_norm (and grouped rms_norm) at x; as
-    :func:`rms_norm_backward`, ``params`` the op's (eps … activation)."""
+    :func:`rms_norm_backward`, ``gating`` the op's (group_size, norm_before_gate, activation)."""
     if not (need_x or need_z or need_w or need_b):
         return None, None, None, None
+    args = (dy, x, gate, norm_dims, weight, bias)
     if torch.is_grad_enabled():  # create_graph=True: keep the backward differentiable
-        dx, dz, dw, db = _spec_gated_backward(
-            dy, x, gate, norm_dims, weight, bias, params, input_dtype, need_w or need_b
-        )
+        dx, dz, dw, db = _spec_gated_backward(*args, opts, gating, input_dtype, need_w or need_b)
     else:
         dx, dz, dw, db = ops.gated_rms_norm_bwd(
-            dy, x, gate, norm_dims, weight, bias, rstd, None, *params, input_dtype,
-            need_w or need_b,
-        )  # fmt: skip
+            *args, rstd, None, opts, gating, input_dtype, need_w or need_b
+        )
     # dx and d gate come back contiguous; torch's composite backward gives them dy's layout.
     dx = _layout.input_grad(dx, dy) if need_x else None
     dz = _layout.input_grad(dz, dy) if need_z and gate is not None else None
@@ -104,27 +119,64 @@ def gated_rms_norm_backward(
 
 
 def rms_norm_backward(
-    ops, dy, dh, x, norm_dims, weight, bias, rstd, params, input_dtype, need_x, need_w, need_b
+    ops, dy, dh, x, norm_dims, weight, bias, rstd, opts, input_dtype, need_x, need_w, need_b
 ):
     """(d x, d weight, d bias) of rms_norm at x, or of add_rms_norm at its sum h = x (then dh, the
     gradient reaching h directly, is added to d x). ``ops`` runs the backward kernel: the custom
-    ops (``torch.ops.rmsnorm``) or :mod:`rmsnorm._launch`, which have the same signatures."""
+    ops (:class:`rmsnorm._ops.call`) or :mod:`rmsnorm._launch`, which have the same signatures."""
     if not (need_x or need_w or need_b):
         return None, None, None
     dy_given = dy
     if dy is None:  # only h's gradient reached add_rms_norm
-        dy = torch.zeros_like(x, dtype=ref.output_dtype(input_dtype, weight, params[2]))
+        dy = torch.zeros_like(x, dtype=ref.output_dtype(input_dtype, weight, opts.casting_mode))
     if torch.is_grad_enabled():  # create_graph=True: keep the backward differentiable
         dx, dw, db = _spec_rms_backward(
-            dy, dh, x, norm_dims, weight, bias, params, input_dtype, need_w or need_b
+            dy, dh, x, norm_dims, weight, bias, opts, input_dtype, need_w or need_b
         )
     else:
         dx, dw, db = ops.rms_norm_bwd(
-            dy, x, norm_dims, weight, bias, rstd, dh, *params, input_dtype, need_w or need_b
+            dy, x, norm_dims, weight, bias, rstd, dh, opts, input_dtype, need_w or need_b
         )
     # dx comes back contiguous; torch's composite backward gives it dy's layout (channels_last).
     dx = _layout.input_grad(dx, dy_given, dh) if need_x else None
     return dx, dw if need_w else None, db if need_b else None
+
+
+def add_rms_norm_backward(
+    ops,
+    dy,
+    dh,
+    h,
+    norm_dims,
+    weight,
+    bias,
+    rstd,
+    opts,
+    input_dtype,
+    need_input,
+    need_residual,
+    need_w,
+    need_b,
+):
+    """(d input, d residual, d weight, d bias) of add_rms_norm from its sum h: d input and
+    d residual are both the gradient reaching h, each in its own tensor's dtype."""
+    dx, dw, db = rms_norm_backward(
+        ops,
+        dy,
+        dh,
+        h,
+        norm_dims,
+        weight,
+        bias,
+        rstd,
+        opts,
+        input_dtype,
+        need_input or need_residual,
+        need_w,
+        need_b,
+    )
+    dinput = dx.to(input_dtype) if need_input else None
+    return dinput, dx if need_residual else None, dw, db
 
 
 def layer_norm_backward(
@@ -149,13 +201,10 @@ def layer_norm_backward(
 # ----------------------------------------------------------------------------------------------
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k):
-        y, rstd = _launch.rms_norm_fwd(
-            x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+    def forward(ctx, x, weight, bias, norm_dims, opts):
+        y, rstd = _launch.rms_norm_fwd(x, norm_dims, weight, bias, opts)
         ctx.save_for_backward(saveable(x), weight, bias)
-        ctx.rstd, ctx.norm_dims = rstd, norm_dims
-        ctx.params = (eps, eps_mode, casting_mode, offset, k)
+        ctx.rstd, ctx.norm_dims, ctx.opts = rstd, norm_dims, opts
         return y
 
     @staticmethod
@@ -163,22 +212,29 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
         dx, dw, db = rms_norm_backward(
-            _launch, dy, None, x, ctx.norm_dims, weight, bias, ctx.rstd, ctx.params, x.dtype,
-            need[0], need[1], need[2],
-        )  # fmt: skip
-        return dx, dw, db, None, None, None, None, None, None
+            _launch,
+            dy,
+            None,
+            x,
+            ctx.norm_dims,
+            weight,
+            bias,
+            ctx.rstd,
+            ctx.opts,
+            x.dtype,
+            need[0],
+            need[1],
+            need[2],
+        )
+        return dx, dw, db, None, None
 
 
 class AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k):
-        y, h, rstd = _launch.add_rms_norm_fwd(
-            x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+    def forward(ctx, x, residual, weight, bias, norm_dims, opts):
+        y, h, rstd = _launch.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)
         ctx.save_for_backward(h, weight, bias)
-        ctx.rstd, ctx.norm_dims = rstd, norm_dims
-        ctx.params = (eps, eps_mode, casting_mode, offset, k)
-        ctx.input_dtype = x.dtype
+        ctx.rstd, ctx.norm_dims, ctx.opts, ctx.input_dtype = rstd, norm_dims, opts, x.dtype
         ctx.set_materialize_grads(False)
         return y, h
 
@@ -186,12 +242,26 @@ class AddRMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy, dh):
         h, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
-        dx, dw, db = rms_norm_backward(
-            _launch, dy, dh, h, ctx.norm_dims, weight, bias, ctx.rstd, ctx.params,
-            ctx.input_dtype, need[0] or need[1], need[2], need[3],
-        )  # fmt: skip
-        dinput = dx.to(ctx.input_dtype) if need[0] else None
-        return dinput, dx if need[1] else None, dw, db, *(None,) * 6
+        return (
+            *add_rms_norm_backward(
+                _launch,
+                dy,
+                dh,
+                h,
+                ctx.norm_dims,
+                weight,
+                bias,
+                ctx.rstd,
+                ctx.opts,
+                ctx.input_dtype,
+                need[0],
+                need[1],
+                need[2],
+                need[3],
+            ),
+            None,
+            None,
+        )
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -207,23 +277,30 @@ class LayerNormFunction(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
         dx, dw, db = layer_norm_backward(
-            _launch, dy, x, ctx.norm_dims, weight, bias, *ctx.stats, ctx.eps,
-            need[0], need[1], need[2],
-        )  # fmt: skip
+            _launch,
+            dy,
+            x,
+            ctx.norm_dims,
+            weight,
+            bias,
+            *ctx.stats,
+            ctx.eps,
+            need[0],
+            need[1],
+            need[2],
+        )
         return dx, dw, db, None, None
 
 
 class GatedRMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx, x, gate, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k, group_size,
-        norm_before_gate, activation, input_dtype,
-    ):  # fmt: skip
-        in_dtype = x.dtype if input_dtype is None else input_dtype
-        params = (eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate, activation)
-        y, rstd = _launch.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *params, in_dtype)
+    def forward(ctx, x, gate, weight, bias, norm_dims, opts, gating, input_dtype):
+        y, rstd = _launch.gated_rms_norm_fwd(
+            x, gate, norm_dims, weight, bias, opts, gating, input_dtype
+        )
         ctx.save_for_backward(saveable(x), gate, weight, bias)
-        ctx.rstd, ctx.norm_dims, ctx.params, ctx.input_dtype = rstd, norm_dims, params, in_dtype
+        ctx.rstd, ctx.norm_dims, ctx.input_dtype = rstd, norm_dims, input_dtype
+        ctx.opts, ctx.gating = opts, gating
         return y
 
     @staticmethod
@@ -231,7 +308,20 @@ class GatedRMSNormFunction(torch.autograd.Function):
         x, gate, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
         dx, dz, dw, db = gated_rms_norm_backward(
-            _launch, dy, x, gate, ctx.norm_dims, weight, bias, ctx.rstd, ctx.params,
-            ctx.input_dtype, need[0], need[1], need[2], need[3],
-        )  # fmt: skip
-        return dx, dz, dw, db, *(None,) * 10
+            _launch,
+            dy,
+            x,
+            gate,
+            ctx.norm_dims,
+            weight,
+            bias,
+            ctx.rstd,
+            ctx.opts,
+            ctx.gating,
+            ctx.input_dtype,
+            need[0],
+            need[1],
+            need[2],
+            need[3],
+        )
+        return dx, dz, dw, db, None, None, None, None

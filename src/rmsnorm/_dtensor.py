@@ -241,22 +241,21 @@ def _normalized_mesh_dims(x, norm_dims: int) -> list[int] | None:
     return dims or None
 
 
-def rms_norm(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
-    """rms_norm of the DTensor x (see the section comment)."""
+def rms_norm(x, norm_dims, weight, bias, opts):
+    """rms_norm of the DTensor x (see the section comment); ``opts`` a
+    :class:`rmsnorm.reference.RMSOptions`."""
+    from ._ops import call
+
     weight, bias = _as_dtensor(weight, x, "weight"), _as_dtensor(bias, x, "bias")
     x = _without_partial(x)
     mesh_dims = _normalized_mesh_dims(x, norm_dims)
     if mesh_dims is None:
-        ops = torch.ops.rmsnorm
-        return ops.rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k)[
-            0
-        ]
+        return call.rms_norm_fwd(x, norm_dims, weight, bias, opts)[0]
     rows = _Rows(x, norm_dims, mesh_dims)
-    y = rows.rms_norm(rows.local(x), x.dtype, weight, bias, eps, eps_mode, casting_mode, offset, k)
-    return rows.dtensor(y)
+    return rows.dtensor(rows.rms_norm(rows.local(x), x.dtype, weight, bias, opts))
 
 
-def add_rms_norm(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def add_rms_norm(x, residual, norm_dims, weight, bias, opts):
     """add_rms_norm of the DTensors x and residual (see the section comment)."""
     if not is_dtensor(x):
         raise TypeError(
@@ -269,16 +268,15 @@ def add_rms_norm(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mo
     residual = residual.redistribute(x.device_mesh, x.placements)
     mesh_dims = _normalized_mesh_dims(x, norm_dims)
     if mesh_dims is None:
-        y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
-            x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+        from ._ops import call
+
+        y, h, _ = call.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)
         return y, h
     rows = _Rows(x, norm_dims, mesh_dims)
     cd = torch.promote_types(ref.compute_dtype(x.dtype), ref.compute_dtype(residual.dtype))
     # As the spec: summed in the compute dtype, stored (and normalized) in the residual's dtype.
     h = (rows.local(x).to(cd) + rows.local(residual).to(cd)).to(residual.dtype)
-    y = rows.rms_norm(h, x.dtype, weight, bias, eps, eps_mode, casting_mode, offset, k)
-    return rows.dtensor(y), rows.dtensor(h)
+    return rows.dtensor(rows.rms_norm(h, x.dtype, weight, bias, opts)), rows.dtensor(h)
 
 
 def layer_norm(x, norm_dims, weight, bias, eps):
@@ -320,8 +318,9 @@ class _Rows:
         self.big_n = math.prod(x.shape[lead:])
         # d weight / d bias: this rank's rows and this rank's slice of the row, a partial sum on
         # every mesh dim that shards x (zero outside the slice), as the ops' rules give it.
-        self.grad_placements = [Partial("sum") if p.is_shard() else Replicate()
-                                for p in x.placements]  # fmt: skip
+        self.grad_placements = [
+            Partial("sum") if p.is_shard() else Replicate() for p in x.placements
+        ]
 
     def local(self, t) -> torch.Tensor:
         """t's local shard (t laid out as x) as (M, n) rows."""
@@ -347,9 +346,13 @@ class _Rows:
 
         shape = self.x.shape
         return DTensor.from_local(
-            rows.reshape(self.local_shape), self.mesh, self.x.placements, run_check=False,
-            shape=shape, stride=_contiguous_strides(shape),
-        )  # fmt: skip
+            rows.reshape(self.local_shape),
+            self.mesh,
+            self.x.placements,
+            run_check=False,
+            shape=shape,
+            stride=_contiguous_strides(shape),
+        )
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         for i in self.mesh_dims:
@@ -375,12 +378,13 @@ class _Rows:
             return None
         return self.index() < k
 
-    def rms_norm(self, xl, in_dtype, weight, bias, eps, eps_mode, casting_mode, offset, k):
+    def rms_norm(self, xl, in_dtype, weight, bias, opts):
         """RMSNorm of the local rows xl with ``in_dtype`` the input dtype of the casting mode.
         The value is the spec's (:func:`rmsnorm.reference.rms_norm_apply`, its roundings
         included); the gradient is the spec's backward (docs/spec.md, section 3): that of the
         unrounded function in the compute dtype, with x̂ rounded to the input dtype for d weight
         in ``"llama"`` mode."""
+        eps, eps_mode, casting_mode, offset, k = opts
         cd = torch.promote_types(ref.compute_dtype(xl.dtype), ref.compute_dtype(in_dtype))
         xc = xl.to(cd)  # gradients meet here, in fp32 or fp64
         r = self.rms_rstd(xc.to(torch.float64), eps, eps_mode, k).to(cd)
@@ -399,9 +403,14 @@ class _Rows:
             return y
         with torch.no_grad():
             value = ref.rms_norm_apply(
-                xl.detach(), r.detach(), None if w is None else w.detach(),
-                None if b is None else b.detach(), casting_mode, offset, in_dtype,
-            )  # fmt: skip
+                xl.detach(),
+                r.detach(),
+                None if w is None else w.detach(),
+                None if b is None else b.detach(),
+                casting_mode,
+                offset,
+                in_dtype,
+            )
         return _ValueOf.apply(value, y)
 
     def rms_rstd(self, xd: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
@@ -455,8 +464,7 @@ class _Rows:
 # group (no group_size) sharded takes the plain norm's path: one all-reduce of the row statistics.
 # Groups cut by the sharding are refused, naming the shard boundaries a group must not cross.
 # ----------------------------------------------------------------------------------------------
-def gated_rms_norm(x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k,
-                   group_size, norm_before_gate, activation, input_dtype):  # fmt: skip
+def gated_rms_norm(x, gate, norm_dims, weight, bias, opts, gating, input_dtype):
     """y of the grouped / gated op on the DTensor x (see the section comment)."""
     if gate is not None and not is_dtensor(gate):
         raise TypeError(
@@ -472,18 +480,21 @@ def gated_rms_norm(x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode
     x = _without_partial(x)
     if gate is not None:
         gate = gate.redistribute(x.device_mesh, x.placements)
-    options = (eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate, activation,
-               input_dtype)  # fmt: skip
+    from ._ops import call
+
     mesh_dims = _normalized_mesh_dims(x, norm_dims)
     if mesh_dims is None:
-        return torch.ops.rmsnorm.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *options)[0]
+        return call.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dtype)[
+            0
+        ]
     rows = _Rows(x, norm_dims, mesh_dims)
     index = rows.index()
+    group_size = gating[0]
     g = rows.big_n if group_size is None else group_size
     if rows.n == 0 or _whole_groups(index, g):
-        return _local_groups(rows, index, x, gate, weight, bias, *options)
+        return _local_groups(rows, index, x, gate, weight, bias, opts, gating, input_dtype)
     if group_size is None:
-        return _one_group(rows, x, gate, weight, bias, *options)
+        return _one_group(rows, x, gate, weight, bias, opts, gating, input_dtype)
     raise ValueError(
         f"gated_rms_norm / grouped rms_norm: input is a DTensor sharded on its normalized dims "
         f"(placements {list(x.placements)}, shape {list(x.shape)}) so that a rank holds part of "
@@ -505,8 +516,7 @@ def _whole_groups(index: torch.Tensor, g: int) -> bool:
     return bool(((starts % g) == 0).all()) and torch.equal(runs - starts[:, None], step)
 
 
-def _local_groups(rows, index, x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k,
-                  group_size, norm_before_gate, activation, input_dtype):  # fmt: skip
+def _local_groups(rows, index, x, gate, weight, bias, opts, gating, input_dtype):
     """Each rank's whole groups through the op, its slice of the weight gathered by index."""
 
     def local_param(p):
@@ -519,39 +529,42 @@ def _local_groups(rows, index, x, gate, weight, bias, eps, eps_mode, casting_mod
         local = p.to_local(grad_placements=rows.grad_placements).reshape(-1)
         return local.index_select(0, index)
 
+    from ._ops import call
+
+    group_size, norm_before_gate, activation = gating
     g = rows.big_n if group_size is None else group_size
     xl = rows.local(x)
     zl = None if gate is None else rows.local(gate)
-    y, _ = torch.ops.rmsnorm.gated_rms_norm_fwd(
-        xl, zl, 1, local_param(weight), local_param(bias), eps, eps_mode, casting_mode, offset,
-        k, None if rows.n == g else g, norm_before_gate, activation, input_dtype,
-    )  # fmt: skip
+    local_gating = (None if rows.n == g else g, norm_before_gate, activation)
+    y, _ = call.gated_rms_norm_fwd(
+        xl, zl, 1, local_param(weight), local_param(bias), opts, local_gating, input_dtype
+    )
     return rows.dtensor(y)
 
 
-def _one_group(rows, x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-               norm_before_gate, activation, input_dtype):  # fmt: skip
+def _one_group(rows, x, gate, weight, bias, opts, gating, input_dtype):
     """One group (the whole row) sharded: the plain norm's one all-reduce (``_Rows.rms_norm``),
     with the gate applied as the spec applies it (docs/conventions.md, the gated casting table):
     before the norm, u = x ⊙ act(z) is normalized; after it, n (unrounded in "gemma") times
     act(z) in the compute dtype, rounded to the input dtype ("none": all in the input dtype)."""
+    _, norm_before_gate, activation = gating
+    casting_mode = opts.casting_mode
     in_dtype = x.dtype if input_dtype is None else input_dtype
     xl = rows.local(x)
     cd = torch.promote_types(ref.compute_dtype(xl.dtype), ref.compute_dtype(in_dtype))
-    norm = (eps, eps_mode, casting_mode, offset, k)
     if gate is None:
-        return rows.dtensor(rows.rms_norm(xl, in_dtype, weight, bias, *norm))
+        return rows.dtensor(rows.rms_norm(xl, in_dtype, weight, bias, opts))
     a = ref.gate_activation(rows.local(gate).to(cd), activation)
     if not norm_before_gate:
         if casting_mode == "none":
             u = xl.to(in_dtype) * a.to(in_dtype)
         else:
             u = xl.to(cd) * a
-        return rows.dtensor(rows.rms_norm(u, in_dtype, weight, bias, *norm))
+        return rows.dtensor(rows.rms_norm(u, in_dtype, weight, bias, opts))
     if casting_mode == "none":
-        n = rows.rms_norm(xl, in_dtype, weight, bias, *norm)
+        n = rows.rms_norm(xl, in_dtype, weight, bias, opts)
         return rows.dtensor(n * a.to(in_dtype))
-    n = rows.rms_norm(xl, cd if casting_mode == "gemma" else in_dtype, weight, bias, *norm)
+    n = rows.rms_norm(xl, cd if casting_mode == "gemma" else in_dtype, weight, bias, opts)
     return rows.dtensor((n.to(cd) * a).to(in_dtype))
 
 

@@ -68,31 +68,37 @@ def _param_grad(g: torch.Tensor, p: torch.Tensor | None) -> torch.Tensor:
         return g.view(p.shape)
 
 
-def rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def rms_norm_fwd(x, norm_dims, weight, bias, opts):
     y, rstd = backend_for(x).rms_norm_fwd(
-        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), eps, eps_mode,
-        casting_mode, offset, k,
-    )  # fmt: skip
+        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), *opts
+    )
     return _shaped(y, x), rstd
 
 
-def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
     y, h, rstd = backend_for(x).add_rms_norm_fwd(
-        _as_rows(x, norm_dims), _as_rows(residual, norm_dims), param_vector(weight),
-        param_vector(bias), eps, eps_mode, casting_mode, offset, k,
-    )  # fmt: skip
+        _as_rows(x, norm_dims),
+        _as_rows(residual, norm_dims),
+        param_vector(weight),
+        param_vector(bias),
+        *opts,
+    )
     return _shaped(y, x), _shaped(h, x), rstd
 
 
-def rms_norm_bwd(
-    dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    input_dtype, need_weight_grad,
-):  # fmt: skip
+def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dtype, need_wgrad):
     dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
     dx, dw, db = backend_for(x).rms_norm_bwd(
-        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), param_vector(weight), param_vector(bias),
-        _flat(rstd), dr, eps, eps_mode, casting_mode, offset, k, input_dtype, need_weight_grad,
-    )  # fmt: skip
+        _as_rows(dy, norm_dims),
+        _as_rows(x, norm_dims),
+        param_vector(weight),
+        param_vector(bias),
+        _flat(rstd),
+        dr,
+        *opts,
+        input_dtype,
+        need_wgrad,
+    )
     return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
 
 
@@ -105,37 +111,51 @@ def layer_norm_fwd(x, norm_dims, weight, bias, eps):
 
 def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
     dx, dw, db = backend_for(x).layer_norm_bwd(
-        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), param_vector(weight), param_vector(bias),
-        _flat(mean), _flat(rstd), need_weight_grad,
-    )  # fmt: skip
+        _as_rows(dy, norm_dims),
+        _as_rows(x, norm_dims),
+        param_vector(weight),
+        param_vector(bias),
+        _flat(mean),
+        _flat(rstd),
+        need_weight_grad,
+    )
     return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
 
 
-def gated_rms_norm_fwd(
-    x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-    norm_before_gate, activation, input_dtype, stats=True,
-):  # fmt: skip
+def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dtype, stats=True):
     """y in x's shape and the (M·G,) statistics (None where ``stats`` is false and the backend
-    skips them)."""
+    skips them). ``gating`` is (group_size, norm_before_gate, activation)."""
     y, rstd = backend_for(x).gated_rms_norm_fwd(
-        _as_rows(x, norm_dims), None if gate is None else _as_rows(gate, norm_dims),
-        param_vector(weight), param_vector(bias), eps, eps_mode, casting_mode, offset, k,
-        group_size, norm_before_gate, activation, stats, input_dtype,
-    )  # fmt: skip
+        _as_rows(x, norm_dims),
+        None if gate is None else _as_rows(gate, norm_dims),
+        param_vector(weight),
+        param_vector(bias),
+        *opts,
+        *gating,
+        stats,
+        input_dtype,
+    )
     return _shaped(y, x), rstd
 
 
 def gated_rms_norm_bwd(
-    dy, x, gate, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset,
-    k, group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
-):  # fmt: skip
+    dy, x, gate, norm_dims, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_wgrad
+):
     dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
     z = None if gate is None else _as_rows(gate, norm_dims)
     dx, dz, dw, db = backend_for(x).gated_rms_norm_bwd(
-        _as_rows(dy, norm_dims), _as_rows(x, norm_dims), z, param_vector(weight),
-        param_vector(bias), _flat(rstd), dr, eps, eps_mode, casting_mode, offset, k, group_size,
-        norm_before_gate, activation, input_dtype, need_weight_grad,
-    )  # fmt: skip
+        _as_rows(dy, norm_dims),
+        _as_rows(x, norm_dims),
+        z,
+        param_vector(weight),
+        param_vector(bias),
+        _flat(rstd),
+        dr,
+        *opts,
+        *gating,
+        input_dtype,
+        need_wgrad,
+    )
     if gate is not None:
         dz = _shaped(dz, x)
     return _shaped(dx, x), dz, _param_grad(dw, weight), _param_grad(db, bias)

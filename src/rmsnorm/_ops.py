@@ -12,6 +12,8 @@ Python overhead is several times smaller. Which implementation runs is decided p
 
 from __future__ import annotations
 
+from typing import get_type_hints
+
 import torch
 
 from . import _autograd, _dtensor, _launch
@@ -19,6 +21,7 @@ from .reference import (
     ACTIVATIONS,
     CASTING_MODES,
     EPS_MODES,
+    RMSOptions,
     compute_dtype,
     gated_output_dtype,
     output_dtype,
@@ -26,7 +29,11 @@ from .reference import (
 
 _lib = torch.library.Library("rmsnorm", "DEF")  # noqa: TOR901 (module-lifetime registration)
 
-_RMS_ARGS = "float eps, str eps_mode, str casting_mode, float offset, int k"
+# The schemas take RMSOptions flattened, one argument per field (a schema has no record type):
+# this string, and the classes at the end of this module, are the one place that flattens it.
+_RMS_ARGS = ", ".join(f"{t.__name__} {name}" for name, t in get_type_hints(RMSOptions).items())
+_NOPTS = len(RMSOptions._fields)
+_NO_OPTION_GRADS = (None,) * _NOPTS
 _lib.define(
     "rms_norm_fwd(Tensor x, int norm_dims, Tensor? weight, Tensor? bias, "
     f"{_RMS_ARGS}) -> (Tensor, Tensor)"
@@ -61,9 +68,14 @@ _lib.define(
 )
 
 OP_NAMES = (
-    "rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd",
-    "gated_rms_norm_fwd", "gated_rms_norm_bwd",
-)  # fmt: skip
+    "rms_norm_fwd",
+    "add_rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+    "gated_rms_norm_fwd",
+    "gated_rms_norm_bwd",
+)
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -124,7 +136,8 @@ def _check_stat(op: str, s: torch.Tensor, x: torch.Tensor, n: int, name: str) ->
         _fail(op, f"{name} is on {s.device} but x is on {x.device}")
 
 
-def _check_rms(op: str, eps: float, eps_mode: str, casting_mode: str, k: int, n: int) -> None:
+def _check_rms(op: str, opts: RMSOptions, n: int) -> None:
+    eps, eps_mode, casting_mode, _, k = opts
     if eps_mode not in EPS_MODES:
         _fail(op, f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
     if casting_mode not in CASTING_MODES:
@@ -138,44 +151,39 @@ def _check_rms(op: str, eps: float, eps_mode: str, casting_mode: str, k: int, n:
 # ----------------------------------------------------------------------------------------------
 # Device implementations: check, then launch on the backend chosen for the tensor's device.
 # ----------------------------------------------------------------------------------------------
-def _rms_norm_fwd(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def _rms_norm_fwd(x, norm_dims, weight, bias, *options):
+    opts = RMSOptions._make(options)
     n = _check_rows("rms_norm_fwd", x, norm_dims)
     _check_param("rms_norm_fwd", weight, x, n, "weight")
     _check_param("rms_norm_fwd", bias, x, n, "bias")
-    _check_rms("rms_norm_fwd", eps, eps_mode, casting_mode, k, n)
-    y, rstd = _launch.rms_norm_fwd(
-        x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-    )
+    _check_rms("rms_norm_fwd", opts, n)
+    y, rstd = _launch.rms_norm_fwd(x, norm_dims, weight, bias, opts)
     return y, _launch.leading(rstd, x, norm_dims)
 
 
-def _add_rms_norm_fwd(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def _add_rms_norm_fwd(x, residual, norm_dims, weight, bias, *options):
+    opts = RMSOptions._make(options)
     n = _check_rows("add_rms_norm_fwd", x, norm_dims)
     _check_same("add_rms_norm_fwd", residual, x, "residual")
     _check_param("add_rms_norm_fwd", weight, x, n, "weight")
     _check_param("add_rms_norm_fwd", bias, x, n, "bias")
-    _check_rms("add_rms_norm_fwd", eps, eps_mode, casting_mode, k, n)
-    y, h, rstd = _launch.add_rms_norm_fwd(
-        x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-    )
+    _check_rms("add_rms_norm_fwd", opts, n)
+    y, h, rstd = _launch.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)
     return y, h, _launch.leading(rstd, x, norm_dims)
 
 
-def _rms_norm_bwd(
-    dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    input_dtype, need_weight_grad,
-):  # fmt: skip
+def _rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, *rest):
+    opts, (input_dtype, need_weight_grad) = RMSOptions._make(rest[:_NOPTS]), rest[_NOPTS:]
     n = _check_rows("rms_norm_bwd", x, norm_dims)
     _check_same("rms_norm_bwd", dy, x, "dy")
     _check_same("rms_norm_bwd", dresidual, x, "dresidual")
     _check_param("rms_norm_bwd", weight, x, n, "weight")
     _check_param("rms_norm_bwd", bias, x, n, "bias")
     _check_stat("rms_norm_bwd", rstd, x, n, "rstd")
-    _check_rms("rms_norm_bwd", eps, eps_mode, casting_mode, k, n)
+    _check_rms("rms_norm_bwd", opts, n)
     return _launch.rms_norm_bwd(
-        dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-        input_dtype, need_weight_grad,
-    )  # fmt: skip
+        dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dtype, need_weight_grad
+    )
 
 
 def _layer_norm_fwd(x, norm_dims, weight, bias, eps):
@@ -198,41 +206,42 @@ def _layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad
     return _launch.layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad)
 
 
-def _check_gated(op: str, x, n: int, group_size, k: int, activation: str) -> int:
+def _check_gated(op: str, x, n: int, opts: RMSOptions, gating: tuple) -> int:
     """G, the groups of a row of n elements; group_size must divide n, k fit in a group."""
+    group_size, _, activation = gating
     if activation not in ACTIVATIONS:
         _fail(op, f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if group_size is None:
         return 1
     if group_size < 1 or n % group_size:
         _fail(op, f"group_size must divide the row size N={n}, got {group_size}")
-    if k > group_size:
-        _fail(op, f"k must be in [1, group_size={group_size}], got {k}")
+    if opts.k > group_size:
+        _fail(op, f"k must be in [1, group_size={group_size}], got {opts.k}")
     return n // group_size
 
 
-def _gated_rms_norm_fwd(
-    x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-    norm_before_gate, activation, input_dtype,
-):  # fmt: skip
+def _gated_split(rest: tuple) -> tuple[RMSOptions, tuple, tuple]:
+    """(options, gating, what follows) of a gated op's arguments after its tensors."""
+    return RMSOptions._make(rest[:_NOPTS]), rest[_NOPTS : _NOPTS + 3], rest[_NOPTS + 3 :]
+
+
+def _gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *rest):
+    opts, gating, (input_dtype,) = _gated_split(rest)
     op = "gated_rms_norm_fwd"
     n = _check_rows(op, x, norm_dims)
     _check_same(op, gate, x, "gate")
     _check_param(op, weight, x, n, "weight")
     _check_param(op, bias, x, n, "bias")
-    _check_rms(op, eps, eps_mode, casting_mode, k, n)
-    g = _check_gated(op, x, n, group_size, k, activation)
+    _check_rms(op, opts, n)
+    g = _check_gated(op, x, n, opts, gating)
     y, rstd = _launch.gated_rms_norm_fwd(
-        x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-        norm_before_gate, activation, input_dtype,
-    )  # fmt: skip
+        x, gate, norm_dims, weight, bias, opts, gating, input_dtype
+    )
     return y, _launch.leading_groups(rstd, x, norm_dims, g)
 
 
-def _gated_rms_norm_bwd(
-    dy, x, gate, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
-):  # fmt: skip
+def _gated_rms_norm_bwd(dy, x, gate, norm_dims, weight, bias, rstd, dresidual, *rest):
+    opts, gating, (input_dtype, need_weight_grad) = _gated_split(rest)
     op = "gated_rms_norm_bwd"
     n = _check_rows(op, x, norm_dims)
     _check_same(op, dy, x, "dy")
@@ -240,13 +249,23 @@ def _gated_rms_norm_bwd(
     _check_same(op, dresidual, x, "dresidual")
     _check_param(op, weight, x, n, "weight")
     _check_param(op, bias, x, n, "bias")
-    _check_rms(op, eps, eps_mode, casting_mode, k, n)
-    g = _check_gated(op, x, n, group_size, k, activation)
+    _check_rms(op, opts, n)
+    g = _check_gated(op, x, n, opts, gating)
     _check_stat(op, rstd, x, n // g, "rstd")
     return _launch.gated_rms_norm_bwd(
-        dy, x, gate, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode,
-        offset, k, group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
-    )  # fmt: skip
+        dy,
+        x,
+        gate,
+        norm_dims,
+        weight,
+        bias,
+        rstd,
+        dresidual,
+        opts,
+        gating,
+        input_dtype,
+        need_weight_grad,
+    )
 
 
 _IMPLS = {
@@ -283,23 +302,23 @@ def _param_grad(x: torch.Tensor, p: torch.Tensor | None, need: bool) -> torch.Te
 
 
 @torch.library.register_fake("rmsnorm::rms_norm_fwd")
-def _(x, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def _(x, norm_dims, weight, bias, *options):
+    casting_mode = RMSOptions._make(options).casting_mode
     y = x.new_empty(x.shape, dtype=output_dtype(x.dtype, weight, casting_mode))
     return y, _stat(x, norm_dims, _stat_dtype(x.dtype))
 
 
 @torch.library.register_fake("rmsnorm::add_rms_norm_fwd")
-def _(x, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def _(x, residual, norm_dims, weight, bias, *options):
+    casting_mode = RMSOptions._make(options).casting_mode
     y = x.new_empty(x.shape, dtype=output_dtype(x.dtype, weight, casting_mode))
     h = residual.new_empty(residual.shape)
     return y, h, _stat(x, norm_dims, _stat_dtype(x.dtype, residual.dtype))
 
 
 @torch.library.register_fake("rmsnorm::rms_norm_bwd")
-def _(
-    dy, x, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    input_dtype, need_weight_grad,
-):  # fmt: skip
+def _(dy, x, norm_dims, weight, bias, rstd, dresidual, *rest):
+    need_weight_grad = rest[-1]
     dx = x.new_empty(x.shape)
     return dx, _param_grad(x, weight, need_weight_grad), _param_grad(x, bias, need_weight_grad)
 
@@ -317,23 +336,20 @@ def _(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
 
 
 @torch.library.register_fake("rmsnorm::gated_rms_norm_fwd")
-def _(
-    x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-    norm_before_gate, activation, input_dtype,
-):  # fmt: skip
+def _(x, gate, norm_dims, weight, bias, *rest):
+    opts, (group_size, norm_before_gate, _), (input_dtype,) = _gated_split(rest)
     in_dtype = x.dtype if input_dtype is None else input_dtype
     gate_last = gate is not None and norm_before_gate
-    y = x.new_empty(x.shape, dtype=gated_output_dtype(in_dtype, weight, casting_mode, gate_last))
+    out = gated_output_dtype(in_dtype, weight, opts.casting_mode, gate_last)
+    y = x.new_empty(x.shape, dtype=out)
     g = 1 if group_size is None else _launch.groups(x, norm_dims, group_size)
     rstd = x.new_empty((*x.shape[: x.dim() - norm_dims], g), dtype=_stat_dtype(x.dtype, in_dtype))
     return y, rstd
 
 
 @torch.library.register_fake("rmsnorm::gated_rms_norm_bwd")
-def _(
-    dy, x, gate, norm_dims, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
-):  # fmt: skip
+def _(dy, x, gate, norm_dims, weight, bias, rstd, dresidual, *rest):
+    need_weight_grad = rest[-1]
     dx = x.new_empty(x.shape)
     if gate is None:
         dgate = x.new_empty((0,), dtype=compute_dtype(x.dtype))
@@ -348,37 +364,58 @@ def _(
 # subclasses run). The backward formulas are shared with the eager path in rmsnorm._autograd.
 # ----------------------------------------------------------------------------------------------
 def _rms_setup(ctx, inputs, output):
-    x, norm_dims, weight, bias, *params = inputs
+    x, norm_dims, weight, bias, *options = inputs
     ctx.save_for_backward(_autograd.saveable(x), weight, bias, output[1])
-    ctx.norm_dims, ctx.params = norm_dims, params
+    ctx.norm_dims, ctx.opts = norm_dims, RMSOptions._make(options)
 
 
 def _rms_backward(ctx, dy, _drstd):
     x, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
     dx, dw, db = _autograd.rms_norm_backward(
-        torch.ops.rmsnorm, dy, None, x, ctx.norm_dims, weight, bias, rstd, ctx.params, x.dtype,
-        need[0], need[2], need[3],
-    )  # fmt: skip
-    return dx, None, dw, db, None, None, None, None, None
+        call,
+        dy,
+        None,
+        x,
+        ctx.norm_dims,
+        weight,
+        bias,
+        rstd,
+        ctx.opts,
+        x.dtype,
+        need[0],
+        need[2],
+        need[3],
+    )
+    return dx, None, dw, db, *_NO_OPTION_GRADS
 
 
 def _add_setup(ctx, inputs, output):
-    x, residual, norm_dims, weight, bias, *params = inputs
+    x, residual, norm_dims, weight, bias, *options = inputs
     ctx.save_for_backward(output[1], weight, bias, output[2])
-    ctx.norm_dims, ctx.params, ctx.input_dtype = norm_dims, params, x.dtype
+    ctx.norm_dims, ctx.opts, ctx.input_dtype = norm_dims, RMSOptions._make(options), x.dtype
 
 
 def _add_backward(ctx, dy, dh, _drstd):
     h, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dw, db = _autograd.rms_norm_backward(
-        torch.ops.rmsnorm, dy, dh, h, ctx.norm_dims, weight, bias, rstd, ctx.params,
-        ctx.input_dtype, need[0] or need[1], need[3], need[4],
-    )  # fmt: skip
-    # d input = d residual = the gradient reaching h; each in its own tensor's dtype.
-    dinput = dx.to(ctx.input_dtype) if need[0] else None
-    return dinput, dx if need[1] else None, None, dw, db, *(None,) * 5
+    dinput, dresidual, dw, db = _autograd.add_rms_norm_backward(
+        call,
+        dy,
+        dh,
+        h,
+        ctx.norm_dims,
+        weight,
+        bias,
+        rstd,
+        ctx.opts,
+        ctx.input_dtype,
+        need[0],
+        need[1],
+        need[3],
+        need[4],
+    )
+    return dinput, dresidual, None, dw, db, *_NO_OPTION_GRADS
 
 
 def _ln_setup(ctx, inputs, output):
@@ -391,16 +428,16 @@ def _ln_backward(ctx, dy, _dmean, _drstd):
     x, weight, bias, mean, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
     dx, dw, db = _autograd.layer_norm_backward(
-        torch.ops.rmsnorm, dy, x, ctx.norm_dims, weight, bias, mean, rstd, ctx.eps,
-        need[0], need[2], need[3],
-    )  # fmt: skip
+        call, dy, x, ctx.norm_dims, weight, bias, mean, rstd, ctx.eps, need[0], need[2], need[3]
+    )
     return dx, None, dw, db, None
 
 
 def _gated_setup(ctx, inputs, output):
-    x, gate, norm_dims, weight, bias, *params, input_dtype = inputs
+    x, gate, norm_dims, weight, bias, *rest = inputs
+    opts, gating, (input_dtype,) = _gated_split(tuple(rest))
     ctx.save_for_backward(_autograd.saveable(x), gate, weight, bias, output[1])
-    ctx.norm_dims, ctx.params = norm_dims, params
+    ctx.norm_dims, ctx.opts, ctx.gating = norm_dims, opts, gating
     ctx.input_dtype = x.dtype if input_dtype is None else input_dtype
 
 
@@ -408,10 +445,24 @@ def _gated_backward(ctx, dy, _drstd):
     x, gate, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
     dx, dz, dw, db = _autograd.gated_rms_norm_backward(
-        torch.ops.rmsnorm, dy, x, gate, ctx.norm_dims, weight, bias, rstd, ctx.params,
-        ctx.input_dtype, need[0], need[1], need[3], need[4],
-    )  # fmt: skip
-    return dx, dz, None, dw, db, *(None,) * 9
+        call,
+        dy,
+        x,
+        gate,
+        ctx.norm_dims,
+        weight,
+        bias,
+        rstd,
+        ctx.opts,
+        ctx.gating,
+        ctx.input_dtype,
+        need[0],
+        need[1],
+        need[3],
+        need[4],
+    )
+    # None for norm_dims, the options, the gating arguments and input_dtype
+    return dx, dz, None, dw, db, *_NO_OPTION_GRADS, None, None, None, None
 
 
 def _bwd_not_differentiable(ctx, *grads):
@@ -443,3 +494,58 @@ for _name in ("rms_norm_bwd", "layer_norm_bwd", "gated_rms_norm_bwd"):
 
 # DTensor sharding rules, registered once torch.distributed.tensor is imported (not by this import).
 _dtensor.install()
+
+
+class call:
+    """The ops with :mod:`rmsnorm._launch`'s signatures (options as one RMSOptions, gating as one
+    tuple): what the functional API's op path, the ops' backward and :mod:`rmsnorm._dtensor` call.
+    Here, and in the schemas above, the options are flattened; nowhere else."""
+
+    @staticmethod
+    def rms_norm_fwd(x, norm_dims, weight, bias, opts):
+        return torch.ops.rmsnorm.rms_norm_fwd(x, norm_dims, weight, bias, *opts)
+
+    @staticmethod
+    def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
+        return torch.ops.rmsnorm.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, *opts)
+
+    @staticmethod
+    def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dtype, need):
+        return torch.ops.rmsnorm.rms_norm_bwd(
+            dy, x, norm_dims, weight, bias, rstd, dresidual, *opts, input_dtype, need
+        )
+
+    @staticmethod
+    def layer_norm_fwd(x, norm_dims, weight, bias, eps):
+        return torch.ops.rmsnorm.layer_norm_fwd(x, norm_dims, weight, bias, eps)
+
+    @staticmethod
+    def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
+        return torch.ops.rmsnorm.layer_norm_bwd(
+            dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad
+        )
+
+    @staticmethod
+    def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dtype):
+        return torch.ops.rmsnorm.gated_rms_norm_fwd(
+            x, gate, norm_dims, weight, bias, *opts, *gating, input_dtype
+        )
+
+    @staticmethod
+    def gated_rms_norm_bwd(
+        dy, x, gate, norm_dims, weight, bias, rstd, dresidual, opts, gating, input_dtype, need
+    ):
+        return torch.ops.rmsnorm.gated_rms_norm_bwd(
+            dy,
+            x,
+            gate,
+            norm_dims,
+            weight,
+            bias,
+            rstd,
+            dresidual,
+            *opts,
+            *gating,
+            input_dtype,
+            need,
+        )

@@ -26,10 +26,10 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from . import _autograd, _dtensor, _launch, _layout, _ops  # noqa: F401  (_ops: torch.ops.rmsnorm)
+from . import _autograd, _calls, _dtensor, _launch, _layout, _ops
 from . import reference as ref
 from ._launch import backend_for
-from .reference import ACTIVATIONS, CASTING_MODES, EPS_MODES, default_eps, partial_size
+from .reference import ACTIVATIONS, CASTING_MODES, EPS_MODES, RMSOptions, default_eps, partial_size
 
 __all__ = ["rms_norm", "add_rms_norm", "gated_rms_norm", "layer_norm"]
 
@@ -52,8 +52,11 @@ _is_compiling = torch.compiler.is_compiling
 _fwAD = torch.autograd.forward_ad
 _default_eps = {dt: default_eps(dt) for dt in _FLOAT_DTYPES}
 
-# The paths (module docstring).
+_new = tuple.__new__  # RMSOptions from a checked tuple, without the NamedTuple's keyword parsing
+
+# The paths (module docstring), and their names in :mod:`rmsnorm._calls`' records.
 _LAUNCH, _FUNCTION, _OP, _SPEC = 0, 1, 2, 3
+_PATH_NAMES = _calls.PATHS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,6 +231,123 @@ def _subclass() -> int:
     return _OP
 
 
+class _Launch:
+    """Path 1: the launchers, called directly; no statistics are kept (no backward will ask)."""
+
+    @staticmethod
+    def rms_norm(x, norm_dims, n, weight, bias, opts):
+        if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
+            return backend_for(x).rms_norm_fwd(x, weight, bias, *opts, False)[0]
+        return _launch.rms_norm_fwd(x, norm_dims, weight, bias, opts)[0]
+
+    @staticmethod
+    def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
+        return _launch.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)[:2]
+
+    @staticmethod
+    def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
+        if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
+            return backend_for(x).gated_rms_norm_fwd(
+                x, gate, weight, bias, *opts, *gating, False, in_dtype
+            )[0]
+        return _launch.gated_rms_norm_fwd(
+            x, gate, norm_dims, weight, bias, opts, gating, in_dtype, False
+        )[0]
+
+    @staticmethod
+    def layer_norm(x, norm_dims, n, weight, bias, eps):
+        if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
+            return backend_for(x).layer_norm_fwd(x, weight, bias, eps, False)[0]
+        return _launch.layer_norm_fwd(x, norm_dims, weight, bias, eps)[0]
+
+
+class _Function:
+    """Path 2: eager with gradients, the ``autograd.Function`` classes of :mod:`rmsnorm._autograd`
+    calling the launchers."""
+
+    @staticmethod
+    def rms_norm(x, norm_dims, n, weight, bias, opts):
+        return _autograd.RMSNormFunction.apply(x, weight, bias, norm_dims, opts)
+
+    @staticmethod
+    def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
+        return _autograd.AddRMSNormFunction.apply(x, residual, weight, bias, norm_dims, opts)
+
+    @staticmethod
+    def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
+        return _autograd.GatedRMSNormFunction.apply(
+            x, gate, weight, bias, norm_dims, opts, gating, in_dtype
+        )
+
+    @staticmethod
+    def layer_norm(x, norm_dims, n, weight, bias, eps):
+        return _autograd.LayerNormFunction.apply(x, weight, bias, norm_dims, eps)
+
+
+class _Op:
+    """Path 3: the custom ops ``torch.ops.rmsnorm.*``; DTensors (plain parameters, sharded
+    normalized dims) through :mod:`rmsnorm._dtensor`, which runs the ops where it can."""
+
+    @staticmethod
+    def rms_norm(x, norm_dims, n, weight, bias, opts):
+        if _dtensor.is_dtensor(x):
+            return _dtensor.rms_norm(x, norm_dims, weight, bias, opts)
+        return _ops.call.rms_norm_fwd(x, norm_dims, weight, bias, opts)[0]
+
+    @staticmethod
+    def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
+        if _dtensor.is_dtensor(x) or _dtensor.is_dtensor(residual):
+            return _dtensor.add_rms_norm(x, residual, norm_dims, weight, bias, opts)
+        return _ops.call.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)[:2]
+
+    @staticmethod
+    def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
+        args = (x, gate, norm_dims, weight, bias, opts, gating, in_dtype)
+        if _dtensor.is_dtensor(x) or _dtensor.is_dtensor(gate):
+            return _dtensor.gated_rms_norm(*args)
+        return _ops.call.gated_rms_norm_fwd(*args)[0]
+
+    @staticmethod
+    def layer_norm(x, norm_dims, n, weight, bias, eps):
+        if _dtensor.is_dtensor(x):
+            return _dtensor.layer_norm(x, norm_dims, weight, bias, eps)
+        return _ops.call.layer_norm_fwd(x, norm_dims, weight, bias, eps)[0]
+
+
+class _Spec:
+    """Path 4: the spec itself (:mod:`rmsnorm.reference`) as torch operations, which every
+    transform (forward AD, ``torch.func``) differentiates."""
+
+    @staticmethod
+    def rms_norm(x, norm_dims, n, weight, bias, opts):
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
+        return ref.rms_norm_fwd(_rows(x, n), w, b, *opts)[0].reshape(x.shape)
+
+    @staticmethod
+    def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
+        y, h, _ = ref.add_rms_norm_fwd(_rows(x, n), _rows(residual, n), w, b, *opts)
+        return y.reshape(x.shape), h.reshape(x.shape)
+
+    @staticmethod
+    def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
+        xr, zr = ref.row_matrix(x, n), ref.row_matrix(gate, n)
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
+        y, _ = ref.gated_rms_norm_fwd(xr, zr, w, b, *opts, *gating, input_dtype=in_dtype)
+        # contiguous, or channels_last for a channels_last input, as rms_norm (the spec's
+        # elementwise operations would keep a permuted input's strides)
+        return y.reshape(x.shape).contiguous()
+
+    @staticmethod
+    def layer_norm(x, norm_dims, n, weight, bias, eps):
+        w, b = ref.param_vector(weight), ref.param_vector(bias)
+        return ref.layer_norm_fwd(ref.row_matrix(x, n), w, b, eps)[0].reshape(x.shape)
+
+
+# Indexed by the path numbers.
+_PATHS = (_Launch, _Function, _Op, _Spec)
+
+
 def _like(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     """out (computed contiguous) in the memory format torch's rms_norm gives it: an input laid
     out as channels_last (or channels_last_3d), gaps allowed, gets a channels_last output; any
@@ -271,8 +391,21 @@ def _rms_arguments(
     input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
 ):
     """The checks rms_norm and add_rms_norm share; returns what the op needs:
-    (norm_dims, N, eps, offset, k). The common case (one normalized dim given as an int, a plain
+    (norm_dims, N, options). The common case (one normalized dim given as an int, a plain
     (N,) weight on the input's device, default or float eps and offset) is checked inline."""
+    if _tracing() is not None:
+        return _untraced(
+            _rms_arguments,
+            input,
+            normalized_shape,
+            weight,
+            eps,
+            eps_mode,
+            casting_mode,
+            offset,
+            bias,
+            partial,
+        )
     shape = input.shape
     if type(normalized_shape) is int and shape and shape[-1] == normalized_shape > 0:
         norm_dims, n = 1, normalized_shape
@@ -301,13 +434,11 @@ def _rms_arguments(
     ):
         offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight)
     k = n if partial is None else partial_size(n, float(partial))
-    return norm_dims, n, eps, offset, k
+    return norm_dims, n, _new(RMSOptions, (eps, eps_mode, casting_mode, offset, k))
 
 
-def _add_arguments(
-    input, residual, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
-):
-    """:func:`_rms_arguments` and the residual's checks."""
+def _check_residual(input, residual) -> None:
+    """add_rms_norm's checks of input and residual: float tensors of one shape, on one device."""
     _check_float_tensor(input, "input")
     _check_float_tensor(residual, "residual")
     if residual.shape != input.shape:
@@ -316,13 +447,12 @@ def _add_arguments(
         )
     if not (residual.is_cpu and input.is_cpu) and residual.device != input.device:
         raise ValueError(f"residual is on {residual.device} but input is on {input.device}")
-    return _rms_arguments(
-        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
-    )
 
 
 def _ln_arguments(input, normalized_shape, weight, bias, eps):
     """layer_norm's checks; returns (norm_dims, N, eps)."""
+    if _tracing() is not None:
+        return _untraced(_ln_arguments, input, normalized_shape, weight, bias, eps)
     norm_dims, n = _normalized(input, normalized_shape)
     _check_param(weight, "weight", input, norm_dims, n)
     _check_param(bias, "bias", input, norm_dims, n)
@@ -332,6 +462,8 @@ def _ln_arguments(input, normalized_shape, weight, bias, eps):
 def _group_arguments(group_size: object, n: int, partial) -> tuple[int | None, int]:
     """(g, k): group_size checked against N (``None`` when it is N: one group, the plain norm)
     and k, the elements of each group the RMS is estimated from (⌊p·g⌋ with ``partial``)."""
+    if _tracing() is not None:
+        return _untraced(_group_arguments, group_size, n, partial)
     try:
         g = _dim(group_size)
     except TypeError:
@@ -368,21 +500,36 @@ def _check_gating(gate, input, norm_before_gate, activation) -> None:
 
 
 def _gated_arguments(
-    input, gate, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial,
-    group_size, norm_before_gate, activation,
-):  # fmt: skip
-    """gated_rms_norm's checks; returns (norm_dims, N, eps, offset, k, g) with g as
-    :func:`_group_arguments` gives it."""
+    input,
+    gate,
+    normalized_shape,
+    weight,
+    eps,
+    eps_mode,
+    casting_mode,
+    offset,
+    bias,
+    partial,
+    group_size,
+    norm_before_gate,
+    activation,
+):
+    """gated_rms_norm's checks; returns (norm_dims, N, options, g) with g as
+    :func:`_group_arguments` gives it and the options' k that of a group."""
     if not isinstance(input, torch.Tensor):
         _check_float_tensor(input, "input")
-    norm_dims, n, eps, offset, k = _rms_arguments(
+    norm_dims, n, opts = _rms_arguments(
         input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
     )
-    _check_gating(gate, input, norm_before_gate, activation)
+    if _tracing() is None:
+        _check_gating(gate, input, norm_before_gate, activation)
+    else:
+        _untraced(_check_gating, gate, input, norm_before_gate, activation)
     g = None
     if group_size is not None:
         g, k = _group_arguments(group_size, n, partial)
-    return norm_dims, n, eps, offset, k, g
+        opts = opts._replace(k=k)
+    return norm_dims, n, opts, g
 
 
 def _untraced(check, *args):
@@ -399,64 +546,21 @@ def _untraced(check, *args):
 # ----------------------------------------------------------------------------------------------
 # The grouped and gated forms
 # ----------------------------------------------------------------------------------------------
-def _grouped_gated(
-    input, gate, residual, norm_dims, n, weight, bias, eps, eps_mode, casting_mode, offset, k,
-    group_size, norm_before_gate, activation,
-):  # fmt: skip
-    """The forward of every grouped or gated call (checked arguments; ``group_size`` None or a
-    proper divisor of N; ``gate`` and ``residual`` None or of input's shape): (y, h), h = input +
-    residual for the residual form, else None. The residual form sums h as torch operations
+def _grouped_gated(input, gate, residual, norm_dims, n, weight, bias, opts, gating):
+    """The forward of every grouped or gated call (checked arguments; ``gating`` is (group_size,
+    norm_before_gate, activation) with ``group_size`` None or a proper divisor of N; ``gate`` and
+    ``residual`` None or of input's shape): (y, h), h = input + residual for the residual form,
+    else None. The residual form sums h as torch operations
     (:func:`rmsnorm.reference.residual_sum`, which autograd and the tracers follow) and
-    normalizes h with ``input``'s dtype as the casting mode's input dtype. Then the paths of the
-    module docstring, on ``torch.ops.rmsnorm.gated_rms_norm_fwd`` and its launchers."""
-    second = gate if residual is None else residual
-    path = _path(input, second, weight, bias)
-    in_dtype = input.dtype
+    normalizes h with ``input``'s dtype as the casting mode's input dtype."""
+    path = _path(input, gate if residual is None else residual, weight, bias)
+    if _calls.recording:
+        _calls.served("gated_rms_norm", _PATH_NAMES[path], input)
     x, h = input, None
     if residual is not None:
         x = h = _like_sum(ref.residual_sum(input, residual), input, residual)
-    if path == _LAUNCH:
-        if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
-            y = backend_for(x).gated_rms_norm_fwd(
-                x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-                norm_before_gate, activation, False, in_dtype,
-            )[0]  # fmt: skip
-        else:
-            y, _ = _launch.gated_rms_norm_fwd(
-                x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k,
-                group_size, norm_before_gate, activation, in_dtype, False,
-            )  # fmt: skip
-    elif path == _FUNCTION:
-        y = _autograd.GatedRMSNormFunction.apply(
-            x, gate, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k, group_size,
-            norm_before_gate, activation, in_dtype,
-        )  # fmt: skip
-    elif path == _OP:
-        y = _gated_op(
-            x, gate, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-            norm_before_gate, activation, in_dtype,
-        )  # fmt: skip
-    else:
-        # the spec as torch operations: every transform (forward AD, torch.func) differentiates it
-        shape = x.shape
-        xr, zr = ref.row_matrix(x, n), ref.row_matrix(gate, n)
-        w, b = ref.param_vector(weight), ref.param_vector(bias)
-        y, _ = ref.gated_rms_norm_fwd(
-            xr, zr, w, b, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
-            activation, input_dtype=in_dtype,
-        )  # fmt: skip
-        # contiguous, or channels_last for a channels_last input, as rms_norm (the spec's
-        # elementwise operations would keep a permuted input's strides)
-        y = y.reshape(shape).contiguous()
+    y = _PATHS[path].gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, input.dtype)
     return _like(y, input), h
-
-
-def _gated_op(x, gate, norm_dims, weight, bias, *options):
-    """y of torch.ops.rmsnorm.gated_rms_norm_fwd, or for DTensors, of :mod:`rmsnorm._dtensor`'s
-    call (plain parameters, normalized dims sharded)."""
-    if _dtensor.is_dtensor(x) or _dtensor.is_dtensor(gate):
-        return _dtensor.gated_rms_norm(x, gate, norm_dims, weight, bias, *options)
-    return torch.ops.rmsnorm.gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *options)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -535,60 +639,35 @@ def rms_norm(
     """
     if _has_torch_function(input, weight, bias):
         return handle_torch_function(
-            rms_norm, (input, weight, bias), input, normalized_shape, weight, eps,
-            eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
-            partial=partial, group_size=group_size,
-        )  # fmt: skip
+            rms_norm,
+            (input, weight, bias),
+            input,
+            normalized_shape,
+            weight,
+            eps,
+            eps_mode=eps_mode,
+            casting_mode=casting_mode,
+            offset=offset,
+            bias=bias,
+            partial=partial,
+            group_size=group_size,
+        )
     if not isinstance(input, torch.Tensor):
         _check_float_tensor(input, "input")
-    if _tracing() is None:
-        norm_dims, n, eps, offset, k = _rms_arguments(
-            input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
-        )
-    else:
-        norm_dims, n, eps, offset, k = _untraced(
-            _rms_arguments, input, normalized_shape, weight, eps, eps_mode, casting_mode, offset,
-            bias, partial,
-        )  # fmt: skip
+    norm_dims, n, opts = _rms_arguments(
+        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+    )
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     if group_size is not None:
-        args = (group_size, n, partial)
-        group_size, k = (
-            _group_arguments(*args) if _tracing() is None else _untraced(_group_arguments, *args)
-        )
+        group_size, k = _group_arguments(group_size, n, partial)
         if group_size is not None:
-            return _grouped_gated(
-                input, None, None, norm_dims, n, weight, bias, eps, eps_mode, casting_mode,
-                offset, k, group_size, True, "silu",
-            )[0]  # fmt: skip
+            opts, gating = opts._replace(k=k), (group_size, True, "silu")
+            return _grouped_gated(input, None, None, norm_dims, n, weight, bias, opts, gating)[0]
     path = _path(input, weight, bias)
-    if path == _LAUNCH:
-        if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
-            return backend_for(input).rms_norm_fwd(
-                input, weight, bias, eps, eps_mode, casting_mode, offset, k, False
-            )[0]
-        y, _ = _launch.rms_norm_fwd(
-            input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
-    elif path == _FUNCTION:
-        y = _autograd.RMSNormFunction.apply(
-            input, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
-        )
-    elif path == _OP:
-        if _dtensor.is_dtensor(input):  # plain parameters, sharded normalized dims
-            y = _dtensor.rms_norm(
-                input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-            )
-        else:
-            y, _ = torch.ops.rmsnorm.rms_norm_fwd(
-                input, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-            )
-    else:
-        w, b = ref.param_vector(weight), ref.param_vector(bias)
-        y, _ = ref.rms_norm_fwd(_rows(input, n), w, b, eps, eps_mode, casting_mode, offset, k)
-        y = y.reshape(input.shape)
-    return _like(y, input)
+    if _calls.recording:
+        _calls.served("rms_norm", _PATH_NAMES[path], input)
+    return _like(_PATHS[path].rms_norm(input, norm_dims, n, weight, bias, opts), input)
 
 
 def add_rms_norm(
@@ -638,51 +717,35 @@ def add_rms_norm(
     """
     if _has_torch_function(input, residual, weight, bias):
         return handle_torch_function(
-            add_rms_norm, (input, residual, weight, bias), input, residual, normalized_shape,
-            weight, eps, eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
-            partial=partial, group_size=group_size,
-        )  # fmt: skip
-    args = (input, residual, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias)
-    if _tracing() is None:
-        norm_dims, n, eps, offset, k = _add_arguments(*args, partial)
-    else:
-        norm_dims, n, eps, offset, k = _untraced(_add_arguments, *args, partial)
+            add_rms_norm,
+            (input, residual, weight, bias),
+            input,
+            residual,
+            normalized_shape,
+            weight,
+            eps,
+            eps_mode=eps_mode,
+            casting_mode=casting_mode,
+            offset=offset,
+            bias=bias,
+            partial=partial,
+            group_size=group_size,
+        )
+    _check_residual(input, residual)
+    norm_dims, n, opts = _rms_arguments(
+        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
+    )
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     if group_size is not None:
-        args = (group_size, n, partial)
-        group_size, k = (
-            _group_arguments(*args) if _tracing() is None else _untraced(_group_arguments, *args)
-        )
+        group_size, k = _group_arguments(group_size, n, partial)
         if group_size is not None:
-            return _grouped_gated(
-                input, None, residual, norm_dims, n, weight, bias, eps, eps_mode, casting_mode,
-                offset, k, group_size, True, "silu",
-            )  # fmt: skip
+            opts, gating = opts._replace(k=k), (group_size, True, "silu")
+            return _grouped_gated(input, None, residual, norm_dims, n, weight, bias, opts, gating)
     path = _path(input, residual, weight, bias)
-    if path == _LAUNCH:
-        y, h, _ = _launch.add_rms_norm_fwd(
-            input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
-    elif path == _FUNCTION:
-        y, h = _autograd.AddRMSNormFunction.apply(
-            input, residual, weight, bias, norm_dims, eps, eps_mode, casting_mode, offset, k
-        )
-    elif path == _OP:
-        if _dtensor.is_dtensor(input) or _dtensor.is_dtensor(residual):
-            y, h = _dtensor.add_rms_norm(
-                input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-            )
-        else:
-            y, h, _ = torch.ops.rmsnorm.add_rms_norm_fwd(
-                input, residual, norm_dims, weight, bias, eps, eps_mode, casting_mode, offset, k
-            )
-    else:
-        w, b = ref.param_vector(weight), ref.param_vector(bias)
-        y, h, _ = ref.add_rms_norm_fwd(
-            _rows(input, n), _rows(residual, n), w, b, eps, eps_mode, casting_mode, offset, k,
-        )  # fmt: skip
-        y, h = y.reshape(input.shape), h.reshape(input.shape)
+    if _calls.recording:
+        _calls.served("add_rms_norm", _PATH_NAMES[path], input)
+    y, h = _PATHS[path].add_rms_norm(input, residual, norm_dims, n, weight, bias, opts)
     return _like(y, input), _like_sum(h, input, residual)
 
 
@@ -758,30 +821,53 @@ def gated_rms_norm(
     """
     if _has_torch_function(input, gate, weight, bias):
         return handle_torch_function(
-            gated_rms_norm, (input, gate, weight, bias), input, gate, normalized_shape, weight,
-            eps, group_size=group_size, norm_before_gate=norm_before_gate, activation=activation,
-            eps_mode=eps_mode, casting_mode=casting_mode, offset=offset, bias=bias,
+            gated_rms_norm,
+            (input, gate, weight, bias),
+            input,
+            gate,
+            normalized_shape,
+            weight,
+            eps,
+            group_size=group_size,
+            norm_before_gate=norm_before_gate,
+            activation=activation,
+            eps_mode=eps_mode,
+            casting_mode=casting_mode,
+            offset=offset,
+            bias=bias,
             partial=partial,
-        )  # fmt: skip
-    args = (
-        input, gate, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial,
-        group_size, norm_before_gate, activation,
-    )  # fmt: skip
-    if _tracing() is None:
-        norm_dims, n, eps, offset, k, group_size = _gated_arguments(*args)
-    else:
-        norm_dims, n, eps, offset, k, group_size = _untraced(_gated_arguments, *args)
+        )
+    norm_dims, n, opts, group_size = _gated_arguments(
+        input,
+        gate,
+        normalized_shape,
+        weight,
+        eps,
+        eps_mode,
+        casting_mode,
+        offset,
+        bias,
+        partial,
+        group_size,
+        norm_before_gate,
+        activation,
+    )
     if gate is None and group_size is None:
         return rms_norm(
-            input, normalized_shape, weight, eps, eps_mode=eps_mode, casting_mode=casting_mode,
-            offset=offset, bias=bias, partial=partial,
-        )  # fmt: skip
+            input,
+            normalized_shape,
+            weight,
+            opts.eps,
+            eps_mode=eps_mode,
+            casting_mode=casting_mode,
+            offset=opts.offset,
+            bias=bias,
+            partial=partial,
+        )
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, gate, weight, bias = _fp32(input), _fp32(gate), _fp32(weight), _fp32(bias)
-    return _grouped_gated(
-        input, gate, None, norm_dims, n, weight, bias, eps, eps_mode, casting_mode, offset, k,
-        group_size, norm_before_gate, activation,
-    )[0]  # fmt: skip
+    gating = (group_size, norm_before_gate, activation)
+    return _grouped_gated(input, gate, None, norm_dims, n, weight, bias, opts, gating)[0]
 
 
 def layer_norm(
@@ -824,26 +910,11 @@ def layer_norm(
         )
     if not isinstance(input, torch.Tensor):
         _check_float_tensor(input, "input")
-    if _tracing() is None:
-        norm_dims, n, eps = _ln_arguments(input, normalized_shape, weight, bias, eps)
-    else:
-        norm_dims, n, eps = _untraced(_ln_arguments, input, normalized_shape, weight, bias, eps)
+    norm_dims, n, eps = _ln_arguments(input, normalized_shape, weight, bias, eps)
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_LN):
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     path = _path(input, weight, bias)
-    if path == _LAUNCH:
-        if norm_dims == 1 and input.is_contiguous():  # rows as they are, y in input's shape
-            return backend_for(input).layer_norm_fwd(input, weight, bias, eps, False)[0]
-        y, _, _ = _launch.layer_norm_fwd(input, norm_dims, weight, bias, eps)
-    elif path == _FUNCTION:
-        y = _autograd.LayerNormFunction.apply(input, weight, bias, norm_dims, eps)
-    elif path == _OP:
-        if _dtensor.is_dtensor(input):
-            y = _dtensor.layer_norm(input, norm_dims, weight, bias, eps)
-        else:
-            y, _, _ = torch.ops.rmsnorm.layer_norm_fwd(input, norm_dims, weight, bias, eps)
-    else:
-        w, b = ref.param_vector(weight), ref.param_vector(bias)
-        y, _, _ = ref.layer_norm_fwd(ref.row_matrix(input, n), w, b, eps)
-        y = y.reshape(input.shape)
-    return y  # contiguous whatever the input layout, as torch.nn.functional.layer_norm
+    if _calls.recording:
+        _calls.served("layer_norm", _PATH_NAMES[path], input)
+    # contiguous whatever the input layout, as torch.nn.functional.layer_norm
+    return _PATHS[path].layer_norm(input, norm_dims, n, weight, bias, eps)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from . import __version__, _backend
+from ._calls import debug_enabled
 
 __all__ = [
     "package_version",
@@ -22,6 +23,7 @@ __all__ = [
     "load_average",
     "describe_backend",
     "machine_description",
+    "served_calls",
     "environment",
 ]
 
@@ -127,6 +129,47 @@ def machine_description() -> str:
     return text + (f"; GPU {gpu}" if gpu else "")
 
 
+def served_calls(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float64)):
+    """Which path and backend serve a small CPU call of each function, per dtype, found by making
+    the calls with :func:`rmsnorm.set_debug` on: ``{"float32": "rms_norm: launch path, cpu
+    backend; ...", ...}``, a hand-off to the reference inside the backend named with its reason."""
+    from . import _calls, functional
+
+    # The probe's calls are not the process's: its records and counts are put back afterwards.
+    was, last, counts = _calls.recording, dict(_calls._last), _calls._fallbacks.copy()
+    _calls.recording = True
+    found = {}
+    try:
+        for dtype in dtypes:
+            x, r = torch.randn(2, 8, dtype=dtype), torch.randn(2, 8, dtype=dtype)
+            w = torch.ones(8, dtype=dtype)
+            _calls._last.clear()
+            try:
+                functional.rms_norm(x, 8, w)
+                functional.add_rms_norm(x, r, 8, w)
+                functional.gated_rms_norm(x, r, 8, w)
+                functional.layer_norm(x, 8, w)
+            except RuntimeError as exc:  # a forced backend that cannot run here
+                found[str(dtype).removeprefix("torch.")] = f"none ({exc})"
+                continue
+            calls = _calls.last_calls()
+            parts = []
+            for op in ("rms_norm", "add_rms_norm", "gated_rms_norm", "layer_norm"):
+                call = calls[op]
+                text = f"{op}: {call['path']} path, {call['backend']} backend"
+                if call["fallback"]:
+                    text += f" ({call['fallback']})"
+                parts.append(text)
+            found[str(dtype).removeprefix("torch.")] = "; ".join(parts)
+    finally:
+        _calls.recording = was
+        _calls._last.clear()
+        _calls._last.update(last)
+        _calls._fallbacks.clear()
+        _calls._fallbacks.update(counts)
+    return found
+
+
 def environment() -> dict:
     """Versions of rmsnorm / torch / triton / numba / transformers (read from package metadata, so
     nothing is imported), the devices torch sees, and the backend ``auto`` picks on each."""
@@ -151,4 +194,8 @@ def environment() -> dict:
         "backend per device": backends,
         "triton installed": _backend.triton_installed(),
         "cpu kernels available": _backend.cpu_kernels_available(),
+        "call records": "on"
+        if debug_enabled()
+        else "off (rmsnorm.set_debug(True) or RMSNORM_DEBUG=1)",
+        "served on cpu": served_calls(),
     }

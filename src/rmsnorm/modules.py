@@ -117,10 +117,17 @@ class RMSNorm(nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(
-            x, self.normalized_shape, self.weight, self.eps, eps_mode=self.eps_mode,
-            casting_mode=self.casting_mode, offset=self.offset, bias=self.bias,
-            partial=self.partial, group_size=self.group_size,
-        )  # fmt: skip
+            x,
+            self.normalized_shape,
+            self.weight,
+            self.eps,
+            eps_mode=self.eps_mode,
+            casting_mode=self.casting_mode,
+            offset=self.offset,
+            bias=self.bias,
+            partial=self.partial,
+            group_size=self.group_size,
+        )
 
     def extra_repr(self) -> str:
         extra = [super().extra_repr()]
@@ -165,10 +172,18 @@ class AddRMSNorm(RMSNorm):
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return add_rms_norm(
-            x, residual, self.normalized_shape, self.weight, self.eps, eps_mode=self.eps_mode,
-            casting_mode=self.casting_mode, offset=self.offset, bias=self.bias,
-            partial=self.partial, group_size=self.group_size,
-        )  # fmt: skip
+            x,
+            residual,
+            self.normalized_shape,
+            self.weight,
+            self.eps,
+            eps_mode=self.eps_mode,
+            casting_mode=self.casting_mode,
+            offset=self.offset,
+            bias=self.bias,
+            partial=self.partial,
+            group_size=self.group_size,
+        )
 
 
 class GatedRMSNorm(nn.Module):
@@ -267,11 +282,20 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, input: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         return gated_rms_norm(
-            input, gate, self.normalized_shape, self.weight, self.eps,
-            group_size=self.group_size, norm_before_gate=self.norm_before_gate,
-            activation=self.activation, eps_mode=self.eps_mode, casting_mode=self.casting_mode,
-            offset=self.offset, bias=self.bias, partial=self.partial,
-        )  # fmt: skip
+            input,
+            gate,
+            self.normalized_shape,
+            self.weight,
+            self.eps,
+            group_size=self.group_size,
+            norm_before_gate=self.norm_before_gate,
+            activation=self.activation,
+            eps_mode=self.eps_mode,
+            casting_mode=self.casting_mode,
+            offset=self.offset,
+            bias=self.bias,
+            partial=self.partial,
+        )
 
     def extra_repr(self) -> str:
         extra = [

@@ -27,10 +27,12 @@ other row, except that r, an fp32 output, is itself subnormal for RMS (or σ) pa
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 __all__ = [
+    "RMSOptions",
     "EPS_MODES",
     "CASTING_MODES",
     "compute_dtype",
@@ -65,6 +67,28 @@ __all__ = [
 EPS_MODES = ("mean_square", "rms")
 CASTING_MODES = ("gemma", "llama", "none")
 ACTIVATIONS = ("silu", "sigmoid")
+
+
+class RMSOptions(NamedTuple):
+    """The options of one RMSNorm call, resolved (``eps`` a float, ``k`` a count), as one immutable
+    value: the functional API builds it once per call after its checks, and autograd, the launch
+    layer and the custom ops carry it unchanged. A NamedTuple rather than a dataclass: it costs a
+    tuple to build (~0.2 µs) and its fields read at C speed, and ``*options`` gives the flat
+    arguments of the launchers and of the ops' schemas (:mod:`rmsnorm._ops` writes their schema
+    from the fields' annotations, which are schema types). A new option is a new field here, with
+    its check in :func:`rmsnorm.functional.check_rms_options` and its place in the spec's and the
+    kernels' launchers.
+
+    Fields: ``eps`` (ε ≥ 0), ``eps_mode`` (one of :data:`EPS_MODES`), ``casting_mode`` (one of
+    :data:`CASTING_MODES`), ``offset`` (added to the weight), ``k`` (1 ≤ k ≤ N, the leading elements
+    of a row, or of a group, the RMS is estimated from).
+    """
+
+    eps: float
+    eps_mode: str
+    casting_mode: str
+    offset: float
+    k: int
 
 
 # ----------------------------------------------------------------------------------------------

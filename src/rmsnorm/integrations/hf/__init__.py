@@ -32,8 +32,8 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # hf._KNOWN_FORWARDS is the name under which the refusal messages cite the table of known
-    # forwards (their text is pinned by the golden lists in tests/golden/); code imports
-    # known_forwards.KNOWN_FORWARDS. Loaded on first use, as the recognition is.
+    # forwards (their text is pinned by the golden lists in tests/integrations/golden/); code
+    # imports known_forwards.KNOWN_FORWARDS. Loaded on first use, as the recognition is.
     if name == "_KNOWN_FORWARDS":
         from .known_forwards import KNOWN_FORWARDS
 

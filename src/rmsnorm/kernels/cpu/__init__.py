@@ -111,13 +111,35 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
 
 
 def rms_norm_bwd(
-    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
+    dy,
+    x,
+    weight,
+    bias,
+    rstd,
+    dresidual,
+    eps,
+    eps_mode,
+    casting_mode,
+    offset,
+    k,
+    input_dtype,
     need_weight_grad=True,
-):  # fmt: skip
+):
     return _load_launchers().rms_norm_bwd(
-        dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-        input_dtype, need_weight_grad,
-    )  # fmt: skip
+        dy,
+        x,
+        weight,
+        bias,
+        rstd,
+        dresidual,
+        eps,
+        eps_mode,
+        casting_mode,
+        offset,
+        k,
+        input_dtype,
+        need_weight_grad,
+    )
 
 
 def layer_norm_fwd(x, weight, bias, eps, stats=True):
@@ -129,20 +151,74 @@ def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
 
 
 def gated_rms_norm_fwd(
-    x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
-    activation, stats=True, input_dtype=None,
-):  # fmt: skip
+    x,
+    gate,
+    weight,
+    bias,
+    eps,
+    eps_mode,
+    casting_mode,
+    offset,
+    k,
+    group_size,
+    norm_before_gate,
+    activation,
+    stats=True,
+    input_dtype=None,
+):
     return _load_gated().gated_rms_norm_fwd(
-        x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-        norm_before_gate, activation, stats, input_dtype,
-    )  # fmt: skip
+        x,
+        gate,
+        weight,
+        bias,
+        eps,
+        eps_mode,
+        casting_mode,
+        offset,
+        k,
+        group_size,
+        norm_before_gate,
+        activation,
+        stats,
+        input_dtype,
+    )
 
 
 def gated_rms_norm_bwd(
-    dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    group_size, norm_before_gate, activation, input_dtype, need_weight_grad=True,
-):  # fmt: skip
+    dy,
+    x,
+    gate,
+    weight,
+    bias,
+    rstd,
+    dresidual,
+    eps,
+    eps_mode,
+    casting_mode,
+    offset,
+    k,
+    group_size,
+    norm_before_gate,
+    activation,
+    input_dtype,
+    need_weight_grad=True,
+):
     return _load_gated().gated_rms_norm_bwd(
-        dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-        group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
-    )  # fmt: skip
+        dy,
+        x,
+        gate,
+        weight,
+        bias,
+        rstd,
+        dresidual,
+        eps,
+        eps_mode,
+        casting_mode,
+        offset,
+        k,
+        group_size,
+        norm_before_gate,
+        activation,
+        input_dtype,
+        need_weight_grad,
+    )

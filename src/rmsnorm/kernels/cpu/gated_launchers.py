@@ -112,6 +112,7 @@ def gated_rms_norm_fwd(
     n = x.shape[-1]
     m = x.numel() // n if n else 0
     if out is None or not m:
+        L._to_reference("gated_rms_norm_fwd", out is None)
         return ref.gated_rms_norm_fwd(
             x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
             norm_before_gate, activation, stats, input_dtype,
@@ -184,6 +185,7 @@ def gated_rms_norm_bwd(
     )  # fmt: skip
     dxdt, flags = _bwd_plans.get(key) or _bwd_plan(key)
     if dxdt is None or not x.numel():
+        L._to_reference("gated_rms_norm_bwd", dxdt is None)
         return ref.gated_rms_norm_bwd(
             dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
             group_size, norm_before_gate, activation, input_dtype, need_weight_grad,

@@ -13,6 +13,7 @@ import logging
 
 import torch
 
+from ... import _calls
 from ... import reference as ref
 from ..._contract import LAUNCHERS
 from . import kernels as K
@@ -57,6 +58,13 @@ def _check_modes(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"eps_mode must be one of {ref.EPS_MODES}, got {eps_mode!r}")
     if casting_mode not in ref.CASTING_MODES:
         raise ValueError(f"casting_mode must be one of {ref.CASTING_MODES}, got {casting_mode!r}")
+
+
+def _to_reference(op: str, dtypes: bool) -> None:
+    """Say (:func:`rmsnorm._calls.fallback`) that ``op`` runs the reference: for its dtypes (a
+    float64 tensor or statistic: the kernels compute in float32) or for an empty tensor."""
+    why = "a float64 tensor or statistic (the kernels compute in float32)" if dtypes else "no rows"
+    _calls.fallback("cpu", op, why)
 
 
 def _pc(dtype: torch.dtype | None) -> int:
@@ -175,6 +183,7 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=
     n = x.shape[-1]
     m = x.numel() // n if n else 0
     if out is None or not m:
+        _to_reference("rms_norm_fwd", out is None)
         return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
     if x.is_contiguous():
         xs = n
@@ -215,6 +224,7 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     n = x.shape[-1]
     m = x.numel() // n if n else 0
     if out is None or not m:
+        _to_reference("add_rms_norm_fwd", out is None)
         return ref.add_rms_norm_fwd(
             x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
         )
@@ -300,6 +310,7 @@ def rms_norm_bwd(
     )  # fmt: skip
     dxdt, flags = _rms_bwd_plans.get(key) or _rms_bwd_plan(key)
     if dxdt is None or not x.numel():
+        _to_reference("rms_norm_bwd", dxdt is None)
         return ref.rms_norm_bwd(
             dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
             input_dtype, need_weight_grad,
@@ -317,6 +328,7 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
     n = x.shape[-1]
     m = x.numel() // n if n else 0
     if out is None or not m:
+        _to_reference("layer_norm_fwd", out is None)
         return ref.layer_norm_fwd(x, weight, bias, eps)
     if x.is_contiguous():
         xs = n
@@ -356,6 +368,7 @@ def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     )  # fmt: skip
     dxdt, flags = _ln_bwd_plans.get(key) or _ln_bwd_plan(key)
     if dxdt is None or not x.numel():
+        _to_reference("layer_norm_bwd", dxdt is None)
         return ref.layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
     return _bwd(dy, x, weight, bias, mean, rstd, None, x.shape[-1], 0.0, flags, need_weight_grad)
 

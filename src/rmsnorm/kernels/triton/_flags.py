@@ -37,10 +37,19 @@ RNE = 1 << 13  # round fp32 -> bf16 to nearest even by hand (INTERPRETED)
 FIELD_MASK = 3  # width of the PHASE and CAST fields
 
 BITS = {
-    "LOOP": LOOP, "PREFETCH": PREFETCH, "PHASE": FIELD_MASK << PHASE_SHIFT, "RES": RES, "W": W,
-    "B": B, "DW": DW, "DB": DB, "RMS_EPS": RMS_EPS, "PARTIAL": PARTIAL,
-    "CAST": FIELD_MASK << CAST_SHIFT, "RNE": RNE,
-}  # fmt: skip
+    "LOOP": LOOP,
+    "PREFETCH": PREFETCH,
+    "PHASE": FIELD_MASK << PHASE_SHIFT,
+    "RES": RES,
+    "W": W,
+    "B": B,
+    "DW": DW,
+    "DB": DB,
+    "RMS_EPS": RMS_EPS,
+    "PARTIAL": PARTIAL,
+    "CAST": FIELD_MASK << CAST_SHIFT,
+    "RNE": RNE,
+}
 # Bits 16 and up carry a fingerprint of the table above. FLAGS is part of the key of Triton's
 # on-disk kernel cache but these values are not part of the kernels' source hash: renumbering a bit
 # changes the fingerprint, so no kernel compiled under the old numbering is ever reused.
@@ -49,13 +58,32 @@ FINGERPRINT = zlib.crc32(repr(sorted(BITS.items())).encode()) & 0xFFFF
 
 
 def flags(
-    *, loop=False, prefetch=False, phase=0, res=False, w=False, b=False, dw=False, db=False,
-    rms_eps=False, partial=False, cast=CAST_GEMMA,
-) -> int:  # fmt: skip
+    *,
+    loop=False,
+    prefetch=False,
+    phase=0,
+    res=False,
+    w=False,
+    b=False,
+    dw=False,
+    db=False,
+    rms_eps=False,
+    partial=False,
+    cast=CAST_GEMMA,
+) -> int:
     """The FLAGS value of a launch (host side); RNE is set whenever the interpreter runs."""
     return (
-        int(loop) * LOOP | int(prefetch) * PREFETCH | phase << PHASE_SHIFT | int(res) * RES
-        | int(w) * W | int(b) * B | int(dw) * DW | int(db) * DB | int(rms_eps) * RMS_EPS
-        | int(partial) * PARTIAL | cast << CAST_SHIFT | int(INTERPRETED) * RNE
+        int(loop) * LOOP
+        | int(prefetch) * PREFETCH
+        | phase << PHASE_SHIFT
+        | int(res) * RES
+        | int(w) * W
+        | int(b) * B
+        | int(dw) * DW
+        | int(db) * DB
+        | int(rms_eps) * RMS_EPS
+        | int(partial) * PARTIAL
+        | cast << CAST_SHIFT
+        | int(INTERPRETED) * RNE
         | FINGERPRINT << FINGERPRINT_SHIFT
-    )  # fmt: skip
+    )
