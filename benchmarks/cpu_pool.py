@@ -60,11 +60,11 @@ def _child(rounds: int, threads: int, out) -> None:
 
     faulthandler.dump_traceback_later(int(os.environ.get("HANG_S", "100000")), exit=True)
     from rmsnorm.bench.cpu import keep_freed_memory
-    from rmsnorm.kernels.cpu import launchers as L
+    from rmsnorm.kernels.cpu import pool as P
 
     keep_freed_memory()
     torch.set_num_threads(threads)
-    pooled = L._gomp == 0  # a forked child never uses the parent's OpenMP runtime
+    pooled = P._gomp == 0  # a forked child never uses the parent's OpenMP runtime
     print(f"child: torch threads {torch.get_num_threads()}, OpenMP sharing off: {pooled}", file=out)
     lines = [
         "| dtype | M × N | op | alone | pool | pool speed-up | torch, 1 thread |",

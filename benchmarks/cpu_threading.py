@@ -29,16 +29,16 @@ layer, rounds, after = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 torch.set_num_threads(2)
 from rmsnorm.kernels import cpu
 cpu.warmup()
-from rmsnorm.kernels.cpu import launchers as L, kernels as K
+from rmsnorm.kernels.cpu import launchers as L, kernels as K, pool as P
 shapes = [(64, 1024), (128, 1024), (256, 1024), (1024, 1024), (4096, 1024), (8192, 4096)]
 
 def serial(args):
     L._forward(0, *args)
 
 if layer in ("openmp", "pool"):
-    L.USE_OPENMP = layer == "openmp"
+    P.USE_OPENMP = layer == "openmp"
     def parallel(args):
-        L._shared(L._forward, *args)
+        P.shared(L._forward, *args)
 else:
     import numba
     from numba import njit, prange

@@ -299,16 +299,17 @@ def test_shared_calls_match_single_threaded_ones(team, monkeypatch):
     # Every call that can be shared is shared (no adaptive choice): on torch's OpenMP threads, or
     # on the pool's helpers sleeping in futex_wait (Linux) or on Python locks (elsewhere). Results
     # are bitwise those of one thread, and the helpers do take blocks.
-    from rmsnorm.kernels.cpu import launchers as L
+    from rmsnorm.kernels.cpu import pool as P
+    from rmsnorm.kernels.cpu import runtime as rt
 
-    if team == "openmp" and not L._gomp:
+    if team == "openmp" and not P._gomp:
         pytest.skip("torch does not use an OpenMP runtime here")
-    if team == "futex" and not L._libc_addresses()[2]:
+    if team == "futex" and not P._libc_addresses()[2]:
         pytest.skip("no futex on this platform")
     if team == "lock":
-        monkeypatch.setattr(L, "_libc_addresses", lambda: (0, 0, 0))
-    monkeypatch.setattr(L, "_pool", None)
-    monkeypatch.setattr(L, "USE_OPENMP", team == "openmp")
+        monkeypatch.setattr(P, "_libc_addresses", lambda: (0, 0, 0))
+    monkeypatch.setattr(P, "_pool", None)
+    monkeypatch.setattr(P, "USE_OPENMP", team == "openmp")
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -320,16 +321,16 @@ def test_shared_calls_match_single_threaded_ones(team, monkeypatch):
             assert bitwise_equal(got[0], want[0]) and bitwise_equal(got[1], want[1])
             if team == "openmp":
                 break
-            pool = L._pool
+            pool = P._pool
             if pool.max_helpers < 1:
                 pytest.skip("one core: nothing to share")
-            helped = int(pool.block[L.K.HELPED])
+            helped = int(pool.block[rt.HELPED])
             if helped:
                 break
     finally:
         torch.set_num_threads(before)
     if team != "openmp":
-        assert L._pool.futex == (team == "futex")
+        assert P._pool.futex == (team == "futex")
         if not helped:  # possible only where another process holds every other core throughout
             pytest.skip("the helpers never got a core in time")
 
@@ -337,11 +338,11 @@ def test_shared_calls_match_single_threaded_ones(team, monkeypatch):
 def test_sharing_depends_on_the_sizes_and_thread_count_alone(monkeypatch):
     # No timing decides: below PARALLEL_MIN elements or on one torch thread a call runs alone,
     # from there on every call is shared, however long the earlier ones took.
-    from rmsnorm.kernels.cpu import launchers as L
+    from rmsnorm.kernels.cpu import pool as P
 
     shared = []
-    acquire = L._acquire
-    monkeypatch.setattr(L, "_acquire", lambda pool, t: shared.append(t) or acquire(pool, t))
+    acquire = P._acquire
+    monkeypatch.setattr(P, "_acquire", lambda pool, t: shared.append(t) or acquire(pool, t))
     before = torch.get_num_threads()
     small = torch.randn(8, 1024)  # 2^13 elements
     large = torch.randn(64, 1024)  # 2^16
@@ -364,11 +365,12 @@ def test_sharing_depends_on_the_sizes_and_thread_count_alone(monkeypatch):
 def test_a_helper_that_never_runs_does_not_stall_a_call(monkeypatch):
     # A pool helper the scheduler never runs (an oversubscribed machine, taken to the limit): the
     # caller runs the blocks of the helper's range too, and the results are those of one thread.
-    from rmsnorm.kernels.cpu import launchers as L
+    from rmsnorm.kernels.cpu import pool as P
+    from rmsnorm.kernels.cpu import runtime as rt
 
-    monkeypatch.setattr(L, "_pool", None)
-    monkeypatch.setattr(L, "USE_OPENMP", False)
-    monkeypatch.setattr(L._Pool, "_spawn", lambda self: setattr(self, "helpers", self.helpers + 1))
+    monkeypatch.setattr(P, "_pool", None)
+    monkeypatch.setattr(P, "USE_OPENMP", False)
+    monkeypatch.setattr(P._Pool, "_spawn", lambda self: setattr(self, "helpers", self.helpers + 1))
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -377,10 +379,10 @@ def test_a_helper_that_never_runs_does_not_stall_a_call(monkeypatch):
         got = [_everything(dtype) for dtype in (torch.float32, torch.bfloat16)]
     finally:
         torch.set_num_threads(before)
-    if L._pool is None or L._pool.max_helpers < 1:
+    if P._pool is None or P._pool.max_helpers < 1:
         pytest.skip("one core: nothing to share")
     assert bitwise_equal(got[0], want[0]) and bitwise_equal(got[1], want[1])
-    assert int(L._pool.block[L.K.HELPED]) == 0  # every block ran on the calling thread
+    assert int(P._pool.block[rt.HELPED]) == 0  # every block ran on the calling thread
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
@@ -467,6 +469,24 @@ def test_the_first_compilation_is_announced_once_and_cached(tmp_path):
     second = _run(_COMPILE_CHECK, timeout=600, env=env)
     assert second.returncode == 0, second.stderr
     assert "compiling" not in second.stderr and "'compiled': False" in second.stdout
+
+
+def test_each_cache_index_is_stamped_with_the_files_its_code_includes():
+    # numba's cache watches only the file of the cached function, while the code it caches
+    # includes the runtime's and kernels.py's functions: an edit of any of them must recompile.
+    cpu.warmup()
+    from rmsnorm.kernels.cpu import gated as G
+    from rmsnorm.kernels.cpu import kernels as K
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    for registry, modules in ((rt.ENTRIES, [rt]), (K.ENTRIES, [rt, K]), (G.ENTRIES, [rt, K, G])):
+        if not registry.cached:
+            pytest.skip("no writable cache directory here")
+        for compiled, _ in registry.items:
+            stamp = compiled._cache._cache_file._source_stamp
+            for module in modules:
+                st = os.stat(module.__file__)
+                assert (st.st_mtime, st.st_size) in stamp, (compiled, module.__name__)
 
 
 def test_without_a_writable_cache_the_kernels_compile_in_process(tmp_path):

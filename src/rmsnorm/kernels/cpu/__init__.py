@@ -16,20 +16,12 @@ import time
 import warnings
 from types import ModuleType
 
-__all__ = [
-    "available",
-    "warmup",
-    "rms_norm_fwd",
-    "add_rms_norm_fwd",
-    "rms_norm_bwd",
-    "layer_norm_fwd",
-    "layer_norm_bwd",
-    "gated_rms_norm_fwd",
-    "gated_rms_norm_bwd",
-]
+from ..._contract import LAUNCHERS
 
-_NAMES = ("rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd")
-_GATED_NAMES = ("gated_rms_norm_fwd", "gated_rms_norm_bwd")
+__all__ = ["available", "warmup", *LAUNCHERS]
+
+_GATED_NAMES = tuple(name for name in LAUNCHERS if name.startswith("gated_"))
+_NAMES = tuple(name for name in LAUNCHERS if name not in _GATED_NAMES)
 _available: bool | None = None
 _impl: ModuleType | None = None
 _gated: ModuleType | None = None

@@ -1,22 +1,21 @@
 """The CPU kernels (numba) of grouped and gated RMSNorm, forward and backward, over blocks of rows.
 
-Rows, dtype codes, bit conversions, parameter rows and the sharing of a call between threads are
-those of :mod:`.kernels` (its ``run_blocks``); this module's compiled code is cached stale whenever
-either file changes, since numba's cache only watches the file of the cached function.
+Rows, dtype codes, bit conversions, row sums and parameter rows are those of :mod:`.kernels`; the
+threads that share a call are :mod:`.runtime`'s.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
-from numba.core.ccallback import CFunc
+from numba import carray, types
 from numba.extending import intrinsic
 
 from . import kernels as K
+from . import runtime as rt
 from .kernels import BF16, F16, F32, F64
+from .runtime import bits_f64, f64_bits, ptr_f32, ptr_f64, ptr_i64, ptr_u16
+from .runtime import njit as _njit
 
 # Bit fields of the kernels' `flags` (shift, width), built once per combination by the launchers
 GX, GZ, GY, GIN, GOUT, GCAST = (0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 2)
@@ -53,14 +52,6 @@ def _pow2(typingctx, kd):
     return types.float32(types.float32), codegen
 
 
-def _njit(fn=None, **options):
-    """numba's ``njit`` with IEEE division (``error_model="numpy"``): x/0 is ±inf and 0/0 NaN, as
-    in torch, where numba's default raises from inside a kernel. Integer divisors (g, k, rows a
-    block) are ≥ 1 by construction."""
-    options = {"error_model": "numpy", **options}
-    return njit(**options) if fn is None else njit(**options)(fn)
-
-
 # ----------------------------------------------------------------------------------------------
 # The activation: σ(z) = 1/(1 + exp(−z)) in float32, as torch computes SiLU (z/(1 + exp(−z))) and
 # the sigmoid, with exp written so that LLVM vectorizes it (16 lanes with AVX-512; no libm call,
@@ -76,9 +67,16 @@ _SHIFTER = np.float32(12582912.0)  # 1.5·2^23: t + SHIFTER holds round(t) in it
 _EXP_MAX = np.float32(88.0)  # exp(88) = 1.65e38; past 88.72 float32's expf overflows
 _EXP_MIN = np.float32(-87.0)  # 2^n stays normal
 _OVERFLOW = np.float32(88.72283935546875)  # ln(FLT_MAX): exp(−z) is inf there in torch, σ = 0
-_P = [np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                              1.6666665459e-1, 5.0000001201e-1)]  # fmt: skip
-_P0, _P1, _P2, _P3, _P4, _P5 = _P
+_P0, _P1, _P2 = (
+    np.float32(1.9875691500e-4),
+    np.float32(1.3981999507e-3),
+    np.float32(8.3334519073e-3),
+)
+_P3, _P4, _P5 = (
+    np.float32(4.1665795894e-2),
+    np.float32(1.6666665459e-1),
+    np.float32(5.0000001201e-1),
+)
 _ONE = np.float32(1.0)
 _INF = np.float32(np.inf)
 
@@ -120,7 +118,7 @@ def _silu32(z):
 def _store(t, addr, n, code):
     """Write the float32 row t to the row at addr in the dtype `code` (float64 widened exactly)."""
     if code == F64:
-        dst = carray(K._ptr_f64(addr), n)
+        dst = carray(ptr_f64(addr), n)
         for j in range(n):
             dst[j] = np.float64(t[j])
     else:
@@ -131,11 +129,11 @@ def _store(t, addr, n, code):
 def _gate_row(addr, n, code, t):
     """The gate row as float32 in t (never a view of the input: the activation rewrites it)."""
     if code == F32:
-        src = carray(K._ptr_f32(addr), n)
+        src = carray(ptr_f32(addr), n)
         for j in range(n):
             t[j] = src[j]
     elif code == F64:
-        src64 = carray(K._ptr_f64(addr), n)
+        src64 = carray(ptr_f64(addr), n)
         for j in range(n):
             t[j] = np.float32(src64[j])
     else:
@@ -146,24 +144,19 @@ def _gate_row(addr, n, code, t):
 def _act_row(addr, n, code, sigmoid, a):
     """a = act(z) of the gate row at addr (any float code) in one pass: read, convert, activate."""
     if code == F32:
-        z32 = carray(K._ptr_f32(addr), n)
+        z32 = carray(ptr_f32(addr), n)
         _activation(z32, n, sigmoid, a)
     elif code == BF16:
-        z16 = carray(K._ptr_u16(addr), n)
+        z16 = carray(ptr_u16(addr), n)
         if sigmoid:
             for j in range(n):
                 a[j] = _sigmoid32(K._bf16_to_f32(z16[j]))
         else:
             for j in range(n):
                 a[j] = _silu32(K._bf16_to_f32(z16[j]))
-    else:  # float16, float64: converted into a first (no read of a written element in the pass)
+    else:  # float16, float64: converted into a first, then activated in place (rare: slower)
         _gate_row(addr, n, code, a)
-        if sigmoid:
-            for j in range(n):
-                a[j] = _sigmoid32(a[j])
-        else:
-            for j in range(n):
-                a[j] = _silu32(a[j])
+        _activation(a, n, sigmoid, a)
 
 
 # The activations read z from one row and write another: in place, LLVM's run-time overlap check
@@ -195,32 +188,10 @@ def _activation_grad(z, n, sigmoid, a, da):
             da[j] = s * (_ONE + z[j] * (_ONE - s))
 
 
-# Σx² is accumulated in float64 (reassociated, so it vectorizes). A group whose float64 sum is tiny
-# (< 2^-60) is summed again from float32 squares, as torch sums it: squares that underflow float32
-# then do what they do there (eps = 0 gives r = inf).
-_TINY = 2.0**-60
-
-
-# The group helpers take the group's slices and loop from 0: a loop from a run-time start o would
+# Σx² of a group: :func:`.kernels._sum_squares` (float64, float32 squares for a tiny group). The
+# group helpers take the group's slices and loop from 0: a loop from a run-time start o would
 # keep numba's negative-index wraparound in every access, which LLVM cannot vectorize (measured
 # 0.9 ns an element against 0.05).
-@_njit(fastmath={"reassoc", "contract"})
-def _ss64(v, k):
-    acc = 0.0
-    for j in range(k):
-        d = np.float64(v[j])
-        acc += d * d
-    return acc
-
-
-@_njit(fastmath={"reassoc", "contract"})
-def _ss32(v, k):
-    acc = 0.0
-    for j in range(k):
-        acc += np.float64(v[j] * v[j])
-    return acc
-
-
 @_njit(fastmath={"reassoc", "contract"})
 def _bf16_sum_squares(src, k):
     """Σ_{j<k} x_j² of raw bfloat16 bits, in float64."""
@@ -229,13 +200,6 @@ def _bf16_sum_squares(src, k):
         d = np.float64(K._bf16_to_f32(src[j]))
         acc += d * d
     return acc
-
-
-@_njit
-def _sum_squares(v, k):
-    """Σ_{j<k} v_j² in float64 (float32 squares for a tiny group, see above)."""
-    ss = _ss64(v, k)
-    return _ss32(v, k) if ss < _TINY else ss
 
 
 @_njit
@@ -290,28 +254,10 @@ def _apply(v, r, s, b, has_b, cast, c_in, c_out, out):
         K._round_row(out, g, c_last)
 
 
-@_njit(fastmath={"reassoc", "contract"})
-def _sum_gv(dn, s, v):
-    """Σ (dn·s)·v over the group, in float64."""
-    acc = 0.0
-    for j in range(v.shape[0]):
-        acc += (np.float64(dn[j]) * np.float64(s[j])) * np.float64(v[j])
-    return acc
-
-
-# dv = a·g' − b·v (the first k of a group; a·g' after) is formed in float64, fused multiply-adds
-# allowed, and rounded once, as the plain kernel's dx.
-@_njit(fastmath={"contract"})
-def _dv(dn, s, v, k, a, b, out):
-    for j in range(k):
-        out[j] = np.float32(a * (np.float64(dn[j]) * np.float64(s[j])) - b * np.float64(v[j]))
-    for j in range(k, out.shape[0]):
-        out[j] = np.float32(a * (np.float64(dn[j]) * np.float64(s[j])))
-
-
 @_njit(fastmath={"contract"})
 def _dv_gate_first(dn, s, v, x, act, dact, k, a, b, dx, dz):
-    """Gate, then norm: dx = dv·act(z), d gate = dv·x·act'(z), from dv of :func:`_dv`."""
+    """Gate, then norm: dx = dv·act(z), d gate = dv·x·act'(z), dv formed as
+    :func:`.kernels._dx_rms` forms dx."""
     g = dx.shape[0]
     for j in range(g):
         dvj = a * (np.float64(dn[j]) * np.float64(s[j]))
@@ -410,11 +356,11 @@ def _make_out(cast, c_in, c_out, gate, y_code):
         g = v.shape[0]
         rr = K._round(r, c_in)
         if c_in == F32:
-            zr, xr = carray(K._ptr_f32(zaddr), g), carray(K._ptr_f32(xaddr), g)
+            zr, xr = carray(ptr_f32(zaddr), g), carray(ptr_f32(xaddr), g)
         else:
-            zr, xr = carray(K._ptr_u16(zaddr), g), carray(K._ptr_u16(xaddr), g)
+            zr, xr = carray(ptr_u16(zaddr), g), carray(ptr_u16(xaddr), g)
         if y_code == F32:
-            y32 = carray(K._ptr_f32(dst), g)
+            y32 = carray(ptr_f32(dst), g)
             if has_b:
                 for j in range(g):
                     y32[j] = gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr)
@@ -422,7 +368,7 @@ def _make_out(cast, c_in, c_out, gate, y_code):
                 for j in range(g):
                     y32[j] = gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr)
         elif y_code == BF16:
-            y16 = carray(K._ptr_u16(dst), g)
+            y16 = carray(ptr_u16(dst), g)
             if has_b:
                 for j in range(g):
                     t = gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr)
@@ -431,7 +377,7 @@ def _make_out(cast, c_in, c_out, gate, y_code):
                 for j in range(g):
                     y16[j] = K._f32_to_bf16(gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr))
         else:
-            yh = carray(K._ptr_u16(dst), g)
+            yh = carray(ptr_u16(dst), g)
             if has_b:
                 for j in range(g):
                     yh[j] = K._f32_to_f16(gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr))
@@ -449,9 +395,9 @@ def _make_in(c, sigmoid, none):
     @_njit
     def inp(xaddr, zaddr, n, u):
         if c == F32:
-            xr, zr = carray(K._ptr_f32(xaddr), n), carray(K._ptr_f32(zaddr), n)
+            xr, zr = carray(ptr_f32(xaddr), n), carray(ptr_f32(zaddr), n)
         else:
-            xr, zr = carray(K._ptr_u16(xaddr), n), carray(K._ptr_u16(zaddr), n)
+            xr, zr = carray(ptr_u16(xaddr), n), carray(ptr_u16(zaddr), n)
         for j in range(n):
             xj, zj = _raw(xr, j, c), _raw(zr, j, c)
             aj = _sigmoid32(zj) if sigmoid else _silu32(zj)
@@ -476,8 +422,10 @@ _OUT_KEYS = [
     if gate in (NO_GATE, PRE) or c_in in (F32, BF16)
 ]
 _IN_KEYS = [(c, sig, none) for c in (F32, BF16) for sig in (False, True) for none in (False, True)]
-_LOOPS = {f"_OUT{i}": _make_out(cast, c_in, c_out, gate, c_in if gate else c_out)
-          for i, (cast, c_in, c_out, gate) in enumerate(_OUT_KEYS)}  # fmt: skip
+_LOOPS = {
+    f"_OUT{i}": _make_out(cast, c_in, c_out, gate, c_in if gate else c_out)
+    for i, (cast, c_in, c_out, gate) in enumerate(_OUT_KEYS)
+}
 _LOOPS.update({f"_IN{i}": _make_in(*key) for i, key in enumerate(_IN_KEYS)})
 
 
@@ -486,8 +434,8 @@ def _dispatcher(name: str, prefix: str, count: int, args: str):
     as an if-chain (numba calls no function through a variable)."""
     lines = [f"def {name}(variant, {args}):"]
     for i in range(count):
-        lines += [f"    {'if' if i == 0 else 'elif'} variant == {i}:",
-                  f"        {prefix}{i}({args})"]  # fmt: skip
+        lines.append(f"    {'if' if i == 0 else 'elif'} variant == {i}:")
+        lines.append(f"        {prefix}{i}({args})")
     namespace = dict(_LOOPS)
     exec("\n".join(lines), namespace)  # noqa: S102 - generated from the constants above
     return _njit(namespace[name])
@@ -513,14 +461,6 @@ def in_variant(code: int, sigmoid: bool, none: bool) -> int:
     return _IN_KEYS.index(key) if key in _IN_KEYS else -1
 
 
-@_njit
-def _rstd(ss, k, eps, rms_eps):
-    ms = ss / k
-    if rms_eps:
-        return np.float32(1.0 / (np.sqrt(ms) + eps))
-    return np.float32(1.0 / np.sqrt(ms + eps))
-
-
 # ----------------------------------------------------------------------------------------------
 # Forward: rows [lo, hi)
 # ----------------------------------------------------------------------------------------------
@@ -534,11 +474,11 @@ def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
     out_v, in_v = K._field(flags, GOUTV) - 1, K._field(flags, GINV) - 1  # -1: no fused loop
     raw = K._field(flags, GRAW) == 1  # the output loop reads the gate itself
     has_b = K._field(flags, GHAS_B) == 1
-    eps = K._bits_f64(A[_EPS])
+    eps = bits_f64(A[_EPS])
     groups = n // g
-    s = carray(K._ptr_f32(A[_S]), n)
-    b = carray(K._ptr_f32(A[_B]), n)  # not read without a bias
-    rstd = carray(K._ptr_f32(A[_RSTD]), A[_M] * groups)
+    s = carray(ptr_f32(A[_S]), n)
+    b = carray(ptr_f32(A[_B]), n)  # not read without a bias
+    rstd = carray(ptr_f32(A[_RSTD]), A[_M] * groups)
     xb, xs = A[_X], A[_XS] * K._esize(x_code)
     zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else K._esize(z_code))
     yb, ye = A[_Y], K._esize(y_code)
@@ -558,7 +498,7 @@ def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
             v = _gated_input(K._load_row(xb + i * xs, n, x_code, tx), ta, n, cast, c_in, tv)
         elif x_code == BF16:  # converted in the pass that sums each group's squares
             v = tx[:n]
-            src = carray(K._ptr_u16(xb + i * xs), n)
+            src = carray(ptr_u16(xb + i * xs), n)
         else:
             v = K._load_row(xb + i * xs, n, x_code, tx)
         row, xrow = yb + i * n * ye, xb + i * xs
@@ -567,19 +507,19 @@ def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
             vq = v[o : o + g]
             if not first and x_code == BF16 and raw:  # the output loop reads x raw
                 ss = _bf16_sum_squares(src[o : o + g], k)
-                if ss < _TINY:
+                if ss < K._TINY:
                     K._load_row(xrow + 2 * o, g, BF16, vq)
-                    ss = _ss32(vq, k)
+                    ss = K._sum_squares32(vq, k)
             elif not first and x_code == BF16:
                 ss = K._load_bf16_sum_squares(src[o : o + g], vq, g, k)
-                ss = _ss32(vq, k) if ss < _TINY else ss
+                ss = K._sum_squares32(vq, k) if ss < K._TINY else ss
             else:
-                ss = _sum_squares(vq, k)
-            r = _rstd(ss, k, eps, rms_eps)
+                ss = K._sum_squares(vq, k)
+            r = K._rstd(ss, k, eps, rms_eps)
             rstd[i * groups + q] = r
             if out_v >= 0:
-                _out(out_v, vq, xrow + o * xe, r, s[o : o + g], b[o : o + g], has_b,
-                     ta[o : o + g], zrow + o * ze, row + o * ye)  # fmt: skip
+                sq, bq, aq = s[o : o + g], b[o : o + g], ta[o : o + g]
+                _out(out_v, vq, xrow + o * xe, r, sq, bq, has_b, aq, zrow + o * ze, row + o * ye)
             else:
                 _apply(vq, r, s[o : o + g], b[o : o + g], has_b, cast, c_in, c_out, ty[o : o + g])
         if out_v < 0:
@@ -589,27 +529,19 @@ def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
             K._store_row(ty, row, n, y_code)
 
 
-@_njit
-def _fwd_block(args, blk):
-    A = carray(K._ptr_i64(args), _WORDS)
-    n = A[_N]
-    scratch = np.empty(4 * n, np.float32)
-    base = np.int64(scratch.ctypes.data)
-    tx = carray(K._ptr_f32(base), n)
-    ta = carray(K._ptr_f32(base + 4 * n), n)
-    tv = carray(K._ptr_f32(base + 8 * n), n)
-    ty = carray(K._ptr_f32(base + 12 * n), n)
-    rpb = A[_RPB]
+def _fwd_block(args, blk, scratch):
+    A = carray(ptr_i64(args), _WORDS)
+    n, rpb = A[_N], A[_RPB]
+    tx, ta = K._row(scratch, n, 0), K._row(scratch, n, 1)
+    tv, ty = K._row(scratch, n, 2), K._row(scratch, n, 3)
     _fwd_rows(A, blk * rpb, min(A[_M], (blk + 1) * rpb), tx, ta, tv, ty)
-    scratch[:0] = 0.0  # the scratch rows live until here
 
 
 # ----------------------------------------------------------------------------------------------
 # Backward: dx, dz for every row; d weight / d bias as per-block partial rows, summed in block order
 # ----------------------------------------------------------------------------------------------
-@_njit
-def _bwd_block(args, blk):
-    A = carray(K._ptr_i64(args), _WORDS)
+def _bwd_block(args, blk, scratch):
+    A = carray(ptr_i64(args), _WORDS)
     m, n, g, k, flags = A[_M], A[_N], A[_G], A[_K], A[_FLAGS]
     x_code, z_code, dy_code = K._field(flags, GX), K._field(flags, GZ), K._field(flags, GDY)
     dr_code, dz_code = K._field(flags, GDR), K._field(flags, GDZ)
@@ -620,28 +552,24 @@ def _bwd_block(args, blk):
     need_dw, need_db = K._field(flags, GNEED_DW) == 1, K._field(flags, GNEED_DB) == 1
     last = has_gate and not first
     groups = n // g
-    s = carray(K._ptr_f32(A[_S]), n)  # offset + γ in float32, unrounded (ones without γ)
-    sn = carray(K._ptr_f32(A[_SN]), n)  # ... and as the forward's n rounded it (norm, then gate)
-    bn = carray(K._ptr_f32(A[_BN]), n)
-    rstd = carray(K._ptr_f32(A[_RSTD]), m * groups)
+    s = carray(ptr_f32(A[_S]), n)  # offset + γ in float32, unrounded (ones without γ)
+    sn = carray(ptr_f32(A[_SN]), n)  # ... and as the forward's n rounded it (norm, then gate)
+    bn = carray(ptr_f32(A[_BN]), n)
+    rstd = carray(ptr_f32(A[_RSTD]), m * groups)
     rpb = A[_RPB]
-    pw = carray(K._ptr_f32(A[_PW] + 4 * blk * n), n)
-    pb = carray(K._ptr_f32(A[_PB] + 4 * blk * n), n)
+    pw = carray(ptr_f32(A[_PW] + 4 * blk * n), n)
+    pb = carray(ptr_f32(A[_PB] + 4 * blk * n), n)
     if need_dw:
         pw[:] = 0.0
     if need_db:
         pb[:] = 0.0
-    scratch = np.empty(9 * n, np.float32)
-    base = np.int64(scratch.ctypes.data)
-    tx = carray(K._ptr_f32(base), n)
-    tdy = carray(K._ptr_f32(base + 4 * n), n)
-    ta = carray(K._ptr_f32(base + 8 * n), n)
-    tda = carray(K._ptr_f32(base + 12 * n), n)
-    tv = carray(K._ptr_f32(base + 16 * n), n)
-    tn = carray(K._ptr_f32(base + 20 * n), n)  # n (norm, then gate), then d gate
-    tdn = carray(K._ptr_f32(base + 24 * n), n)  # the gradient reaching n
-    tdx = carray(K._ptr_f32(base + 28 * n), n)
-    tw = carray(K._ptr_f32(base + 32 * n), n)  # x̂ rounded to the input dtype ("llama" d weight)
+    tx, tdy = K._row(scratch, n, 0), K._row(scratch, n, 1)
+    ta, tda = K._row(scratch, n, 2), K._row(scratch, n, 3)
+    tv = K._row(scratch, n, 4)
+    tn = K._row(scratch, n, 5)  # n (norm, then gate), then d gate
+    tdn = K._row(scratch, n, 6)  # the gradient reaching n
+    tdx = K._row(scratch, n, 7)
+    tw = K._row(scratch, n, 8)  # x̂ rounded to the input dtype ("llama" d weight)
     xb, xs = A[_X], A[_XS] * K._esize(x_code)
     zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else K._esize(z_code))
     dyb, dys = A[_DY], A[_DYS] * K._esize(dy_code)
@@ -678,17 +606,17 @@ def _bwd_block(args, blk):
                 dn = dy[o:e]
             # S = Σ g'·v̂ over the group, g' = dn·(offset + γ), formed as r·Σ g'·v (so that
             # r = inf keeps S finite where the sum is); dv = r·g' − m·v̂·f as in the plain kernel
-            sv = rd * _sum_gv(dn, sq, vq)
+            sv = rd * K._sum_gx(dn, vq, sq, g)
             if rms_eps:
-                root = np.sqrt(_ss64(vq, k) / k)
+                root = np.sqrt(K._sum_squares64(vq, k) / k)
                 f = sv / (k * root) if root > 0.0 else 0.0
             else:
                 f = rd * sv / k
             if first:
-                _dv_gate_first(dn, sq, vq, x[o:e], ta[o:e], tda[o:e], k, rd, rd * f, tdx[o:e],
-                               tn[o:e])  # fmt: skip
+                xq, aq, daq = x[o:e], ta[o:e], tda[o:e]
+                _dv_gate_first(dn, sq, vq, xq, aq, daq, k, rd, rd * f, tdx[o:e], tn[o:e])
             else:
-                _dv(dn, sq, vq, k, rd, rd * f, tdx[o:e])
+                K._dx_rms(dn, vq, sq, g, k, rd, rd * f, tdx[o:e])
             if need_dw:
                 _dw_partial(dn, vq, r, cast == LLAMA, c_in, pw[o:e], tw[o:e])
             if need_db:
@@ -700,94 +628,65 @@ def _bwd_block(args, blk):
         K._store_row(tdx, dxb + i * n * K._esize(x_code), n, x_code)
         if has_gate:
             _store(tn, dzb + i * n * dze, n, dz_code)
-    scratch[:0] = 0.0
 
 
 # ----------------------------------------------------------------------------------------------
-# Entry points: one signature each, cached on disk (stale when this file or kernels.py changes)
+# Entry points: one signature each, cached on disk (stale when this file, kernels.py or runtime.py
+# changes)
 # ----------------------------------------------------------------------------------------------
-ENTRIES: list = []  # (dispatcher or C callback, argument types or None)
-
-
-def _stale_with_kernels(compiled) -> None:
-    """Make the cache index of ``compiled`` stale when kernels.py changes too (its functions are
-    compiled into this module's code)."""
-    try:
-        cache_file = compiled._cache._cache_file
-        st = os.stat(K.__file__)
-        cache_file._source_stamp = (cache_file._source_stamp, st.st_mtime, st.st_size)
-    except (AttributeError, OSError):  # another numba, or no cache: nothing to keep fresh
-        pass
-
-
-def _entry(*argtypes):
-    def wrap(fn):
-        try:
-            disp = njit(nogil=True, cache=True, error_model="numpy")(fn)
-        except RuntimeError:  # no writable cache directory
-            disp = njit(nogil=True, error_model="numpy")(fn)
-        _stale_with_kernels(disp)
-        ENTRIES.append((disp, argtypes))
-        return disp
-
-    return wrap
-
-
-def _callback(fn):
-    """A block function as a C callback (``void(int64 args, int64 block)``) that the threads
-    sharing a call run through kernels.run_blocks."""
-    body = CFunc(fn, ((types.int64, types.int64), types.void), locals={},
-                 options={"error_model": "numpy"})  # fmt: skip
-    try:
-        body.enable_caching()
-    except RuntimeError:
-        pass
-    _stale_with_kernels(body)
-    ENTRIES.append((body, None))
-    return body
-
-
-def _fwd_callback(args, blk):
-    _fwd_block(args, blk)
-
-
-def _bwd_callback(args, blk):
-    _bwd_block(args, blk)
-
-
-FWD_BLOCK = _callback(_fwd_callback)
-BWD_BLOCK = _callback(_bwd_callback)
+ENTRIES = rt.Entries(K.__file__, __file__)
+FWD_BLOCK = ENTRIES.block(_fwd_block)  # the block functions that the threads of a call run
+BWD_BLOCK = ENTRIES.block(_bwd_block)
 
 _i, _f = types.int64, types.float64
 
 
-@_entry(*(_i,) * 16, _f, _f, _i)
+@ENTRIES.entry(*(_i,) * 16, _f, _f, _i)
 def forward(ctrl, fn, xp, xs, zp, zs, yp, wp, ws, bp, bs, rstdp, m, n, g, k, eps, offset, flags):
     """Grouped / gated RMSNorm over m rows of n elements in groups of g (statistics from the first
     k of each); y and rstd (m·n/g) contiguous. fn: FWD_BLOCK's address. ctrl: as kernels.forward."""
-    c_param = K._field(flags, GPARAM)
-    sp, bpp, owner = K._param_rows(
-        n, wp, ws, K._field(flags, GW), K._field(flags, GHAS_W) == 1, bp, bs, K._field(flags, GB),
-        K._field(flags, GHAS_B) == 1, offset, c_param,
-    )  # fmt: skip
+    w_code, has_w, b_code = K._field(flags, GW), K._field(flags, GHAS_W) == 1, K._field(flags, GB)
+    has_b, c_param = K._field(flags, GHAS_B) == 1, K._field(flags, GPARAM)
+    sp, bpp, owner = K._param_rows(n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_param)
     A = np.zeros(_WORDS, np.int64)
     rpb = max(1, 16384 // n)  # ~16 K elements a block, as kernels.forward
     nb = (m + rpb - 1) // rpb
     A[_X], A[_XS], A[_Z], A[_ZS], A[_Y] = xp, xs, zp, zs, yp
     A[_S], A[_B], A[_RSTD], A[_M], A[_N], A[_G], A[_K] = sp, bpp, rstdp, m, n, g, k
-    A[_EPS], A[_FLAGS], A[_RPB] = K._f64_bits(eps), flags, rpb
-    if ctrl == 0:
-        for blk in range(nb):
-            _fwd_block(np.int64(A.ctypes.data), blk)
-    else:
-        K.run_blocks(ctrl, fn, np.int64(A.ctypes.data), nb)
+    A[_EPS], A[_FLAGS], A[_RPB] = f64_bits(eps), flags, rpb
+    rt.run_blocks(ctrl, fn, np.int64(A.ctypes.data), nb, 4 * n)
     owner[:0] = 0.0  # the parameter rows and the argument block live until every block is done
     A[:0] = 0
 
 
-@_entry(*(_i,) * 23, _f, _i)
-def backward(ctrl, fn, dyp, dys, xp, xs, zp, zs, drp, drs, dxp, dzp, wp, ws, bp, bs, rstdp, dwp,
-             dbp, m, n, g, k, offset, flags):  # fmt: skip
+@ENTRIES.entry(*(_i,) * 23, _f, _i)
+def backward(
+    ctrl,
+    fn,
+    dyp,
+    dys,
+    xp,
+    xs,
+    zp,
+    zs,
+    drp,
+    drs,
+    dxp,
+    dzp,
+    wp,
+    ws,
+    bp,
+    bs,
+    rstdp,
+    dwp,
+    dbp,
+    m,
+    n,
+    g,
+    k,
+    offset,
+    flags,
+):
     """dx (x's dtype) and d gate (the gate's) for m rows, contiguous; d weight / d bias ((N,),
     their codes) where needed. fn: BWD_BLOCK's address."""
     has_w, has_b = K._field(flags, GHAS_W) == 1, K._field(flags, GHAS_B) == 1
@@ -802,52 +701,15 @@ def backward(ctrl, fn, dyp, dys, xp, xs, zp, zs, drp, drs, dxp, dzp, wp, ws, bp,
     need_dw, need_db = K._field(flags, GNEED_DW), K._field(flags, GNEED_DB)
     rpb = K._bwd_rows_per_block(m, n)
     nb = (m + rpb - 1) // rpb
-    pw = np.empty(nb * n if need_dw else 0, np.float32)
-    pb = np.empty(nb * n if need_db else 0, np.float32)
+    pw, pb = K._partials(nb, n, need_dw), K._partials(nb, n, need_db)
     A = np.zeros(_WORDS, np.int64)
     A[_X], A[_XS], A[_Z], A[_ZS], A[_DY], A[_DYS] = xp, xs, zp, zs, dyp, dys
     A[_DR], A[_DRS], A[_DX], A[_DZ] = drp, drs, dxp, dzp
     A[_S], A[_SN], A[_BN], A[_RSTD] = sp, snp, bnp, rstdp
     A[_M], A[_N], A[_G], A[_K], A[_FLAGS], A[_RPB] = m, n, g, k, flags, rpb
     A[_PW], A[_PB] = pw.ctypes.data, pb.ctypes.data
-    if ctrl == 0:
-        for blk in range(nb):
-            _bwd_block(np.int64(A.ctypes.data), blk)
-    else:
-        K.run_blocks(ctrl, fn, np.int64(A.ctypes.data), nb)
+    rt.run_blocks(ctrl, fn, np.int64(A.ctypes.data), nb, 9 * n)
     owner[:0] = 0.0
     owner_n[:0] = 0.0
     A[:0] = 0
-    if need_dw or need_db:
-        acc = np.empty(n, np.float64)
-        if need_dw:
-            K._reduce_partials(pw, nb, n, dwp, K._field(flags, GW), acc)
-        if need_db:
-            K._reduce_partials(pb, nb, n, dbp, K._field(flags, GB), acc)
-
-
-def compile_all() -> None:
-    """Load every entry point and callback from the cache, or compile it (and cache it)."""
-    for compiled, argtypes in ENTRIES:
-        if argtypes is None:
-            compiled.compile()
-        else:
-            compiled.compile(argtypes)
-            compiled.disable_compile()
-
-
-def cache_state() -> bool | None:
-    """Whether every entry point is in numba's on-disk cache (None where it cannot be told)."""
-    try:
-        found = []
-        for compiled, argtypes in ENTRIES:
-            if argtypes is None:
-                ctx = compiled._targetdescr.target_context
-                key = compiled._cache._index_key(compiled._sig, ctx.codegen())
-            else:
-                compiled.targetctx.refresh()
-                key = compiled._cache._index_key(argtypes, compiled.targetctx.codegen())
-            found.append(key in compiled._cache._cache_file._load_index())
-        return all(found)
-    except Exception:  # private numba API: only the message depends on it
-        return None
+    K._reduce_grads(pw, pb, nb, n, dwp, K._field(flags, GW), dbp, K._field(flags, GB))

@@ -1,6 +1,6 @@
 """The grouped / gated launchers of the backend contract (:class:`rmsnorm._contract.Backend`) for
 the CPU kernels of :mod:`.gated`: rows and parameters read in place, outputs allocated, the call
-shared between threads as the plain launchers share theirs (:func:`.launchers._shared`).
+shared between threads as the plain launchers share theirs (:func:`.pool.shared`).
 
 float64 rows (input, or a ``"llama"`` product with a float64 weight) and empty tensors go to the
 reference, as in the plain launchers; a float64 gate of a float32 input is read by the kernels
@@ -11,7 +11,6 @@ on-disk cache, or compiles them (saying so once).
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
@@ -19,6 +18,7 @@ from ... import reference as ref
 from . import gated as G
 from . import kernels as K
 from . import launchers as L
+from . import runtime as rt
 
 __all__ = ["gated_rms_norm_fwd", "gated_rms_norm_bwd"]
 
@@ -26,21 +26,8 @@ log = logging.getLogger("rmsnorm")
 _CAST = G._CAST_CODES
 
 
-def _load() -> dict:
-    cached = G.cache_state()
-    if cached is False:
-        where = K.cache_state()[1]
-        log.warning(
-            "rmsnorm: compiling the grouped and gated RMSNorm kernels (once, ~15 s; cached in %s)",
-            where,
-        )
-    t0 = time.perf_counter()
-    G.compile_all()
-    return {"compiled": cached is not True, "seconds": time.perf_counter() - t0}
-
-
-STATUS = _load()
-_forward, _backward = (K.entry_point(d) for d in (G.forward, G.backward))
+STATUS = rt.load("the grouped and gated RMSNorm kernels", G.ENTRIES)
+_forward, _backward = (rt.entry_point(d) for d in (G.forward, G.backward))
 _FWD_BLOCK, _BWD_BLOCK = G.FWD_BLOCK.address, G.BWD_BLOCK.address
 
 _fwd_plans: dict[tuple, tuple] = {}

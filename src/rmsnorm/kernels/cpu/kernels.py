@@ -1,34 +1,21 @@
-"""The CPU kernels (numba): RMSNorm / LayerNorm forward and backward over blocks of rows.
+"""The CPU kernels (numba): the maths of RMSNorm / LayerNorm forward and backward over blocks of
+rows.
 
 Every tensor reaches a kernel as an address, a row stride and a dtype code; bfloat16 / float16
 rows are read as their raw 16-bit patterns and converted here with torch's rounding (round to
 nearest even). Dtypes and options are runtime codes, so each entry point compiles to exactly one
-specialisation. All numba code lives in this one file: numba's on-disk cache does not notice edits
-to other modules that a cached function calls.
+specialisation. The threads that share a call are :mod:`.runtime`'s.
 """
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 from llvmlite import ir
 from numba import carray, types
-from numba import njit as _numba_njit
 from numba.extending import intrinsic
 
-
-def njit(fn=None, **options):
-    """numba's ``njit`` with ``error_model="numpy"`` (every function of this file is compiled so):
-    float division follows IEEE as torch's ops do (x/0 = ±inf, 0/0 = NaN), where numba's default
-    ``"python"`` model raises ZeroDivisionError from inside a kernel (an all-zero row with eps = 0)
-    and branches on every divisor. The integer divisors here (n, k, rows per block) are ≥ 1 by
-    construction (the launchers send empty tensors to the reference), and no float is converted
-    to an integer, so the model's other difference (integer division by zero giving 0) never
-    applies."""
-    options = {"error_model": "numpy", **options}
-    return _numba_njit(**options) if fn is None else _numba_njit(**options)(fn)
-
+from . import runtime as rt
+from .runtime import bits_f64, f64_bits, njit, ptr_f32, ptr_f64, ptr_i64, ptr_u16
 
 # dtype codes (shared with the launchers); F64 only for weights and biases and their gradients
 F32, BF16, F16, F64 = 0, 1, 2, 3
@@ -69,9 +56,7 @@ def pack(**fields: tuple[tuple[int, int], int]) -> int:
     return out
 
 
-_I8P, _I16, _I32, _I64, _F32 = (
-    ir.IntType(8).as_pointer(), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType(),
-)  # fmt: skip
+_I16, _I32, _F32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
 
 
 def _c(v: int) -> ir.Constant:
@@ -162,192 +147,6 @@ def _f32_to_f16(typingctx, f):
 
 
 # ----------------------------------------------------------------------------------------------
-# Addresses, atomics and the spin-wait hint
-# ----------------------------------------------------------------------------------------------
-def _pointer_intrinsic(elem):
-    @intrinsic
-    def ptr(typingctx, addr):
-        """The int64 address as a typed pointer (for ``numba.carray``)."""
-        if addr != types.int64:
-            return None
-        sig = types.CPointer(elem)(types.int64)
-
-        def codegen(context, builder, sig, args):
-            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-
-        return sig, codegen
-
-    return ptr
-
-
-_ptr_f32 = _pointer_intrinsic(types.float32)
-_ptr_f64 = _pointer_intrinsic(types.float64)
-_ptr_u16 = _pointer_intrinsic(types.uint16)
-_ptr_i64 = _pointer_intrinsic(types.int64)
-
-
-@intrinsic
-def _atomic_add(typingctx, addr, val):
-    """Atomically add val to the int64 at addr; returns the old value (sequentially consistent)."""
-    if addr != types.int64 or val != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = builder.inttoptr(args[0], _I64.as_pointer())
-        return builder.atomic_rmw("add", p, args[1], "seq_cst")
-
-    return types.int64(types.int64, types.int64), codegen
-
-
-@intrinsic
-def _atomic_load(typingctx, addr):
-    if addr != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.load_atomic(builder.inttoptr(args[0], _I64.as_pointer()), "seq_cst", 8)
-
-    return types.int64(types.int64), codegen
-
-
-@intrinsic
-def _atomic_store(typingctx, addr, val):
-    if addr != types.int64 or val != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        builder.store_atomic(args[1], builder.inttoptr(args[0], _I64.as_pointer()), "seq_cst", 8)
-        return context.get_dummy_value()
-
-    return types.void(types.int64, types.int64), codegen
-
-
-@intrinsic
-def _syscall4(typingctx, addr, nr, a1, a2, a3, a4):
-    """Call libc's ``long syscall(long nr, ...)`` at addr with four integer arguments (pointers as
-    integers), declared variadic as it is."""
-    if not all(t == types.int64 for t in (addr, nr, a1, a2, a3, a4)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(_I64, [_I64], var_arg=True)
-        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
-
-    return types.int64(*(types.int64,) * 6), codegen
-
-
-@intrinsic
-def _gomp_parallel(typingctx, addr, body, data, threads):
-    """Call ``void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned
-    flags)`` at addr: run body(data) on a team of `threads` (this thread included) and return when
-    every member has."""
-    if not all(t == types.int64 for t in (addr, body, data, threads)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(ir.VoidType(), [_I8P, _I8P, _I32, _I32])
-        fn = builder.inttoptr(args[0], fnty.as_pointer())
-        builder.call(
-            fn,
-            [
-                builder.inttoptr(args[1], _I8P), builder.inttoptr(args[2], _I8P),
-                builder.trunc(args[3], _I32), _c(0),
-            ],
-        )  # fmt: skip
-        return context.get_dummy_value()
-
-    return types.void(*(types.int64,) * 4), codegen
-
-
-_ARCH = platform.machine().lower()
-
-
-@intrinsic
-def _pause(typingctx):
-    """The CPU's spin-wait hint (x86 ``pause``, ARM ``yield``), nothing elsewhere."""
-
-    def codegen(context, builder, sig, args):
-        if _ARCH in ("x86_64", "amd64", "i386", "i686"):
-            fn = builder.module.declare_intrinsic(
-                "llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), [])
-            )
-            builder.call(fn, [])
-        elif _ARCH in ("aarch64", "arm64"):
-            fn = builder.module.declare_intrinsic(
-                "llvm.aarch64.hint", fnty=ir.FunctionType(ir.VoidType(), [_I32])
-            )
-            builder.call(fn, [_c(1)])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
-@intrinsic
-def _call_int(typingctx, addr):
-    """Call ``int f(void)`` at addr (``omp_get_thread_num``) and return its value."""
-    if addr != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(_I32, [])
-        return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), _I64)
-
-    return types.int64(types.int64), codegen
-
-
-@intrinsic
-def _call_int_void(typingctx, addr):
-    """Call ``int f(void)`` at addr (``sched_yield``). The address is a run-time value: code that
-    embeds a library's address cannot be cached."""
-    if addr != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(_I32, [])
-        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [])
-        return context.get_dummy_value()
-
-    return types.void(types.int64), codegen
-
-
-@intrinsic
-def _call_block(typingctx, fn, args, blk):
-    """Call ``void fn(int64 args, int64 block)`` at address fn (a task of kind _CALL)."""
-    if not all(t == types.int64 for t in (fn, args, blk)):
-        return None
-
-    def codegen(context, builder, sig, args_):
-        fnty = ir.FunctionType(ir.VoidType(), [_I64, _I64])
-        builder.call(builder.inttoptr(args_[0], fnty.as_pointer()), list(args_[1:]))
-        return context.get_dummy_value()
-
-    return types.void(types.int64, types.int64, types.int64), codegen
-
-
-@intrinsic
-def _f64_bits(typingctx, v):
-    """The bits of a float64 as an int64 (to carry ε in the int64 task block)."""
-    if v != types.float64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], _I64)
-
-    return types.int64(types.float64), codegen
-
-
-@intrinsic
-def _bits_f64(typingctx, v):
-    if v != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.int64), codegen
-
-
-# ----------------------------------------------------------------------------------------------
 # Row helpers. A row is n elements at an address; `t` arguments are float32 scratch rows private to
 # one thread (they stay in L1/L2: extra passes over them are cheap).
 # ----------------------------------------------------------------------------------------------
@@ -360,8 +159,8 @@ def _esize(code):
 def _load_row(addr, n, code, t):
     """The row as float32: a view of the input for float32, else converted into t."""
     if code == F32:
-        return carray(_ptr_f32(addr), n)
-    src = carray(_ptr_u16(addr), n)
+        return carray(ptr_f32(addr), n)
+    src = carray(ptr_u16(addr), n)
     if code == BF16:
         for j in range(n):
             t[j] = _bf16_to_f32(src[j])
@@ -375,15 +174,15 @@ def _load_row(addr, n, code, t):
 def _add_row(addr, n, code, t):
     """t += the row (float32 sum)."""
     if code == F32:
-        src = carray(_ptr_f32(addr), n)
+        src = carray(ptr_f32(addr), n)
         for j in range(n):
             t[j] = t[j] + src[j]
     elif code == BF16:
-        src16 = carray(_ptr_u16(addr), n)
+        src16 = carray(ptr_u16(addr), n)
         for j in range(n):
             t[j] = t[j] + _bf16_to_f32(src16[j])
     else:
-        src16 = carray(_ptr_u16(addr), n)
+        src16 = carray(ptr_u16(addr), n)
         for j in range(n):
             t[j] = t[j] + _f16_to_f32(src16[j])
 
@@ -412,15 +211,15 @@ def _round(v, code):
 def _store_row(t, addr, n, code):
     """Write the float32 row t to the row at addr, converting to the dtype `code`."""
     if code == F32:
-        dst = carray(_ptr_f32(addr), n)
+        dst = carray(ptr_f32(addr), n)
         for j in range(n):
             dst[j] = t[j]
     elif code == BF16:
-        dst16 = carray(_ptr_u16(addr), n)
+        dst16 = carray(ptr_u16(addr), n)
         for j in range(n):
             dst16[j] = _f32_to_bf16(t[j])
     else:
-        dst16 = carray(_ptr_u16(addr), n)
+        dst16 = carray(ptr_u16(addr), n)
         for j in range(n):
             dst16[j] = _f32_to_f16(t[j])
 
@@ -432,7 +231,7 @@ def _params(dst, n, addr, stride, code, offset, c_round):
     in that dtype."""
     span = (n - 1) * stride + 1
     if code == F32:
-        a32 = carray(_ptr_f32(addr), span)
+        a32 = carray(ptr_f32(addr), span)
         if stride == 1:
             for j in range(n):
                 dst[j] = a32[j]
@@ -440,11 +239,11 @@ def _params(dst, n, addr, stride, code, offset, c_round):
             for j in range(n):
                 dst[j] = a32[j * stride]
     elif code == F64:
-        a64 = carray(_ptr_f64(addr), span)
+        a64 = carray(ptr_f64(addr), span)
         for j in range(n):
             dst[j] = np.float32(a64[j * stride])
     else:
-        a16 = carray(_ptr_u16(addr), span)
+        a16 = carray(ptr_u16(addr), span)
         if stride != 1:
             t16 = np.empty(n, np.uint16)
             for j in range(n):
@@ -525,6 +324,15 @@ def _sum_squares(x, k):
     """Σ_{j<k} x_j² in float64 (float32 squares for a tiny row, see above)."""
     ss = _sum_squares64(x, k)
     return _sum_squares32(x, k) if ss < _TINY else ss
+
+
+@njit
+def _rstd(ss, k, eps, rms_eps):
+    """RMSNorm's r from Σx² of k elements: 1/√(ms + ε), or 1/(√ms + ε) where ε goes on the RMS."""
+    ms = ss / k
+    if rms_eps:
+        return np.float32(1.0 / (np.sqrt(ms) + eps))
+    return np.float32(1.0 / np.sqrt(ms + eps))
 
 
 @njit(fastmath={"reassoc", "contract"})
@@ -691,7 +499,7 @@ def _dx_ln(dy, x, s64, n, mu, a, b, c, out):
 @njit
 def _apply_rounded(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
     if y_code == F32:
-        out = carray(_ptr_f32(yaddr), n)
+        out = carray(ptr_f32(yaddr), n)
         if c_mul == BF16 and has_b:
             for j in range(n):
                 out[j] = _bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j] + b[j]
@@ -707,7 +515,7 @@ def _apply_rounded(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
         else:
             _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n)
     elif y_code == BF16 and c_mul == BF16:
-        out16 = carray(_ptr_u16(yaddr), n)
+        out16 = carray(ptr_u16(yaddr), n)
         if has_b:
             for j in range(n):
                 v = _bf16_to_f32(_f32_to_bf16(_bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j]))
@@ -716,7 +524,7 @@ def _apply_rounded(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
             for j in range(n):
                 out16[j] = _f32_to_bf16(_bf16_to_f32(_f32_to_bf16(xs[j] * rr)) * s[j])
     elif y_code == F16 and c_mul == F16:
-        out16 = carray(_ptr_u16(yaddr), n)
+        out16 = carray(ptr_u16(yaddr), n)
         if has_b:
             for j in range(n):
                 v = _f16_to_f32(_f32_to_f16(_f16_to_f32(_f32_to_f16(xs[j] * rr)) * s[j]))
@@ -739,77 +547,44 @@ def _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
 
 
 # ----------------------------------------------------------------------------------------------
-# The task block: one int64 array per work-sharing pool, read by every thread of a call. The words
-# the threads update are a cache line (8 words) apart.
+# The argument block of a call (int64 words), filled by the entry points and read by every block
 # ----------------------------------------------------------------------------------------------
-_GEN, _ARRIVED, _DONE, _ACTIVE = 0, 8, 16, 24  # generation (odd while written), arrivals, done
-_SLEEPERS = 32  # helpers asleep in futex_wait on the generation word
-HELPED = 36  # blocks the helpers have run, in all (for tests and measurements)
-HELPER_SPINS = 37  # a helper's pause-loop iterations between a task and sleep (set by the pool)
-# What `ctrl` points to: a pool's task block (MODE = POOL), or an OpenMP launch (MODE = OPENMP:
-# GOMP_parallel's address, the team body's address, the team size); the call then fills a private
-# task block and runs it on an OpenMP team (torch's own threads).
-MODE, GOMP, BODY, TEAM = 38, 39, 33, 34
-TID = 35  # omp_get_thread_num's address (0 where not found: team members take ranges as they come)
-POOL, OPENMP = 0, 1
-# set once by the pool: sched_yield's and syscall's addresses, the futex number, a stop flag, and
-# the helpers' futex timeout as a struct timespec (seconds, nanoseconds)
-YIELD, SYSCALL, SYS_FUTEX, STOP, TIMESPEC = 40, 41, 42, 43, 44  # (44, 45: the timespec)
-WANT = 46  # helpers allowed to join the next task (written by the launcher before the call)
-_KIND, _NB, _RPB = 48, 49, 50  # task kind, blocks, rows a block
-_M, _N, _K, _FLAGS = 51, 52, 53, 54  # the call's sizes and flags (both kinds)
-# forward: input, residual, h and y rows (address, row stride), the float32 scale / bias rows
-_X, _XS, _R, _RS, _H, _Y, _S, _B, _MEAN, _RSTD, _EPS = 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65
-# backward: dy, dresidual, dx; the scale; the statistics; the float32 partial rows of dw and db
-_DY, _DYS, _DR, _DRS, _DX, _PW, _PB = 66, 67, 68, 69, 70, 71, 72
-_PARTS = 73  # the contiguous ranges the blocks are split into (one per thread of the call)
-# a task of kind _CALL: the address of a compiled ``void fn(int64 args, int64 block)`` that runs
-# one block, and its argument block (kernels of other modules share calls this way: run_blocks)
-_FN, _ARGS = 74, 75
-# Range t's claim counter is word _CNT + 8·t (a cache line each), t < MAX_PARTS.
-_CNT, MAX_PARTS = 80, 64
-WORDS = _CNT + 8 * MAX_PARTS
-_FORWARD, _BACKWARD, _CALL = 0, 1, 2
-SPINS = 2000  # pause-loop iterations before a waiting thread starts yielding its core (~20-60 µs)
-_FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE
+_M, _N, _K, _FLAGS, _RPB = 0, 1, 2, 3, 4  # the call's sizes, flags and rows a block
+# forward: input, residual, h and y rows (address, row stride), the float32 scale / bias rows,
+# the statistics' outputs and ε's bits
+_X, _XS, _R, _RS, _H, _Y, _S, _B, _MEAN, _RSTD, _EPS = range(5, 16)
+# backward (x, the scale and the statistics as above): dy, dresidual, dx, and the float32 partial
+# rows of d weight and d bias
+_DY, _DYS, _DR, _DRS, _DX, _PW, _PB = range(16, 23)
+_WORDS = 24
 
 
 @njit
-def _addr(c, i):
-    """Address of word i of the task block c."""
-    return np.int64(c.ctypes.data) + 8 * i
-
-
-@njit
-def _backoff(c, spins):
-    """One step of a wait: spin on the CPU's pause hint, then yield the core between checks (a
-    helper that was preempted mid-block finishes sooner when the waiter gives its core away)."""
-    if spins >= SPINS and c[YIELD] != 0:
-        _call_int_void(c[YIELD])
-    else:
-        _pause()
-    return spins + 1
+def _row(base, n, i):
+    """Scratch row i of n float32s at base, a view without an owner: such arrays are passed between
+    functions without reference counting (atomic increments: ~15 ns a row measured)."""
+    return carray(ptr_f32(base + 4 * i * n), n)
 
 
 # ----------------------------------------------------------------------------------------------
 # Forward: RMSNorm (optionally with the residual add) and LayerNorm, rows [lo, hi)
 # ----------------------------------------------------------------------------------------------
 @njit
-def _fwd_rows(c, lo, hi, tx, ty):
-    m, n, k, flags = c[_M], c[_N], c[_K], c[_FLAGS]
+def _fwd_rows(A, lo, hi, tx, ty):
+    m, n, k, flags = A[_M], A[_N], A[_K], A[_FLAGS]
     x_code, r_code, y_code = _field(flags, FX), _field(flags, FR), _field(flags, FY)
     has_res, norm, eps_mode = _field(flags, FHAS_RES), _field(flags, FNORM), _field(flags, FEPS)
     c_pre, c_r = _field(flags, FC_PRE), _field(flags, FC_R)
     c_mul, c_out = _field(flags, FC_MUL), _field(flags, FC_OUT)
     has_b = _field(flags, FHAS_B) == 1
-    eps = _bits_f64(c[_EPS])
-    s = carray(_ptr_f32(c[_S]), n)
-    b = carray(_ptr_f32(c[_B]), n)  # not read without a bias
-    mean = carray(_ptr_f32(c[_MEAN]), m)  # LayerNorm only
-    rstd = carray(_ptr_f32(c[_RSTD]), m)
-    xb, xs = c[_X], c[_XS] * _esize(x_code)
-    rb, rs = c[_R], c[_RS] * _esize(r_code)
-    hb, yb = c[_H], c[_Y]
+    eps = bits_f64(A[_EPS])
+    s = carray(ptr_f32(A[_S]), n)
+    b = carray(ptr_f32(A[_B]), n)  # not read without a bias
+    mean = carray(ptr_f32(A[_MEAN]), m)  # LayerNorm only
+    rstd = carray(ptr_f32(A[_RSTD]), m)
+    xb, xs = A[_X], A[_XS] * _esize(x_code)
+    rb, rs = A[_R], A[_RS] * _esize(r_code)
+    hb, yb = A[_H], A[_Y]
     fused = c_pre == F32 and c_r == F32 and c_mul == F32 and c_out == F32
     for i in range(lo, hi):
         if has_res:
@@ -823,7 +598,7 @@ def _fwd_rows(c, lo, hi, tx, ty):
             _store_row(xs_, hb + i * n * _esize(r_code), n, r_code)
         elif x_code == BF16:  # convert and reduce in the pass that reads the row
             xs_ = tx[:n]
-            xrow = carray(_ptr_u16(xb + i * xs), n)
+            xrow = carray(ptr_u16(xb + i * xs), n)
             if norm == RMS_NORM:
                 ss = _load_bf16_sum_squares(xrow, xs_, n, k)
                 if ss < _TINY:
@@ -844,19 +619,15 @@ def _fwd_rows(c, lo, hi, tx, ty):
         else:
             if has_res or x_code != BF16:
                 ss = _sum_squares(xs_, k)
-            ms = ss / k
-            if eps_mode == MEAN_SQUARE:
-                r = np.float32(1.0 / np.sqrt(ms + eps))
-            else:
-                r = np.float32(1.0 / (np.sqrt(ms) + eps))
+            r = _rstd(ss, k, eps, eps_mode == RMS)
         rstd[i] = r
 
         yaddr = yb + i * n * _esize(y_code)
         if fused:  # statistics and products in float32, one conversion at the store
             if y_code == F32:
-                _normalize(xs_, mu, r, s, b, has_b, norm, carray(_ptr_f32(yaddr), n))
+                _normalize(xs_, mu, r, s, b, has_b, norm, carray(ptr_f32(yaddr), n))
             elif y_code == BF16:
-                _normalize_bf16(xs_, mu, r, s, b, has_b, norm, carray(_ptr_u16(yaddr), n))
+                _normalize_bf16(xs_, mu, r, s, b, has_b, norm, carray(ptr_u16(yaddr), n))
             else:
                 _normalize(xs_, mu, r, s, b, has_b, norm, ty[:n])
                 _store_row(ty, yaddr, n, y_code)
@@ -887,26 +658,26 @@ def _fwd_rows(c, lo, hi, tx, ty):
 # Backward: dx for every row, d weight / d bias as per-block partial rows summed in a fixed order
 # ----------------------------------------------------------------------------------------------
 @njit
-def _bwd_block(c, blk, tx, tdy, tdx):
-    m, n, k, flags = c[_M], c[_N], c[_K], c[_FLAGS]
+def _bwd_block(A, blk, tx, tdy, tdx):
+    m, n, k, flags = A[_M], A[_N], A[_K], A[_FLAGS]
     dy_code, x_code, dr_code = _field(flags, BDY), _field(flags, BX), _field(flags, BDR)
     has_dr, norm, eps_mode = _field(flags, BHAS_DR), _field(flags, BNORM), _field(flags, BEPS)
     c_xhat = _field(flags, BC_XHAT)
     need_dw, need_db = _field(flags, BNEED_DW) == 1, _field(flags, BNEED_DB) == 1
-    s64 = carray(_ptr_f64(c[_S]), n)
-    mean = carray(_ptr_f32(c[_MEAN]), m)  # LayerNorm only
-    rstd = carray(_ptr_f32(c[_RSTD]), m)
-    pw = carray(_ptr_f32(c[_PW] + 4 * blk * n), n)  # this block's partial rows (when needed)
-    pb = carray(_ptr_f32(c[_PB] + 4 * blk * n), n)
+    s64 = carray(ptr_f64(A[_S]), n)
+    mean = carray(ptr_f32(A[_MEAN]), m)  # LayerNorm only
+    rstd = carray(ptr_f32(A[_RSTD]), m)
+    pw = carray(ptr_f32(A[_PW] + 4 * blk * n), n)  # this block's partial rows (when needed)
+    pb = carray(ptr_f32(A[_PB] + 4 * blk * n), n)
     if need_dw:
         pw[:] = 0.0
     if need_db:
         pb[:] = 0.0
-    xb, xs = c[_X], c[_XS] * _esize(x_code)
-    dyb, dys_ = c[_DY], c[_DYS] * _esize(dy_code)
-    drb, drs = c[_DR], c[_DRS] * _esize(dr_code)
-    dxb = c[_DX]
-    rpb = c[_RPB]
+    xb, xs = A[_X], A[_XS] * _esize(x_code)
+    dyb, dys_ = A[_DY], A[_DYS] * _esize(dy_code)
+    drb, drs = A[_DR], A[_DRS] * _esize(dr_code)
+    dxb = A[_DX]
+    rpb = A[_RPB]
     direct = x_code == F32 and not has_dr  # dx goes straight to the output row
     for i in range(blk * rpb, min(m, (blk + 1) * rpb)):
         xs_ = _load_row(xb + i * xs, n, x_code, tx)
@@ -933,7 +704,7 @@ def _bwd_block(c, blk, tx, tdy, tdx):
                 root = np.sqrt(_sum_squares(xs_, k) / k)
                 f = sx / (k * root) if root > 0.0 else 0.0
             a, b, cc = rd, rd * f, 0.0  # (cc unused)
-        out = carray(_ptr_f32(dxb + i * n * 4), n) if direct else tdx[:n]
+        out = carray(ptr_f32(dxb + i * n * 4), n) if direct else tdx[:n]
         if norm == LAYER_NORM:
             _dx_ln(dys, xs_, s64, n, mu, a, b, cc, out)
         else:
@@ -971,6 +742,25 @@ def _bwd_block(c, blk, tx, tdy, tdx):
 
 
 @njit
+def _partials(nb, n, need):
+    """A block's float32 partial row of d weight or d bias for each of nb blocks (none if not
+    needed)."""
+    return np.empty(nb * n if need else 0, np.float32)
+
+
+@njit
+def _reduce_grads(pw, pb, nb, n, dwp, dw_code, dbp, db_code):
+    """d weight and d bias, where their partial rows were kept (pw, pb not empty)."""
+    if pw.shape[0] == 0 and pb.shape[0] == 0:
+        return
+    acc = np.empty(n, np.float64)
+    if pw.shape[0] != 0:
+        _reduce_partials(pw, nb, n, dwp, dw_code, acc)
+    if pb.shape[0] != 0:
+        _reduce_partials(pb, nb, n, dbp, db_code, acc)
+
+
+@njit
 def _reduce_partials(p, nb, n, addr, code, acc):
     """Σ over the nb partial rows of p (float32, block order, in float64) into the (N,) output at
     addr in the dtype `code` (float64 → float32 → half, as torch's ``.to`` converts)."""
@@ -981,7 +771,7 @@ def _reduce_partials(p, nb, n, addr, code, acc):
         for j in range(n):
             acc[j] += np.float64(row[j])
     if code == F64:
-        out64 = carray(_ptr_f64(addr), n)
+        out64 = carray(ptr_f64(addr), n)
         for j in range(n):
             out64[j] = acc[j]
     else:
@@ -992,207 +782,58 @@ def _reduce_partials(p, nb, n, addr, code, acc):
 
 
 # ----------------------------------------------------------------------------------------------
-# Work sharing. A call's blocks of rows are split into `parts` contiguous ranges, one per thread
-# of the call, each with its own claim counter. Thread t of the call (the caller is 0; an OpenMP
-# team member's number, a pool helper's index + 1) runs range t's blocks in order, streaming
-# through memory as thread t of torch's own parallel_for does — and the same rows in a forward
-# and in the backward that follows, which finds them in its core's cache where they fit — then it
-# takes the blocks still left in the other ranges, one at a time. So no thread waits for another
-# to start: the blocks of a thread that arrives late (or never: a helper the scheduler does not
-# run) are run by the others, and the caller only waits for blocks already claimed. Blocks depend
-# on the sizes alone, never on the threads, so neither the number of threads nor which thread ran
-# which block changes a result.
-# ----------------------------------------------------------------------------------------------
-@njit
-def _set_ranges(c, nb, parts):
-    """Split the nb blocks into `parts` contiguous ranges (their claim counters at their starts)."""
-    c[_PARTS] = parts
-    for t in range(parts):
-        c[_CNT + 8 * t] = t * nb // parts
-
-
-@njit
-def _left(c, nb, parts):
-    """Whether some range still has a block nobody has claimed."""
-    for t in range(parts):
-        if _atomic_load(_addr(c, _CNT + 8 * t)) < (t + 1) * nb // parts:
-            return True
-    return False
-
-
-@njit
-def _claim(c, me):
-    """Join the published task as thread `me` (< 0: the next free range, in order of arrival):
-    run the blocks of range `me`, then those left in the others' (see above); returns how many
-    blocks it ran."""
-    nb, n, parts = c[_NB], c[_N], c[_PARTS]
-    if me < 0:
-        me = _atomic_add(_addr(c, _ARRIVED), 1)
-    me = me % parts
-    if not _left(c, nb, parts):
-        return 0
-    # Scratch rows as plain views of one allocation: arrays without an owner are passed between
-    # functions without reference counting (atomic increments: ~15 ns a row measured).
-    scratch = np.empty(3 * n, np.float32)
-    base = np.int64(scratch.ctypes.data)
-    tx = carray(_ptr_f32(base), n)
-    ty = carray(_ptr_f32(base + 4 * n), n)
-    tz = carray(_ptr_f32(base + 8 * n), n)
-    kind, rpb, m = c[_KIND], c[_RPB], c[_M]
-    ran = 0
-    for step in range(parts):
-        t = (me + step) % parts
-        hi = (t + 1) * nb // parts
-        counter = _addr(c, _CNT + 8 * t)
-        while _atomic_load(counter) < hi:
-            blk = _atomic_add(counter, 1)
-            if blk >= hi:
-                break
-            ran += 1
-            if kind == _FORWARD:
-                _fwd_rows(c, blk * rpb, min(m, (blk + 1) * rpb), tx, ty)
-            elif kind == _BACKWARD:
-                _bwd_block(c, blk, tx, ty, tz)
-            else:
-                _call_block(c[_FN], c[_ARGS], blk)
-            _atomic_add(_addr(c, _DONE), 1)
-    scratch[:0] = 0.0  # the scratch rows live until here
-    return ran
-
-
-@njit
-def _publish_begin(c):
-    """Mark the task block as being written and wait until no helper is inside the last task (a
-    helper registers in ACTIVE, then checks the generation: one of the two sides sees the other)."""
-    gen = _atomic_load(_addr(c, _GEN))
-    _atomic_store(_addr(c, _GEN), gen + 1)
-    spins = 0
-    while _atomic_load(_addr(c, _ACTIVE)) != 0:
-        spins = _backoff(c, spins)
-    return gen + 2
-
-
-@njit
-def _run_published(c, gen, nb):
-    """Publish generation gen (the task words are written), run blocks, wait for the blocks others
-    claimed."""
-    _atomic_store(_addr(c, _ARRIVED), 0)
-    _atomic_store(_addr(c, _DONE), 0)
-    _atomic_store(_addr(c, _GEN), gen)
-    # A helper counts itself in SLEEPERS before its last look at GEN: one of the two sides sees
-    # the other, so no wake-up is lost and none is made while every helper is awake.
-    if _atomic_load(_addr(c, _SLEEPERS)) > 0:
-        _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAKE, 1 << 30, 0)
-    _claim(c, 0)
-    spins = 0
-    while _atomic_load(_addr(c, _DONE)) < nb:
-        spins = _backoff(c, spins)
-
-
-@njit
-def _task_block(ctrl):
-    """The pool's task block at address ctrl, or a private one (this thread alone, ctrl = 0, or an
-    OpenMP team)."""
-    if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
-        return carray(_ptr_i64(ctrl), WORDS)
-    c = np.empty(WORDS, np.int64)  # (every word a private task reads is written first)
-    c[_ARRIVED] = 0
-    c[_DONE] = 0
-    return c
-
-
-@njit
-def _run(ctrl, c, gen, nb):
-    """Run the task written in c: alone, with the pool's helpers (c is the pool's block, gen its
-    generation) or on an OpenMP team (ctrl points to the launch words)."""
-    if ctrl == 0:
-        _set_ranges(c, nb, 1)
-        _claim(c, 0)
-        return
-    launch = carray(_ptr_i64(ctrl), WORDS)
-    if launch[MODE] == POOL:
-        _set_ranges(c, nb, min(1 + c[WANT], nb, MAX_PARTS))
-        _run_published(c, gen, nb)
-        return
-    team = min(launch[TEAM], nb, MAX_PARTS)  # no more threads than blocks
-    _set_ranges(c, nb, team)
-    c[TID] = launch[TID]
-    if team < 2:
-        _claim(c, 0)
-    else:
-        _gomp_parallel(launch[GOMP], launch[BODY], np.int64(c.ctypes.data), team)
-
-
-@njit
-def _begin(ctrl, c):
-    """The generation to publish in the pool's block (after waiting out the last task's helpers);
-    0 where the task block is private."""
-    if ctrl != 0 and carray(_ptr_i64(ctrl), WORDS)[MODE] == POOL:
-        return _publish_begin(c)
-    return 0
-
-
-@njit
-def run_blocks(ctrl, fn, args, nb):
-    """Run blocks 0 … nb − 1 of a task of another module as this module's own tasks run: alone
-    (ctrl = 0), with the pool's helpers or on an OpenMP team (ctrl as the launchers give it).
-    fn is the address of a compiled ``void fn(int64 args, int64 block)`` that runs one block (a
-    numba ``cfunc``, which keeps its own scratch), args the address of its argument block. Blocks
-    must depend on the sizes alone, as this module's do, so that results do not depend on the
-    threads."""
-    c = _task_block(ctrl)
-    gen = _begin(ctrl, c)
-    c[_KIND], c[_NB], c[_RPB] = _CALL, nb, 1
-    c[_M], c[_N], c[_K], c[_FLAGS] = nb, 1, 1, 0  # (one-element scratch rows: unused)
-    c[_FN], c[_ARGS] = fn, args
-    _run(ctrl, c, gen, nb)
-
-
-# ----------------------------------------------------------------------------------------------
 # Entry points: compiled with one signature each, loaded from numba's on-disk cache where possible
 # ----------------------------------------------------------------------------------------------
-CACHED = True  # False where no cache directory is writable: the entry points compile in-process
-ENTRIES: list = []  # (dispatcher, argument types)
-
-
-def _entry(*argtypes):
-    def wrap(fn):
-        global CACHED
-        try:
-            disp = njit(nogil=True, cache=True)(fn)
-        except RuntimeError:  # numba found no writable cache directory ("no locator available")
-            CACHED = False
-            disp = njit(nogil=True)(fn)
-        ENTRIES.append((disp, argtypes))
-        return disp
-
-    return wrap
-
-
+ENTRIES = rt.Entries(__file__)
 _i, _f = types.int64, types.float64
+# The block functions that the threads of a shared call run (runtime.run_blocks), in the task
+# blocks' slots where the entry points find them
+_FWD_SLOT, _BWD_SLOT = 0, 1
 
 
-@_entry(*(_i,) * 16, _f, _f, _i)
+def _fwd_task(args, blk, scratch):
+    A = carray(ptr_i64(args), _WORDS)
+    n, rpb = A[_N], A[_RPB]
+    _fwd_rows(A, blk * rpb, min(A[_M], (blk + 1) * rpb), _row(scratch, n, 0), _row(scratch, n, 1))
+
+
+def _bwd_task(args, blk, scratch):
+    A = carray(ptr_i64(args), _WORDS)
+    n = A[_N]
+    _bwd_block(A, blk, _row(scratch, n, 0), _row(scratch, n, 1), _row(scratch, n, 2))
+
+
+FWD_BLOCK = rt.register_block(_FWD_SLOT, ENTRIES.block(_fwd_task))
+BWD_BLOCK = rt.register_block(_BWD_SLOT, ENTRIES.block(_bwd_task))
+
+
+@ENTRIES.entry(*(_i,) * 16, _f, _f, _i)
 def forward(
     ctrl, xp, xs, rp, rs, hp, yp, wp, ws, bp, bs, meanp, rstdp, m, n, k, eps, offset, flags
 ):
     """RMSNorm (with the residual add where has_res) or LayerNorm over m rows of n elements; y, h,
-    mean and rstd are contiguous outputs. ctrl: a pool's task block, or 0 to run alone."""
-    sp, bp_, owner = _param_rows(
-        n, wp, ws, _field(flags, FW), _field(flags, FHAS_W) == 1, bp, bs, _field(flags, FB),
-        _field(flags, FHAS_B) == 1, offset, _field(flags, FC_PARAM),
-    )  # fmt: skip
+    mean and rstd are contiguous outputs. ctrl: a pool's task block or an OpenMP launch
+    (:mod:`.pool`), or 0 to run alone."""
+    w_code, has_w, b_code = _field(flags, FW), _field(flags, FHAS_W) == 1, _field(flags, FB)
+    has_b, c_param = _field(flags, FHAS_B) == 1, _field(flags, FC_PARAM)
+    sp, bp_, owner = _param_rows(n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_param)
     rpb = max(1, 16384 // n)  # ~16 K elements a block
-    nb = (m + rpb - 1) // rpb
-    c = _task_block(ctrl)
-    gen = _begin(ctrl, c)
-    c[_KIND], c[_NB], c[_RPB] = _FORWARD, nb, rpb
-    c[_M], c[_N], c[_K], c[_FLAGS] = m, n, k, flags
-    c[_X], c[_XS], c[_R], c[_RS], c[_H], c[_Y] = xp, xs, rp, rs, hp, yp
-    c[_S], c[_B], c[_MEAN], c[_RSTD], c[_EPS] = sp, bp_, meanp, rstdp, _f64_bits(eps)
-    _run(ctrl, c, gen, nb)
+    A = np.empty(_WORDS, np.int64)
+    A[_M], A[_N], A[_K], A[_FLAGS], A[_RPB] = m, n, k, flags, rpb
+    A[_X], A[_XS], A[_R], A[_RS], A[_H], A[_Y] = xp, xs, rp, rs, hp, yp
+    A[_S], A[_B], A[_MEAN], A[_RSTD], A[_EPS] = sp, bp_, meanp, rstdp, f64_bits(eps)
+    if ctrl == 0:  # alone: every row in one pass (rows are independent: the same results)
+        scratch = np.empty(2 * n, np.float32)
+        base = np.int64(scratch.ctypes.data)
+        _fwd_rows(A, 0, m, _row(base, n, 0), _row(base, n, 1))
+        scratch[:0] = 0.0
+    else:
+        nb = (m + rpb - 1) // rpb
+        args = np.int64(A.ctypes.data)
+        rt.run_blocks(ctrl, rt.block_fn(ctrl, _FWD_SLOT), args, nb, 2 * n)
     # numba frees an array after its last use: this keeps the rows until every block is done
     owner[:0] = 0.0
+    A[:0] = 0
 
 
 @njit
@@ -1205,156 +846,38 @@ def _bwd_rows_per_block(m, n):
     return max(16, (16384 + n - 1) // n, (m + 63) // 64)
 
 
-@_entry(*(_i,) * 17, _f, _i)
-def backward(ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, dbp, m, n, k,
-             offset, flags):  # fmt: skip
+@ENTRIES.entry(*(_i,) * 17, _f, _i)
+def backward(
+    ctrl, dyp, dys, xp, xs, drp, drs, dxp, wp, ws, meanp, rstdp, dwp, dbp, m, n, k, offset, flags
+):
     """dx (contiguous, x's dtype) for m rows; dw / db (contiguous (N,), their codes) where needed.
     x is the normalized input (h for add_rms_norm); dresidual, where given, is added to dx."""
     sp, _, owner = _param_rows(
         n, wp, ws, _field(flags, BW), _field(flags, BHAS_W) == 1, 0, 0, F32, False, offset, F32
     )
-    s32 = carray(_ptr_f32(sp), n)
+    s32 = carray(ptr_f32(sp), n)
     s64 = np.empty(n, np.float64)  # the scale in float64: every element's g = dy·s is exact
     for j in range(n):
         s64[j] = s32[j]
     need_dw, need_db = _field(flags, BNEED_DW), _field(flags, BNEED_DB)
     rpb = _bwd_rows_per_block(m, n)
     nb = (m + rpb - 1) // rpb
-    pw = np.empty(nb * n if need_dw else 0, np.float32)
-    pb = np.empty(nb * n if need_db else 0, np.float32)
-    c = _task_block(ctrl)
-    gen = _begin(ctrl, c)
-    c[_KIND], c[_NB], c[_RPB] = _BACKWARD, nb, rpb
-    c[_M], c[_N], c[_K], c[_FLAGS] = m, n, k, flags
-    c[_DY], c[_DYS], c[_X], c[_XS], c[_DR], c[_DRS], c[_DX] = dyp, dys, xp, xs, drp, drs, dxp
-    c[_S], c[_MEAN], c[_RSTD], c[_PW], c[_PB] = (
-        s64.ctypes.data,
-        meanp,
-        rstdp,
-        pw.ctypes.data,
-        pb.ctypes.data,
-    )
-    _run(ctrl, c, gen, nb)
+    pw, pb = _partials(nb, n, need_dw), _partials(nb, n, need_db)
+    A = np.empty(_WORDS, np.int64)
+    A[_M], A[_N], A[_K], A[_FLAGS], A[_RPB] = m, n, k, flags, rpb
+    A[_DY], A[_DYS], A[_X], A[_XS], A[_DR], A[_DRS], A[_DX] = dyp, dys, xp, xs, drp, drs, dxp
+    A[_S], A[_MEAN], A[_RSTD] = s64.ctypes.data, meanp, rstdp
+    A[_PW], A[_PB] = pw.ctypes.data, pb.ctypes.data
+    if ctrl == 0:  # alone: the same blocks, in order, with one scratch
+        scratch = np.empty(3 * n, np.float32)
+        base = np.int64(scratch.ctypes.data)
+        for blk in range(nb):
+            _bwd_block(A, blk, _row(base, n, 0), _row(base, n, 1), _row(base, n, 2))
+        scratch[:0] = 0.0
+    else:
+        args = np.int64(A.ctypes.data)
+        rt.run_blocks(ctrl, rt.block_fn(ctrl, _BWD_SLOT), args, nb, 3 * n)
+    A[:0] = 0
     owner[:0] = 0.0
     s64[:0] = 0.0  # keep the scale rows until every block is done
-    if need_dw or need_db:
-        acc = np.empty(n, np.float64)
-        if need_dw:
-            _reduce_partials(pw, nb, n, dwp, _field(flags, BDW), acc)
-        if need_db:
-            _reduce_partials(pb, nb, n, dbp, _field(flags, BDB), acc)
-
-
-@njit
-def _next_task(c, last, forever):
-    """Wait for a task newer than generation `last`; its generation, or `last` if none came (after
-    a short spin when not `forever`; when the pool stops, always)."""
-    spins = 0
-    while True:
-        gen = _atomic_load(_addr(c, _GEN))
-        if gen != last and not gen & 1:
-            return gen
-        if _atomic_load(_addr(c, STOP)) != 0:
-            return last
-        if spins < c[HELPER_SPINS]:
-            _pause()
-            spins += 1
-        elif not forever:
-            return last
-        else:  # sleep until the generation word changes (or the timeout: STOP is re-read)
-            _atomic_add(_addr(c, _SLEEPERS), 1)
-            if _atomic_load(_addr(c, _GEN)) == gen:
-                _syscall4(c[SYSCALL], c[SYS_FUTEX], _addr(c, _GEN), _FUTEX_WAIT,
-                          gen & 0xFFFFFFFF, _addr(c, TIMESPEC))  # fmt: skip
-            _atomic_add(_addr(c, _SLEEPERS), -1)  # (a timeout goes back to sleep at once)
-
-
-@_entry(_i, _i, _i, _i)
-def serve(ctrl, index, last, forever):
-    """A pool helper's work: help with each published task (claim its blocks) while `index` is
-    below the task's WANT. With `forever`, loop until STOP, sleeping in futex_wait between tasks
-    (Linux); else return after one task (or a short wait for one). Returns the last generation."""
-    c = carray(_ptr_i64(ctrl), WORDS)
-    while True:
-        gen = _next_task(c, last, forever)
-        if gen == last:
-            return last
-        last = gen
-        _atomic_add(_addr(c, _ACTIVE), 1)
-        if _atomic_load(_addr(c, _GEN)) == gen and index < c[WANT]:
-            _atomic_add(_addr(c, HELPED), _claim(c, index + 1))
-        _atomic_add(_addr(c, _ACTIVE), -1)
-        if not forever:
-            return last
-
-
-def _team_member(data):
-    """What every member of an OpenMP team runs: claim blocks of the task block at data, from the
-    range of its thread number."""
-    c = carray(data, (WORDS,), np.int64)
-    _claim(c, _call_int(c[TID]) if c[TID] != 0 else -1)
-
-
-def _make_team_body():
-    global CACHED
-    try:  # numba's C-callback class, built here so that compile_all compiles it with the rest
-        from numba.core.ccallback import CFunc
-
-        body = CFunc(
-            _team_member,
-            ((types.voidptr,), types.void),
-            locals={},
-            options={"error_model": "numpy"},
-        )
-    except (ImportError, TypeError):  # another numba: calls are shared with the helper pool
-        return None
-    try:
-        body.enable_caching()
-    except RuntimeError:  # no writable cache directory
-        CACHED = False
-    return body
-
-
-# The team body: a C callback that GOMP_parallel runs on every member of a team.
-TEAM_BODY = _make_team_body()
-
-
-def cache_state() -> tuple[bool | None, str | None]:
-    """(whether every entry point is in numba's on-disk cache, the cache directory); (False, None)
-    where nothing can be cached, (None, None) where this numba does not let it be told."""
-    if not CACHED:
-        return False, None
-    try:
-        found = []
-        for disp, argtypes in ENTRIES:
-            disp.targetctx.refresh()
-            key = disp._cache._index_key(argtypes, disp.targetctx.codegen())
-            found.append(key in disp._cache._cache_file._load_index())
-        if TEAM_BODY is not None:
-            ctx = TEAM_BODY._targetdescr.target_context
-            key = TEAM_BODY._cache._index_key(TEAM_BODY._sig, ctx.codegen())
-            found.append(key in TEAM_BODY._cache._cache_file._load_index())
-        return all(found), ENTRIES[0][0]._cache.cache_path
-    except Exception:  # private numba API: only the message depends on it
-        return None, None
-
-
-def entry_point(disp):
-    """The compiled function behind an entry point's one signature. Calling it skips the
-    dispatcher's type resolution (~0.2 µs a call); the arguments must then have exactly the
-    signature's types (Python ints and floats), which the launchers guarantee."""
-    try:
-        (cres,) = disp.overloads.values()
-        return cres.entry_point
-    except (AttributeError, ValueError):  # another numba: the dispatcher itself
-        return disp
-
-
-def compile_all() -> None:
-    """Load every entry point from the cache, or compile it (and cache it where possible); then
-    refuse further compilation, so that an argument of a wrong type fails instead of compiling."""
-    for disp, argtypes in ENTRIES:
-        disp.compile(argtypes)
-        disp.disable_compile()
-    if TEAM_BODY is not None:
-        TEAM_BODY.compile()
+    _reduce_grads(pw, pb, nb, n, dwp, _field(flags, BDW), dbp, _field(flags, BDB))
