@@ -86,8 +86,13 @@ def pairwise(factors: dict[str, tuple], valid: Callable[[dict], bool] = lambda c
     for i, f in enumerate(names[2:], 2):
         prev = names[:i]
         # the missing pairs (earlier factor, its value's index, index of f's value)
-        todo = {(p, ip, iv) for p in prev for ip, vp in enumerate(factors[p])
-                for iv, v in enumerate(factors[f]) if valid({p: vp, f: v})}  # fmt: skip
+        todo = {
+            (p, ip, iv)
+            for p in prev
+            for ip, vp in enumerate(factors[p])
+            for iv, v in enumerate(factors[f])
+            if valid({p: vp, f: v})
+        }
 
         def covered(case, iv, prev=prev):
             return {(p, factors[p].index(case[p]), iv) for p in prev if p in case}

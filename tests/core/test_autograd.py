@@ -18,19 +18,32 @@ N = 8
 # (name, our function of (x, w, b), the same computed by torch's op or the spec in torch ops).
 # Pairwise over the options that change the derivative: eps_mode, partial, offset, bias, casting.
 CASES = [
-    ("rms", lambda x, w, b: rmsnorm.rms_norm(x, N, w, 1e-5),
-     lambda x, w, b: F.rms_norm(x, (N,), w, 1e-5)),
-    ("rms_eps_rms_partial_bias", lambda x, w, b: rmsnorm.rms_norm(
-        x, N, w, 1e-5, eps_mode="rms", partial=0.5, bias=b),
-     lambda x, w, b: ref.rms_norm(x, w, 1e-5, eps_mode="rms", partial=0.5, bias=b)),
-    ("rms_offset_llama", lambda x, w, b: rmsnorm.rms_norm(
-        x, N, w, 1e-5, offset=1.0, casting_mode="llama"),
-     lambda x, w, b: ref.rms_norm(x, w, 1e-5, offset=1.0, casting_mode="llama")),
-    ("add_rms", lambda x, w, b: _sum_both(rmsnorm.add_rms_norm(x, x.cos(), N, w, bias=b)),
-     lambda x, w, b: _sum_both(ref.add_rms_norm(x, x.cos(), w, None, bias=b))),
-    ("layer", lambda x, w, b: rmsnorm.layer_norm(x, N, w, b),
-     lambda x, w, b: F.layer_norm(x, (N,), w, b)),
-]  # fmt: skip
+    (
+        "rms",
+        lambda x, w, b: rmsnorm.rms_norm(x, N, w, 1e-5),
+        lambda x, w, b: F.rms_norm(x, (N,), w, 1e-5),
+    ),
+    (
+        "rms_eps_rms_partial_bias",
+        lambda x, w, b: rmsnorm.rms_norm(x, N, w, 1e-5, eps_mode="rms", partial=0.5, bias=b),
+        lambda x, w, b: ref.rms_norm(x, w, 1e-5, eps_mode="rms", partial=0.5, bias=b),
+    ),
+    (
+        "rms_offset_llama",
+        lambda x, w, b: rmsnorm.rms_norm(x, N, w, 1e-5, offset=1.0, casting_mode="llama"),
+        lambda x, w, b: ref.rms_norm(x, w, 1e-5, offset=1.0, casting_mode="llama"),
+    ),
+    (
+        "add_rms",
+        lambda x, w, b: _sum_both(rmsnorm.add_rms_norm(x, x.cos(), N, w, bias=b)),
+        lambda x, w, b: _sum_both(ref.add_rms_norm(x, x.cos(), w, None, bias=b)),
+    ),
+    (
+        "layer",
+        lambda x, w, b: rmsnorm.layer_norm(x, N, w, b),
+        lambda x, w, b: F.layer_norm(x, (N,), w, b),
+    ),
+]
 IDS = [c[0] for c in CASES]
 
 
@@ -68,9 +81,11 @@ def test_double_backward_equals_torch_or_the_spec(backend, case):
         xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
         gx, gw = torch.autograd.grad(fn(xs, ws, bs).sin().sum(), (xs, ws), create_graph=True)
         return torch.autograd.grad(
-            gx.square().sum() + gw.square().sum(), (xs, ws, bs), allow_unused=True,
+            gx.square().sum() + gw.square().sum(),
+            (xs, ws, bs),
+            allow_unused=True,
             materialize_grads=True,
-        )  # fmt: skip
+        )
 
     with rmsnorm.use_backend(backend):
         got = second_order(ours)

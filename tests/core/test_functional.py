@@ -356,8 +356,9 @@ def _call_gated(x, z, w):
 
 
 def _spec_gated(x, z, w):
-    y, _ = ref.gated_rms_norm_fwd(x, z, w, None, 1e-6, "mean_square", "llama", 0.0, 4, 4, True,
-                                  "silu")  # fmt: skip
+    y, _ = ref.gated_rms_norm_fwd(
+        x, z, w, None, 1e-6, "mean_square", "llama", 0.0, 4, 4, True, "silu"
+    )
     return y
 
 

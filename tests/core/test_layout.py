@@ -269,9 +269,11 @@ def _layouts(shape):
         base = torch.randn([shape[p] for p in perm])
         dense = base.permute([perm.index(d) for d in range(n)])
         out.append(dense)
-        out.append(torch.randn([shape[p] * 2 if i == n - 1 else shape[p]
-                                for i, p in enumerate(perm)])[..., ::2]
-                   .permute([perm.index(d) for d in range(n)]))  # fmt: skip
+        out.append(
+            torch.randn([shape[p] * 2 if i == n - 1 else shape[p] for i, p in enumerate(perm)])[
+                ..., ::2
+            ].permute([perm.index(d) for d in range(n)])
+        )
     out.append(torch.randn(()).expand(shape))
     out.append(torch.randn(shape[-1]).expand(shape))
     out.append(torch.randn(shape[:1] + (1,) * (n - 1)).expand(shape))

@@ -70,9 +70,14 @@ def neox(**overrides) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPTNeoXConfig(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=32, **overrides,
-    )  # fmt: skip
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        **overrides,
+    )
     return _perturb(transformers.GPTNeoXForCausalLM(cfg))
 
 
@@ -266,9 +271,12 @@ def test_converting_hf_models_never_imports_the_lab():
 def test_refuses_unknown_hf_architecture():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
         num_attention_heads=4,
-    )  # fmt: skip
+    )
     with pytest.raises(ConversionError, match="model_type='llama'"):
         layernorm_to_rmsnorm(transformers.LlamaForCausalLM(cfg))
 
@@ -495,9 +503,11 @@ def test_unreadable_files_are_named(tmp_path):
         (b"\xff\xfe\x00garbage", "cannot be read as JSON"),
         (b"[1, 2]", "expected a JSON object"),
         (b'{"format": "rmsnorm-lab-transformer"}', "not a valid rmsnorm-lab-transformer config"),
-        (b'{"format": "rmsnorm-lab-transformer", "transformer_config": {"n_layerz": 1}}',
-         "not a valid rmsnorm-lab-transformer config"),
-    ):  # fmt: skip
+        (
+            b'{"format": "rmsnorm-lab-transformer", "transformer_config": {"n_layerz": 1}}',
+            "not a valid rmsnorm-lab-transformer config",
+        ),
+    ):
         (d / "config.json").write_bytes(content)
         with pytest.raises(ValueError, match=message) as info:
             load_model(d)

@@ -354,8 +354,10 @@ def _run_functional(fn, tensors, cot, placements):
             for t, p in zip(tensors, placements, strict=True)
         ]
     outs = fn(*inputs)
-    loss = sum((o * (cot if placements is None else distribute_tensor(cot, mesh, o.placements)))
-               .sum() for o in outs)  # fmt: skip
+    loss = sum(
+        (o * (cot if placements is None else distribute_tensor(cot, mesh, o.placements))).sum()
+        for o in outs
+    )
     loss.backward()
     return outs, [t.grad for t in inputs]
 
@@ -441,8 +443,7 @@ def _rms_call(options, shape):
         return (rmsnorm.rms_norm(x, shape, w, 1e-6, bias=b if with_bias else None, **options),)
 
     def add(x, r, w, b):
-        return rmsnorm.add_rms_norm(x, r, shape, w, 1e-6, bias=b if with_bias else None,
-                                    **options)  # fmt: skip
+        return rmsnorm.add_rms_norm(x, r, shape, w, 1e-6, bias=b if with_bias else None, **options)
 
     return rms, add
 
@@ -474,13 +475,16 @@ def _distributed_run(
     from torch.distributed.tensor.debug import CommDebugMode
 
     mesh = _mesh()
-    inputs = [distribute_tensor(t, mesh, [p]) for t, p in zip(tensors[:2], placements[:2],
-                                                                strict=True)]  # fmt: skip
+    inputs = [
+        distribute_tensor(t, mesh, [p]) for t, p in zip(tensors[:2], placements[:2], strict=True)
+    ]
     if params_plain:
         inputs += [t.clone() for t in tensors[2:]]
     else:
-        inputs += [distribute_tensor(t, mesh, [p]) for t, p in zip(tensors[2:], placements[2:],
-                                                                     strict=True)]  # fmt: skip
+        inputs += [
+            distribute_tensor(t, mesh, [p])
+            for t, p in zip(tensors[2:], placements[2:], strict=True)
+        ]
     for t in inputs:
         t.requires_grad_(True)
     # (torch.compile refuses to run under a dispatch mode such as CommDebugMode)
@@ -563,8 +567,9 @@ def check_dtensor_normalized_dim_low_precision(rank: int) -> None:
         for i, (gr, e, gr_want) in enumerate(zip(grads, eager_grads, want_grads, strict=True)):
             if gr is not None:
                 rows = 24 if i >= 2 else 1
-                assert_close_to_reference(gr.full_tensor(), gr_want, e, name=f"{name} grad {i}",
-                                          rows=rows)  # fmt: skip
+                assert_close_to_reference(
+                    gr.full_tensor(), gr_want, e, name=f"{name} grad {i}", rows=rows
+                )
     # float32 rows near float32's largest value, whose statistics (and x − μ) overflow float32:
     # finite, as the spec's rescaled rows are.
     big = torch.randn(3, 48, generator=g, dtype=torch.float64)
@@ -625,16 +630,25 @@ def check_dtensor_normalized_dim_double_backward(rank: int) -> None:
     w = 1 + 0.3 * torch.randn(5, generator=g, dtype=torch.float64)
     b = 0.1 * torch.randn(5, generator=g, dtype=torch.float64)
     cases = _sharded_cases((5,))
-    names = ("rms_norm eps_rms_offset_bias", "rms_norm partial_spanning_shards", "rms_norm llama",
-             "rms_norm none", "add_rms_norm default", "layer_norm")  # fmt: skip
+    names = (
+        "rms_norm eps_rms_offset_bias",
+        "rms_norm partial_spanning_shards",
+        "rms_norm llama",
+        "rms_norm none",
+        "add_rms_norm default",
+        "layer_norm",
+    )
     for name in names:
         fn = cases[name]
         _, want_grads, inputs = _whole_run(fn, (x, res, w, b), cot, create_graph=True)
         want = torch.autograd.grad(want_grads[0].sin().sum(), inputs[0])[0]
         _, grads, inputs, _, _ = _distributed_run(
-            fn, (x, res, w, b), cot, (Shard(2), Shard(2), Replicate(), Replicate()),
+            fn,
+            (x, res, w, b),
+            cot,
+            (Shard(2), Shard(2), Replicate(), Replicate()),
             create_graph=True,
-        )  # fmt: skip
+        )
         got = torch.autograd.grad(grads[0].sin().sum(), inputs[0])[0]
         _close(grads[0].full_tensor(), want_grads[0], f"{name}, first order")
         _close(got.full_tensor(), want, f"{name}, second order")
@@ -650,8 +664,10 @@ def check_dtensor_normalized_dim_2d_mesh(rank: int) -> None:
     g = torch.Generator().manual_seed(10)
     x, cot = (torch.randn(4, 3, 6, generator=g) for _ in range(2))
     w = 1 + 0.3 * torch.randn(6, generator=g)
-    for name, fn in (("rms_norm", lambda x, w: rmsnorm.rms_norm(x, 6, w, partial=0.5)),
-                     ("layer_norm", lambda x, w: rmsnorm.layer_norm(x, 6, w))):  # fmt: skip
+    for name, fn in (
+        ("rms_norm", lambda x, w: rmsnorm.rms_norm(x, 6, w, partial=0.5)),
+        ("layer_norm", lambda x, w: rmsnorm.layer_norm(x, 6, w)),
+    ):
         xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
         (fn(xr, wr) * cot).sum().backward()
         xd = distribute_tensor(x, mesh, [Shard(2), Shard(0)]).requires_grad_()
@@ -682,9 +698,13 @@ def check_dtensor_normalized_dim_compile(rank: int) -> None:
             torch._dynamo.reset()
             f = torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
             outs, grads, _, _, _ = _distributed_run(
-                f, (x, res, w, b), cot, (Shard(2), Shard(2), Replicate(), Replicate()),
-                params_plain=plain, count=False,
-            )  # fmt: skip
+                f,
+                (x, res, w, b),
+                cot,
+                (Shard(2), Shard(2), Replicate(), Replicate()),
+                params_plain=plain,
+                count=False,
+            )
             runs.append([*outs, *(gr for gr in grads if gr is not None)])
         for i, (got, want) in enumerate(zip(*runs, strict=True)):
             assert type(got) is type(want), (name, i)
@@ -718,8 +738,10 @@ def check_dtensor_partial_and_sharded_parameters(rank: int) -> None:
     mesh = _mesh()
     share = (rank + 1) / (WORLD * (WORLD + 1) / 2)  # the ranks' shares add up to 1
     for name, fn in _functional_cases((6,)).items():
-        got = fn(*(DTensor.from_local(t * share, mesh, [Partial()]) for t in (x, res)),
-                 *(DTensor.from_local(t, mesh, [Replicate()]) for t in (w, b)))  # fmt: skip
+        got = fn(
+            *(DTensor.from_local(t * share, mesh, [Partial()]) for t in (x, res)),
+            *(DTensor.from_local(t, mesh, [Replicate()]) for t in (w, b)),
+        )
         want = fn(x, res, w, b)
         for o, o_want in zip(got, want, strict=True):
             assert not any(isinstance(q, Partial) for q in o.placements), (name, o.placements)
@@ -740,13 +762,24 @@ def _gated_cases(shape, group_size):
     return {
         "norm, then gate": call(),
         "gate, then norm, llama": call(norm_before_gate=False, casting_mode="llama"),
-        "sigmoid, rms, bias": lambda x, z, w, b: (rmsnorm.gated_rms_norm(
-            x, z, shape, w, 1e-6, group_size=group_size, activation="sigmoid", eps_mode="rms",
-            bias=b),),
+        "sigmoid, rms, bias": lambda x, z, w, b: (
+            rmsnorm.gated_rms_norm(
+                x,
+                z,
+                shape,
+                w,
+                1e-6,
+                group_size=group_size,
+                activation="sigmoid",
+                eps_mode="rms",
+                bias=b,
+            ),
+        ),
         "none, partial": call(casting_mode="none", partial=0.5, norm_before_gate=False),
         "grouped, no gate": lambda x, z, w, b: (
-            rmsnorm.rms_norm(x, shape, w, 1e-6, group_size=group_size),),
-    }  # fmt: skip
+            rmsnorm.rms_norm(x, shape, w, 1e-6, group_size=group_size),
+        ),
+    }
 
 
 def _check_gated(x, z, w, b, cot, shape, group_size, p, collectives):
@@ -793,14 +826,14 @@ def check_dtensor_gated_groups_sharded(rank: int) -> None:
     _check_gated(x, z, w, b.double(), cot, 24, 12, Shard(2), {})  # one group a rank
     _check_gated(x, z, w, b.double(), cot, 24, 4, Shard(2), {})  # three groups a rank
     heads = [t.reshape(3, 5, 4, 6) for t in (x, z, cot)]  # 4 heads of 6: 2 a rank
-    _check_gated(*heads[:2], w.reshape(4, 6), b.double().reshape(4, 6), heads[2], (4, 6), 6,
-                 Shard(2), {})  # fmt: skip
+    _check_gated(
+        *heads[:2], w.reshape(4, 6), b.double().reshape(4, 6), heads[2], (4, 6), 6, Shard(2), {}
+    )
     mesh = _mesh()
     xd = distribute_tensor(x, mesh, [Shard(2)])
     zd = distribute_tensor(z, mesh, [Shard(2)])
     try:
-        rmsnorm.gated_rms_norm(xd, zd, 24, distribute_tensor(w, mesh, [Replicate()]),
-                               group_size=8)  # fmt: skip
+        rmsnorm.gated_rms_norm(xd, zd, 24, distribute_tensor(w, mesh, [Replicate()]), group_size=8)
     except ValueError as exc:
         assert "group_size=8" in str(exc) and "whole groups" in str(exc), str(exc)
     else:
@@ -821,9 +854,12 @@ def check_dtensor_gated_one_group_sharded(rank: int) -> None:
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)  # two processes on two cores
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
         timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+    )
     results = {}
     try:
         for name in CHECKS:
@@ -850,9 +886,12 @@ def results(tmp_path_factory) -> list[dict]:
     """Launch the two processes once for all checks (each launch pays two torch imports)."""
     out = tmp_path_factory.mktemp("dist")
     ctx = mp.start_processes(
-        _worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=False,
+        _worker,
+        args=(WORLD, _free_port(), str(out)),
+        nprocs=WORLD,
+        join=False,
         start_method="spawn",
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not ctx.join(timeout=1.0):
@@ -879,8 +918,12 @@ def test_all_reduce_norm_grads_needs_a_process_group():
 def test_norm_parameters_finds_every_norm():
     model = make_model()
     model.extra = nn.RMSNorm(DIM)
-    expected = [p for m in model.modules() if "norm" in type(m).__name__.lower() for p in
-                m.parameters(recurse=False)]  # fmt: skip
+    expected = [
+        p
+        for m in model.modules()
+        if "norm" in type(m).__name__.lower()
+        for p in m.parameters(recurse=False)
+    ]
     assert {id(p) for p in norm_parameters(model)} == {id(p) for p in expected}
     assert len(norm_parameters(model)) == 2 * 2 + 2 + 1
 

@@ -80,10 +80,15 @@ def _generate(model: nn.Module, ids: torch.Tensor, forced: torch.Tensor | None =
             return [int(forced[batch, sequence.shape[0]])]
 
     out = model.generate(
-        ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-        output_logits=True, return_dict_in_generate=True, prefix_allowed_tokens_fn=allowed,
+        ids,
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        prefix_allowed_tokens_fn=allowed,
         pad_token_id=0,
-    )  # fmt: skip
+    )
     return out.sequences, torch.stack(out.logits, 1)
 
 

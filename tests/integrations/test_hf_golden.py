@@ -268,9 +268,13 @@ def summary(lines: list[str]) -> dict:
         origins[origin] = origins.get(origin, 0) + 1
     gated = sum("Gated" in name.rsplit(".", 1)[-1] for name, _ in patched)
     return dict(
-        patched=len(patched), refused=len(refused), total=len(rows), kinds=kinds,
-        origins=origins, gated=gated,
-    )  # fmt: skip
+        patched=len(patched),
+        refused=len(refused),
+        total=len(rows),
+        kinds=kinds,
+        origins=origins,
+        gated=gated,
+    )
 
 
 def _text(path: Path) -> str:

@@ -268,8 +268,9 @@ def test_concurrent_calls_from_python_threads():
     def run(x, dy, w):
         n = x.shape[1]
         y, rstd = cpu.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
-        g = cpu.rms_norm_bwd(dy, x, w, None, rstd, None, 1e-6, "mean_square", "gemma", 0.0, n,
-                             x.dtype, True)  # fmt: skip
+        g = cpu.rms_norm_bwd(
+            dy, x, w, None, rstd, None, 1e-6, "mean_square", "gemma", 0.0, n, x.dtype, True
+        )
         yl, mean, rl = cpu.layer_norm_fwd(x, w, w, 1e-5)
         gl = cpu.layer_norm_bwd(dy, x, w, w, mean, rl, True)
         return [y, rstd, *g, yl, mean, rl, *gl]
@@ -496,9 +497,10 @@ def test_without_a_writable_cache_the_kernels_compile_in_process(tmp_path):
 
     pkg = tmp_path / "site"
     shutil.copytree(
-        os.path.dirname(rmsnorm.__file__), pkg / "rmsnorm",
+        os.path.dirname(rmsnorm.__file__),
+        pkg / "rmsnorm",
         ignore=shutil.ignore_patterns("__pycache__"),
-    )  # fmt: skip
+    )
     (pkg / "rmsnorm" / "kernels" / "cpu" / "__pycache__").write_text("not a directory")
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -511,8 +513,9 @@ def test_without_a_writable_cache_the_kernels_compile_in_process(tmp_path):
     }
     res = _run(
         _COMPILE_CHECK + "assert rmsnorm.__file__.startswith(" + repr(str(pkg)) + ")\n",
-        timeout=600, env=env,
-    )  # fmt: skip
+        timeout=600,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert "'compiled': True" in res.stdout and "'cached_in': None" in res.stdout, res.stdout
     lines = [line for line in res.stderr.splitlines() if "rmsnorm:" in line]

@@ -141,8 +141,9 @@ def test_torch_returns_zeros_where_the_spec_rescales():
     y_torch = torch.nn.functional.rms_norm(x, (N,), eps=EPS)
     y, _ = R.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, N)
     assert not y_torch[1:].any() and y[1:].abs().min() > 0.4
-    assert torch.equal(y[0], R.rms_norm_fwd(x[:1], None, None, EPS, "mean_square", "gemma",
-                                            0.0, N)[0][0])  # fmt: skip
+    assert torch.equal(
+        y[0], R.rms_norm_fwd(x[:1], None, None, EPS, "mean_square", "gemma", 0.0, N)[0][0]
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

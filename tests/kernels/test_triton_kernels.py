@@ -203,8 +203,18 @@ def test_gated_gradcheck_float64():
     for order in (True, False):
 
         def fn(x, z, w, b, order=order):
-            return rmsnorm.gated_rms_norm(x, z, n, w, 1e-3, group_size=4, norm_before_gate=order,
-                                          bias=b, partial=0.75, eps_mode="rms")  # fmt: skip
+            return rmsnorm.gated_rms_norm(
+                x,
+                z,
+                n,
+                w,
+                1e-3,
+                group_size=4,
+                norm_before_gate=order,
+                bias=b,
+                partial=0.75,
+                eps_mode="rms",
+            )
 
         assert torch.autograd.gradcheck(fn, (x, z, w, b), fast_mode=True)
 
@@ -287,11 +297,18 @@ def test_gpu_gated_config_table(kind, dtype):
 # The FLAGS bits (pure Python and source checks: a misnumbered bit fails here, not in results)
 # ----------------------------------------------------------------------------------------------
 _FLAG_OPTIONS = {
-    "LOOP": {"loop": True}, "PREFETCH": {"prefetch": True}, "PHASE": {"phase": 3},
-    "RES": {"res": True}, "W": {"w": True}, "B": {"b": True}, "DW": {"dw": True},
-    "DB": {"db": True}, "RMS_EPS": {"rms_eps": True}, "PARTIAL": {"partial": True},
+    "LOOP": {"loop": True},
+    "PREFETCH": {"prefetch": True},
+    "PHASE": {"phase": 3},
+    "RES": {"res": True},
+    "W": {"w": True},
+    "B": {"b": True},
+    "DW": {"dw": True},
+    "DB": {"db": True},
+    "RMS_EPS": {"rms_eps": True},
+    "PARTIAL": {"partial": True},
     "CAST": {"cast": 3},
-}  # fmt: skip
+}
 
 
 def test_flag_fields_are_disjoint_and_each_option_sets_its_own():
@@ -453,12 +470,14 @@ def test_gpu_more_than_2_31_elements():
     _close(y[-3:], y_x, y_e, "y tail")
     del y
     dy = torch.randn_like(x)
-    dx, _, _ = T.rms_norm_bwd(dy, x, None, None, rstd, None, EPS, "mean_square", "gemma", 0.0,
-                              n, x.dtype, True)  # fmt: skip
+    dx, _, _ = T.rms_norm_bwd(
+        dy, x, None, None, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True
+    )
     args = (None, None, rstd[-3:], None, EPS, "mean_square", "gemma", 0.0, n)
     dx_e, _, _ = R.rms_norm_bwd(dy[-3:], tail, *args, x.dtype, True)
-    dx_x, _, _ = R.rms_norm_bwd(_d(dy[-3:]), _d(tail), None, None, _d(rstd[-3:]), None,
-                                *args[4:], torch.float64, True)  # fmt: skip
+    dx_x, _, _ = R.rms_norm_bwd(
+        _d(dy[-3:]), _d(tail), None, None, _d(rstd[-3:]), None, *args[4:], torch.float64, True
+    )
     _close(dx[-3:], dx_x, dx_e, "dx tail")
 
 
@@ -473,13 +492,17 @@ def test_gpu_opcheck():
     dy = _rand(8, 64, dtype=torch.float32)
     samples = [
         (torch.ops.rmsnorm.rms_norm_fwd, (x, 1, w, b, EPS, "rms", "llama", 1.0, 40)),
-        (torch.ops.rmsnorm.add_rms_norm_fwd, (x, res, 1, w, None, EPS, "mean_square", "gemma",
-                                              0.0, 64)),
-        (torch.ops.rmsnorm.rms_norm_bwd, (dy, x, 1, w, b, rstd, None, EPS, "rms", "llama", 1.0,
-                                          40, torch.bfloat16, True)),
+        (
+            torch.ops.rmsnorm.add_rms_norm_fwd,
+            (x, res, 1, w, None, EPS, "mean_square", "gemma", 0.0, 64),
+        ),
+        (
+            torch.ops.rmsnorm.rms_norm_bwd,
+            (dy, x, 1, w, b, rstd, None, EPS, "rms", "llama", 1.0, 40, torch.bfloat16, True),
+        ),
         (torch.ops.rmsnorm.layer_norm_fwd, (x, 1, w, b, EPS)),
         (torch.ops.rmsnorm.layer_norm_bwd, (dy.bfloat16(), x, 1, w, b, mean, lrstd, True)),
-    ]  # fmt: skip
+    ]
     for op, args in samples:
         torch.library.opcheck(op, args)
 
@@ -536,8 +559,9 @@ def _split_norms(x, w, dy):
     """Forward and backward (dx, d weight) of RMSNorm and LayerNorm on split-layout shapes."""
     n = x.shape[1]
     y, rstd = T.rms_norm_fwd(x, w, None, EPS, "mean_square", "gemma", 0.0, n)
-    g = T.rms_norm_bwd(dy, x, w, None, rstd, None, EPS, "mean_square", "gemma", 0.0, n,
-                       x.dtype, True)  # fmt: skip
+    g = T.rms_norm_bwd(
+        dy, x, w, None, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True
+    )
     yl, mean, lr = T.layer_norm_fwd(x, w, None, EPS)
     gl = T.layer_norm_bwd(dy, x, w, None, mean, lr, True)
     return (y, rstd, *g[:2], yl, mean, lr, *gl[:2])

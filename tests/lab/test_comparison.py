@@ -162,8 +162,11 @@ def test_results_hold_every_run_and_timing(comparison_run):
     assert results["config"]["lrs"] == [3e-3, 1e-2]
     for seed_runs in results["runs"].values():
         assert [(r["lr"], r["seed"]) for r in seed_runs] == [
-            (3e-3, 0), (3e-3, 1), (1e-2, 0), (1e-2, 1)
-        ]  # fmt: skip
+            (3e-3, 0),
+            (3e-3, 1),
+            (1e-2, 0),
+            (1e-2, 1),
+        ]
         for r in seed_runs:
             if r["diverged_at"] is not None:
                 continue
@@ -326,8 +329,13 @@ def test_power_and_minimal_detectable_effect():
 
 
 def _run(seed, lr, select, report, diverged=None):
-    return {"seed": seed, "lr": lr, "val_loss_select": [select], "val_loss": [report],
-            "diverged_at": diverged}  # fmt: skip
+    return {
+        "seed": seed,
+        "lr": lr,
+        "val_loss_select": [select],
+        "val_loss": [report],
+        "diverged_at": diverged,
+    }
 
 
 def test_rate_choice_leaves_the_reported_seed_out():
@@ -383,13 +391,23 @@ def _fake_results(finals: dict[str, dict[float, list[float | None]]]) -> dict:
     runs = {}
     for v, by_lr in finals.items():
         runs[v] = [
-            {"seed": i, "lr": lr, "val_steps": [10], "val_loss": [f], "val_loss_select": [f],
-             "diverged_at": None if f is not None else 3, "train_loss": [5.0] * 10,
-             "grad_norm": [1.0] * 10, "step_time_s": [0.1] * 10, "tokens_per_step": 64,
-             "parameters": 10, "norm_parameters": 1}
+            {
+                "seed": i,
+                "lr": lr,
+                "val_steps": [10],
+                "val_loss": [f],
+                "val_loss_select": [f],
+                "diverged_at": None if f is not None else 3,
+                "train_loss": [5.0] * 10,
+                "grad_norm": [1.0] * 10,
+                "step_time_s": [0.1] * 10,
+                "tokens_per_step": 64,
+                "parameters": 10,
+                "norm_parameters": 1,
+            }
             for lr, values in by_lr.items()
             for i, f in enumerate(values)
-        ]  # fmt: skip
+        ]
     cases = {v: {"per_call_s": [1e-3]} for v in finals if v != "none"}
     return {
         "config": {
@@ -407,14 +425,18 @@ def test_summary_verdicts_come_from_the_paired_interval():
     finals = {
         "layernorm": {1e-3: [x + 0.3 for x in ln], 3e-3: ln},
         # +0.02 ± 0.002 at LayerNorm's rate: detected; its own best rate is the same
-        "rmsnorm": {1e-3: [x + 0.3 for x in ln], 3e-3: [x + 0.02 + 0.002 * (i % 2)
-                                                        for i, x in enumerate(ln)]},
+        "rmsnorm": {
+            1e-3: [x + 0.3 for x in ln],
+            3e-3: [x + 0.02 + 0.002 * (i % 2) for i, x in enumerate(ln)],
+        },
         # differences of both signs, large spread: within a bound, not detected
-        "prmsnorm": {1e-3: [x + 0.5 for x in ln], 3e-3: [x + (0.05 if i % 2 else -0.04)
-                                                         for i, x in enumerate(ln)]},
+        "prmsnorm": {
+            1e-3: [x + 0.5 for x in ln],
+            3e-3: [x + (0.05 if i % 2 else -0.04) for i, x in enumerate(ln)],
+        },
         # diverged at LayerNorm's rate; fine at its own (lower) rate
         "none": {1e-3: [x + 0.01 for x in ln], 3e-3: [None] * 8},
-    }  # fmt: skip
+    }
     summ = summarize(_fake_results(finals))
     assert summ["shared_rates"] == {str(i): "0.003" for i in range(8)}
     v = summ["variants"]
@@ -444,10 +466,24 @@ def test_files_and_summary(comparison_run):
     for name in ("loss_curves.png", "lr_sweep.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "summary.md").read_text()
-    for text in ("LayerNorm", "RMSNorm", "pRMSNorm", "no norm", "nats/byte", "commit",
-                 "## Answer", "95% CI", "Wilcoxon", "MDE", "## Stability",
-                 "## Has the validation loss flattened?", "## Every rate", "leave one seed out",
-                 "k = 2 of 32", "not the paper's regime"):  # fmt: skip
+    for text in (
+        "LayerNorm",
+        "RMSNorm",
+        "pRMSNorm",
+        "no norm",
+        "nats/byte",
+        "commit",
+        "## Answer",
+        "95% CI",
+        "Wilcoxon",
+        "MDE",
+        "## Stability",
+        "## Has the validation loss flattened?",
+        "## Every rate",
+        "leave one seed out",
+        "k = 2 of 32",
+        "not the paper's regime",
+    ):
         assert text in md, text
     assert "within the seed spread" not in md  # the unpaired rule is gone
     # both torch norms beside ours in the norm-only table, timed by the shared loop

@@ -50,8 +50,9 @@ def test_default_is_centered_and_planted_mean_is_detected():
     base = simulate(SimulationConfig(**TINY))
     planted = simulate(SimulationConfig(**TINY, planted_mean=0.1))
     # the offset moves every token's mean by exactly the planted constant at the embedding
-    torch.testing.assert_close(planted.init.mean[0] - base.init.mean[0],
-                               torch.full((64,), 0.1, dtype=torch.float64))  # fmt: skip
+    torch.testing.assert_close(
+        planted.init.mean[0] - base.init.mean[0], torch.full((64,), 0.1, dtype=torch.float64)
+    )
     base_ratio = base.init.ratio.median()
     planted_ratio = planted.init.ratio.median()
     assert base_ratio < 0.5 < 2.0 < planted_ratio
@@ -211,8 +212,11 @@ def test_token_test_uses_three_standard_errors_of_independent_tokens():
     tol = 3 * iid_reference(256).median_relative_error(1024)
     assert tol == pytest.approx(0.11, abs=0.005)
     assert token_test_verdicts([1.0, 1 + 0.9 * tol, 1 + 1.1 * tol, 1 - 1.1 * tol], 256, 1024) == [
-        "as centered", "as centered", "less centered", "more centered"
-    ]  # fmt: skip
+        "as centered",
+        "as centered",
+        "less centered",
+        "more centered",
+    ]
 
 
 def test_paired_spread_test_is_pitman_morgan():

@@ -194,8 +194,11 @@ def study():
 
 def test_both_kinds_train_from_the_same_weights(study):
     assert [(r.norm, r.seed) for r in study.runs] == [
-        ("layernorm", 0), ("rmsnorm", 0), ("layernorm", 1), ("rmsnorm", 1)
-    ]  # fmt: skip
+        ("layernorm", 0),
+        ("rmsnorm", 0),
+        ("layernorm", 1),
+        ("rmsnorm", 1),
+    ]
     for r in study.runs:
         assert r.steps == 4 and len(r.train_loss) == 4 and r.val_loss["trained"] > 0
     # same seed: the same initial weights, so the same stream at the embedding at init
@@ -249,8 +252,13 @@ def test_train_study_config_checks():
 def test_the_exact_swap_is_exact_and_the_naive_one_is_not(study):
     tokens, targets = study.eval_tokens, study.eval_targets
     costs = swap_costs(study.of("layernorm")[0].model, tokens, targets)
-    assert costs["norms"] == ["blocks.0.norm1", "blocks.0.norm2", "blocks.1.norm1",
-                              "blocks.1.norm2", "norm_f"]  # fmt: skip
+    assert costs["norms"] == [
+        "blocks.0.norm1",
+        "blocks.0.norm2",
+        "blocks.1.norm1",
+        "blocks.1.norm2",
+        "norm_f",
+    ]
     for cost in [costs["exact"]["all"], *costs["exact"]["one"].values()]:
         assert cost["max_abs_logit_diff"] < 1e-12 and abs(cost["delta_loss"]) < 1e-12
         assert cost["kl_mean"] < 1e-14
