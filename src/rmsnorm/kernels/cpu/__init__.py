@@ -16,20 +16,12 @@ import time
 import warnings
 from types import ModuleType
 
-__all__ = [
-    "available",
-    "warmup",
-    "rms_norm_fwd",
-    "add_rms_norm_fwd",
-    "rms_norm_bwd",
-    "layer_norm_fwd",
-    "layer_norm_bwd",
-    "gated_rms_norm_fwd",
-    "gated_rms_norm_bwd",
-]
+from ..._contract import LAUNCHERS
 
-_NAMES = ("rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd")
-_GATED_NAMES = ("gated_rms_norm_fwd", "gated_rms_norm_bwd")
+__all__ = ["available", "warmup", *LAUNCHERS]
+
+_NAMES = LAUNCHERS[:5]  # in launchers.py
+_GATED_NAMES = LAUNCHERS[5:]  # in gated_launchers.py
 _available: bool | None = None
 _impl: ModuleType | None = None
 _gated: ModuleType | None = None
@@ -106,127 +98,11 @@ def warmup() -> dict:
     return status
 
 
-def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
-    return _load_launchers().rms_norm_fwd(
-        x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats
-    )
-
-
-def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
-    return _load_launchers().add_rms_norm_fwd(
-        x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats
-    )
-
-
-def rms_norm_bwd(
-    dy,
-    x,
-    weight,
-    bias,
-    rstd,
-    dresidual,
-    eps,
-    eps_mode,
-    casting_mode,
-    offset,
-    k,
-    input_dtype,
-    need_weight_grad=True,
-):
-    return _load_launchers().rms_norm_bwd(
-        dy,
-        x,
-        weight,
-        bias,
-        rstd,
-        dresidual,
-        eps,
-        eps_mode,
-        casting_mode,
-        offset,
-        k,
-        input_dtype,
-        need_weight_grad,
-    )
-
-
-def layer_norm_fwd(x, weight, bias, eps, stats=True):
-    return _load_launchers().layer_norm_fwd(x, weight, bias, eps, stats)
-
-
-def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
-    return _load_launchers().layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad)
-
-
-def gated_rms_norm_fwd(
-    x,
-    gate,
-    weight,
-    bias,
-    eps,
-    eps_mode,
-    casting_mode,
-    offset,
-    k,
-    group_size,
-    norm_before_gate,
-    activation,
-    stats=True,
-    input_dtype=None,
-):
-    return _load_gated().gated_rms_norm_fwd(
-        x,
-        gate,
-        weight,
-        bias,
-        eps,
-        eps_mode,
-        casting_mode,
-        offset,
-        k,
-        group_size,
-        norm_before_gate,
-        activation,
-        stats,
-        input_dtype,
-    )
-
-
-def gated_rms_norm_bwd(
-    dy,
-    x,
-    gate,
-    weight,
-    bias,
-    rstd,
-    dresidual,
-    eps,
-    eps_mode,
-    casting_mode,
-    offset,
-    k,
-    group_size,
-    norm_before_gate,
-    activation,
-    input_dtype,
-    need_weight_grad=True,
-):
-    return _load_gated().gated_rms_norm_bwd(
-        dy,
-        x,
-        gate,
-        weight,
-        bias,
-        rstd,
-        dresidual,
-        eps,
-        eps_mode,
-        casting_mode,
-        offset,
-        k,
-        group_size,
-        norm_before_gate,
-        activation,
-        input_dtype,
-        need_weight_grad,
-    )
+def __getattr__(name: str):
+    # The launchers are looked up here only until their first use loads them: the loaders then
+    # bind them as this module's own attributes, so later calls go straight to them.
+    if name in _NAMES:
+        return getattr(_load_launchers(), name)
+    if name in _GATED_NAMES:
+        return getattr(_load_gated(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._contract import LAUNCHERS
 from ...reference import ACTIVATIONS, compute_dtype, gated_output_dtype, output_dtype
 
 # Triton 3.3 passes the kernels' dtype-annotated scalars (eps, offset: tl.float64) as float32,
@@ -42,17 +43,7 @@ from ._gated import gated_rms_norm_bwd_kernel, gated_rms_norm_fwd_kernel  # noqa
 from ._layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel  # noqa: E402
 from ._rms import rms_norm_bwd_kernel, rms_norm_fwd_kernel  # noqa: E402
 
-__all__ = [
-    "rms_norm_fwd",
-    "add_rms_norm_fwd",
-    "rms_norm_bwd",
-    "layer_norm_fwd",
-    "layer_norm_bwd",
-    "gated_rms_norm_fwd",
-    "gated_rms_norm_bwd",
-    "Config",
-    "override",
-]
+__all__ = [*LAUNCHERS, "Config", "override"]
 
 _TL = {
     torch.float32: tl.float32,
