@@ -97,8 +97,11 @@ def main(argv: list[str] | None = None) -> None:
             env["NUMBA_THREADING_LAYER"] = layer
         res = subprocess.run(
             [sys.executable, "-c", _CHILD, layer, str(args.rounds), str(int(args.after_matmul))],
-            capture_output=True, text=True, env=env, timeout=1800,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
         if res.returncode != 0:
             print(f"{layer}: failed ({res.stderr.strip().splitlines()[-1:]})")
             continue

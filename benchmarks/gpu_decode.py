@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import rmsnorm
-from rmsnorm.bench.measure import cuda_graph_replay
+from rmsnorm._timing import cuda_graph_replay
 from rmsnorm.bench.providers import hf_qwen3_next_gated
 
 N = 4096
@@ -74,9 +74,13 @@ def main() -> None:
             if name.startswith(("rmsnorm.rms", "rmsnorm.gated", "HF")) or name == "F.rms_norm":
                 row["cuda_graph_us"] = round(_graph_us(fn), 2)
             rows.append(row)
-            print(f"{name:26} M={m:4d}  eager {row['eager_us']:7.2f} us/call"
-                  + (f"  graph {row['cuda_graph_us']:6.2f} us/call" if "cuda_graph_us" in row
-                     else ""), flush=True)  # fmt: skip
+            print(
+                f"{name:26} M={m:4d}  eager {row['eager_us']:7.2f} us/call"
+                + (
+                    f"  graph {row['cuda_graph_us']:6.2f} us/call" if "cuda_graph_us" in row else ""
+                ),
+                flush=True,
+            )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -111,8 +111,21 @@ def main() -> None:
                     T.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
                 elif kind == "bwd":
                     r = torch.ones(m)
-                    T.rms_norm_bwd(x, x, w, None, r, x if add else None, 1e-6, "mean_square",
-                                   "gemma", 0.0, n, dtype, True)  # fmt: skip
+                    T.rms_norm_bwd(
+                        x,
+                        x,
+                        w,
+                        None,
+                        r,
+                        x if add else None,
+                        1e-6,
+                        "mean_square",
+                        "gemma",
+                        0.0,
+                        n,
+                        dtype,
+                        True,
+                    )
                 elif kind == "ln_fwd":
                     T.layer_norm_fwd(x, w, w, 1e-5)
                 else:

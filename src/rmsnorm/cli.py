@@ -225,8 +225,8 @@ def bench(
     ] = None,
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
+    from ._progress import RichProgress
     from .bench import resolve_device, run, summary
-    from .lab.progress import RichProgress
 
     with _reported("bench", RuntimeError, ValueError, OSError):
         device = resolve_device(device)
@@ -268,8 +268,6 @@ def convert(
         ),
     ] = False,
     json_out: _Json = None,
-    # The spelling of earlier versions, kept working but out of the help.
-    old_json_out: Annotated[Path | None, typer.Option("--json-out", hidden=True)] = None,
 ) -> None:
     """Exact LayerNorm -> RMSNorm conversion of a pre-LN model.
 
@@ -291,7 +289,6 @@ def convert(
 
     from .convert import ConversionError, convert_directory
 
-    json_out = json_out or old_json_out
     columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
     # The error line comes after the spinner has stopped (the with blocks close inside out).
     with (
@@ -334,7 +331,7 @@ def _progress():
     """Progress bars on a terminal; on anything else (a log file, a pipe, CI) plain timestamped
     lines, which a bar cannot give: rich draws nothing where it cannot redraw. Both on stderr, so
     stdout keeps only the results."""
-    from .lab.progress import LogProgress, RichProgress
+    from ._progress import LogProgress, RichProgress
 
     if err_console.is_terminal:
         return RichProgress(err_console)
@@ -416,12 +413,6 @@ def simulate(
     ] = 0,
     train_batch: Annotated[int, typer.Option(callback=_positive, help="Training batch size.")] = 16,
     threads: _LabThreads = 1,
-    # The spellings of earlier versions, kept working but out of the help: `compare` and the
-    # library say n_layers / d_model / n_heads, and every command says --text-file for a file.
-    layers: Annotated[int | None, typer.Option(callback=_positive, hidden=True)] = None,
-    width: Annotated[int | None, typer.Option(callback=_positive, hidden=True)] = None,
-    heads: Annotated[int | None, typer.Option(callback=_positive, hidden=True)] = None,
-    text: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, hidden=True)] = None,
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer, the
     token-shared part of μ, and over --seeds a verdict against i.i.d. Gaussian rows."""
@@ -430,12 +421,11 @@ def simulate(
 
     _require("simulate", "matplotlib", "scipy")
     _set_torch_threads(threads)
-    text_file = text_file or text
     with _reported("simulate", ValueError, OSError):
         cfg = SimulationConfig(
-            n_layers=n_layers if layers is None else layers,
-            d_model=d_model if width is None else width,
-            n_heads=n_heads if heads is None else heads,
+            n_layers=n_layers,
+            d_model=d_model,
+            n_heads=n_heads,
             seq_len=seq_len,
             batch=batch,
             seed=seed,
@@ -604,8 +594,6 @@ def report(
         ),
     ] = False,
     threads: _LabThreads = 1,
-    # The spelling of earlier versions, kept working but out of the help.
-    planted_mean: Annotated[float | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """The main job: the centering report (report.md, self-contained report.html, report.json,
     figures), one progress line per stage."""
@@ -614,8 +602,6 @@ def report(
     _require("report", "matplotlib", "scipy")
     _set_torch_threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
-    if planted_bias is None:
-        planted_bias = planted_mean
     with _reported("report", ValueError, OSError, ImportError):
         cfg = ReportConfig.from_options(
             quick=quick,
@@ -736,11 +722,6 @@ def compare(
             "--out, without training (the statistics of this version)."
         ),
     ] = None,
-    # The spellings of earlier versions, kept working but out of the help.
-    old_text: Annotated[Path | None, typer.Option("--text", hidden=True)] = None,
-    old_batch_size: Annotated[
-        int | None, typer.Option("--batch-size", callback=_positive, hidden=True)
-    ] = None,
 ) -> None:
     """Train the same small GPT-style LM with LayerNorm, RMSNorm, partial RMSNorm (and no norm),
     only the norm changing, and write paired loss differences, stability, speed and a summary."""
@@ -755,7 +736,6 @@ def compare(
     )
 
     _require("compare", "matplotlib", "scipy")
-    text_file = text_file or old_text
     finished = 0
     if from_results is not None:
         from .lab.comparison import load_results
@@ -792,7 +772,7 @@ def compare(
                 text=None if text_file is None else str(text_file),
                 device=device,
                 steps=steps,
-                batch_size=batch if old_batch_size is None else old_batch_size,
+                batch_size=batch,
                 lr=lr,
                 n_layers=n_layers,
                 d_model=d_model,

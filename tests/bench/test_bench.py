@@ -80,7 +80,7 @@ def test_make_row_and_writers(tmp_path):
 def test_cpu_mode_dry_run(tmp_path):
     """The one run loop with the CPU configuration: plan, providers, interleaved timing and
     writers, at tiny shapes."""
-    from rmsnorm.bench.loop import measure
+    from rmsnorm.bench import measure
 
     logs = []
     rows = measure("cpu", dry_run=True, log=logs.append)
@@ -107,7 +107,7 @@ def test_a_run_of_some_ops_only():
     op is named."""
     import pytest
 
-    from rmsnorm.bench.loop import measure
+    from rmsnorm.bench import measure
 
     rows = measure("cpu", dry_run=True, log=lambda s: None, ops=["gated_rms_norm"])
     assert {r.op for r in rows} == {"gated_rms_norm", "copy"}
@@ -118,7 +118,7 @@ def test_a_run_of_some_ops_only():
 def test_gpu_mode_dry_run(tmp_path):
     """The one run loop with the GPU configuration (decode timing with CUDA graphs, the GPU plan),
     on CPU tensors."""
-    from rmsnorm.bench.loop import measure
+    from rmsnorm.bench import measure
 
     logs = []
     rows = measure("cuda", dry_run=True, log=logs.append)
@@ -139,13 +139,12 @@ def test_gpu_mode_dry_run(tmp_path):
 def test_run_loop_budget_skips_and_failures_are_logged(monkeypatch):
     """Past the budget the remaining items are skipped with a line each; a provider that fails on
     an item is dropped from it with a line, the others still timed."""
-    import rmsnorm.bench.loop as loop
-    from rmsnorm.bench import cpu
+    from rmsnorm.bench import cpu, harness
 
     setup = cpu.setup(dry_run=True)
     logs = []
     setup.budget_s = 0.0
-    rows = loop._run(setup, variants=False, log=logs.append)
+    rows = harness.run(setup, variants=False, log=logs.append)
     assert {r.op for r in rows} == {"copy"}
     assert len([line for line in logs if line.startswith("skipped ")]) == len(setup.plan)
 
@@ -155,13 +154,13 @@ def test_run_loop_budget_skips_and_failures_are_logged(monkeypatch):
     setup = cpu.setup(dry_run=True)
     setup.plan, setup.strict = setup.plan[:1], False
     logs.clear()
-    real = loop.providers_for
+    real = harness.providers_for
     monkeypatch.setattr(
-        loop,
+        harness,
         "providers_for",
         lambda op, liger, compile: {**real(op, liger, compile), "bad": broken},
     )
-    rows = loop._run(setup, variants=False, log=logs.append)
+    rows = harness.run(setup, variants=False, log=logs.append)
     assert "bad" not in {r.provider for r in rows} and "rmsnorm" in {r.provider for r in rows}
     assert any("bad" in line and "no kernel for this shape" in line for line in logs)
 
@@ -169,16 +168,16 @@ def test_run_loop_budget_skips_and_failures_are_logged(monkeypatch):
 def test_run_loop_gives_the_variants_the_runs_budget():
     """The layout sweep's deadline follows the budget of the run (--budget), not the device's
     default."""
-    from rmsnorm.bench import cpu, loop
+    from rmsnorm.bench import cpu, harness
 
     setup = cpu.setup(dry_run=True)
     setup.plan, setup.budget_s = [], 7.0
     seen = []
     setup.variants = lambda meta, timer, start, budget_s, log: seen.append(budget_s) or []
-    loop._run(setup, variants=True, log=lambda line: None)
+    harness.run(setup, variants=True, log=lambda line: None)
     assert seen == [7.0]
     logs = []
-    loop._run(cpu.setup(dry_run=True), variants=True, log=logs.append)
+    harness.run(cpu.setup(dry_run=True), variants=True, log=logs.append)
     assert "variants: this device has one kernel layout; nothing to add" in logs
 
 
@@ -212,12 +211,12 @@ def test_variant_configs_include_the_defaults():
 
 
 # ----------------------------------------------------------------------------------------------
-# The one timing loop (rmsnorm.bench.measure)
+# The one timing loop (rmsnorm._timing)
 # ----------------------------------------------------------------------------------------------
 def test_per_call_s_times_at_the_process_thread_count():
     """torch.utils.benchmark's Timer runs at 1 thread unless told otherwise; the loop must time
     calls at the thread count the process (and a user) runs with."""
-    from rmsnorm.bench.measure import per_call_s
+    from rmsnorm._timing import per_call_s
 
     seen = []
     before = torch.get_num_threads()
@@ -230,7 +229,7 @@ def test_per_call_s_times_at_the_process_thread_count():
 
 
 def test_interleaved_rotates_the_order_and_drops_failures():
-    from rmsnorm.bench.measure import interleaved
+    from rmsnorm._timing import interleaved
 
     order = []
     fns = {k: (lambda k=k: order.append(k)) for k in "abc"}
@@ -397,3 +396,18 @@ def test_latency_quick_run_through_the_cli(tmp_path, one_torch_thread):
         for title in ("forward under no_grad", "forward + backward", "forward + .backward() into"):
             assert f"## {op}, {title}" in md
     assert (tmp_path / "cpu_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_latency_mode_runs_on_the_one_harness():
+    """The latency grid is a plan of the harness: its cells and generate() items, skipped past
+    the budget with a line each, as the throughput mode's items are."""
+    from rmsnorm.bench import harness, latency
+
+    setup = latency.setup("cpu", quick=True, budget_s=1e-9)
+    assert {item.kind for item in setup.plan} <= {"cell", "generate"}
+    assert setup.title == "latency (cpu)" and setup.copy_numel is None
+    logs = []
+    assert harness.run(setup, log=logs.append) == []
+    skipped = [line for line in logs if line.startswith("skipped ")]
+    assert len(skipped) == len(setup.plan)
+    assert skipped[0] == "skipped (1, 768) float32: time budget 0 s spent"

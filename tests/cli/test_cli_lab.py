@@ -97,8 +97,6 @@ def test_report_quick_writes_files(runner, tmp_path):
     assert data["simulation"]["n_seeds"] == 4 and data["mode"] == "quick"
     assert not {"training", "swap", "planted", "sweep"} & set(data)
     assert "at initialization: median |μ|/σ ÷ i.i.d. median" in plain(result)
-    # the old spelling of the planted-mean option still works, out of the help
-    assert "--planted-mean" not in plain(runner.invoke(app, ["report", "--help"]))
 
 
 @pytest.mark.parametrize(
@@ -128,13 +126,22 @@ def test_bad_arguments(runner, tmp_path, args, message):
 
 
 def test_simulate_spells_model_options_as_compare_does(runner, tmp_path):
-    """--n-layers / --d-model / --n-heads as in `compare`; the older --layers / --width / --heads
-    still work but are not in the help."""
+    """--n-layers / --d-model / --n-heads, as in `compare`."""
     help_text = plain(runner.invoke(app, ["simulate", "--help"]))
     assert "--n-layers" in help_text and "--d-model" in help_text and "--n-heads" in help_text
-    assert not re.search(r"--(layers|width|heads)\b", help_text)
-    old = ["--layers", "2", "--width", "32", "--heads", "2", "--seq-len", "16", "--batch", "4"]
-    result = runner.invoke(app, ["simulate", "--out", str(tmp_path), *old])
+    args = [
+        "--n-layers",
+        "2",
+        "--d-model",
+        "32",
+        "--n-heads",
+        "2",
+        "--seq-len",
+        "16",
+        "--batch",
+        "4",
+    ]
+    result = runner.invoke(app, ["simulate", "--out", str(tmp_path), *args])
     assert result.exit_code == 0, result.output
     cfg = json.loads((tmp_path / "simulation.json").read_text())["config"]
     assert (cfg["n_layers"], cfg["d_model"], cfg["n_heads"]) == (2, 32, 2)
@@ -148,19 +155,6 @@ def test_library_errors_are_one_line_with_the_options_names(runner, tmp_path):
     assert result.output.strip().splitlines() == [
         "rmsnorm simulate: --position must be one of 'pre', 'post', got 'sideways'"
     ]
-
-
-def test_old_option_spellings_still_work_out_of_the_help(runner, tmp_path):
-    """--text (a file) is --text-file in every command; the old spelling still works, unlisted."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
-    help_text = plain(runner.invoke(app, ["simulate", "--help"]))
-    assert "--text-file" in help_text and not re.search(r"--text\b(?!-)", help_text)
-    args = ["simulate", "--out", str(tmp_path / "sim"), *TINY, "--inputs", "text"]
-    result = runner.invoke(app, [*args, "--text", str(corpus)])
-    assert result.exit_code == 0, result.output
-    cfg = json.loads((tmp_path / "sim" / "simulation.json").read_text())["config"]
-    assert cfg["text"] == str(corpus)
 
 
 def test_compare_writes_its_files_and_a_table(comparison_run):
@@ -189,7 +183,7 @@ def test_compare_keeps_an_earlier_run_unless_told(runner, tmp_path):
         (["--steps", "0"], "--steps", "positive integer"),
         (["--seeds", "0"], "--seeds", "positive integer"),
         (["--threads", "0"], "--threads", "positive integer"),
-        (["--text", "/nonexistent/corpus.txt"], "--text", "not found"),
+        (["--text-file", "/nonexistent/corpus.txt"], "--text-file", "not found"),
         (["--preset", "huge"], "--preset", "cpu, full, gpu, tiny"),
         (["--lrs", "1e-3,fast"], "--lrs", "not a number"),
         (["--lr", "1e-3", "--lrs", "1e-3,1e-2"], "--lr", "not both"),

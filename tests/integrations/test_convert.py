@@ -301,21 +301,6 @@ def test_converted_checkpoint_loads_in_plain_transformers(tmp_path):
         assert (plain(tokens).logits - model(tokens).logits).abs().max() <= 1e-5
 
 
-def test_lab_directory_of_the_earlier_format_loads(tmp_path):
-    """Directories whose format tag named the lab module's path still load."""
-    model = layernorm_to_rmsnorm(lab())
-    save_model(model, tmp_path)
-    meta = json.loads((tmp_path / "config.json").read_text())
-    assert meta["format"] == "rmsnorm-lab-transformer"
-    meta["format"] = "rmsnorm.analysis.transformer.Transformer"
-    (tmp_path / "config.json").write_text(json.dumps(meta))
-    reloaded = load_model(tmp_path)
-    assert reloaded.cfg.norm == "rmsnorm" and conversion_record(reloaded)["untied"] == []
-    tokens = random_tokens(model)
-    with torch.no_grad():
-        assert torch.equal(_logits(reloaded, tokens), _logits(model.eval(), tokens))
-
-
 def test_load_model_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="model directory not found"):
         load_model(tmp_path / "missing")
@@ -334,7 +319,7 @@ def test_cli_convert(tmp_path):
     save_model(lab(), tmp_path / "src")
     runner = CliRunner()
     args = ["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--repeats", "1"]
-    result = runner.invoke(app, args + ["--json-out", str(tmp_path / "r.json")])
+    result = runner.invoke(app, args + ["--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     assert "max |Δ logits| (float64)" in result.output and "inference" in result.output
     report = json.loads((tmp_path / "r.json").read_text())

@@ -1,4 +1,4 @@
-"""The report (lab/report/) and the progress lines of the lab's long steps (lab/progress.py): the
+"""The report (lab/report/) and the progress lines of long steps (rmsnorm/_progress.py): the
 document model, the prose, and the run that writes every promised file."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rmsnorm._progress import LogProgress
 from rmsnorm.lab.iid import iid_reference
-from rmsnorm.lab.progress import LogProgress
 from rmsnorm.lab.report import Page, ReportConfig, build_report
 from rmsnorm.lab.report.prose import centering_vs_iid, verdict_sentence
 from rmsnorm.lab.seeds import centering_verdict
@@ -331,7 +331,7 @@ def test_options_set_what_runs():
 
 
 # --------------------------------------------------------------------------------------------------
-# Progress reporting of the lab's long steps (lab/progress.py): plain timestamped lines for logs
+# Progress reporting of long steps (rmsnorm/_progress.py): plain timestamped lines for logs
 # and pipes.
 
 

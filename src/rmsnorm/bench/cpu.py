@@ -1,5 +1,5 @@
-"""The CPU configuration of ``rmsnorm bench`` (the loop is ``loop.py``): this library's CPU kernels
-against the peers that run on CPU, in one process.
+"""The CPU configuration of the throughput mode of ``rmsnorm bench`` (run by ``harness.py``): this
+library's CPU kernels against the peers that run on CPU, in one process.
 
 Providers as in the GPU mode: ``rmsnorm``, ``torch`` (F.rms_norm / F.layer_norm),
 ``torch_compile_reference``, ``hf_llama_eager`` and, for the residual form, ``torch_add``; for the
@@ -24,9 +24,9 @@ from collections.abc import Callable
 import torch
 
 from .. import info
-from . import machine
-from .loop import DryTimer, Item, Setup, Timer
-from .measure import per_call_s
+from .._timing import per_call_s
+from .harness import DryTimer, Item, Setup, Timer
+from .rows import machine
 
 _NS = (512, 1024, 4096, 16384)
 _MN = 2**25
@@ -110,6 +110,7 @@ def setup(quick: bool = False, dry_run: bool = False, warm: tuple[int, int] | No
     meta = machine("cpu")
     meta["device_name"] = device_name(kept)
     return Setup(
+        title="bench (cpu)",
         meta=meta,
         timer=DryTimer() if dry_run else _Autorange(quick),
         plan=plan,

@@ -1,5 +1,5 @@
-"""The GPU configuration of ``rmsnorm bench`` (the loop is ``loop.py``): this library against its
-peers on one CUDA device, in one process.
+"""The GPU configuration of the throughput mode of ``rmsnorm bench`` (run by ``harness.py``): this
+library against its peers on one CUDA device, in one process.
 
 Providers: ``rmsnorm`` (this library), ``torch`` (F.rms_norm / F.layer_norm),
 ``torch_compile_reference`` (torch.compile of :mod:`rmsnorm.reference`), ``hf_llama_eager`` (a
@@ -18,9 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from . import machine
-from .loop import DryTimer, Item, Setup, Timer
+from . import harness
+from .harness import DryTimer, Item, Setup, Timer
 from .providers import liger_functions
+from .rows import check_device, machine
 
 _FULL_NS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 _MN = 2**27
@@ -115,6 +116,7 @@ def setup(quick: bool = False, dry_run: bool = False, warm: tuple[int, int] | No
         return run_variants(meta, timer, start, budget_s + extra, log, shard=warm or (0, 1))
 
     return Setup(
+        title="bench (cpu)" if dry_run else "bench (cuda)",
         meta=machine("cpu" if dry_run else "cuda"),
         timer=timer,
         plan=plan,
@@ -135,8 +137,6 @@ def _main() -> None:
     shard."""
     import argparse
 
-    from .loop import measure
-
     ap = argparse.ArgumentParser(description=_main.__doc__)
     ap.add_argument("--warm", required=True, help="shard I/N of the plan, e.g. 0/4")
     ap.add_argument("--quick", action="store_true")
@@ -144,7 +144,8 @@ def _main() -> None:
     a = ap.parse_args()
     i, n = (int(v) for v in a.warm.split("/"))
     t0 = time.monotonic()
-    measure("cuda", quick=a.quick, variants=a.variants, warm=(i, n), log=lambda s: None)
+    check_device("cuda")
+    harness.run(setup(quick=a.quick, warm=(i, n)), a.variants, log=lambda s: None)
     print(f"warm shard {i}/{n}: {time.monotonic() - t0:.0f} s")
 
 

@@ -17,8 +17,10 @@ import torch.nn.functional as F
 
 import rmsnorm
 
-from . import Row, check_device, machine, make_row, run_header
-from .measure import cuda_graph_replay, interleaved
+from .._timing import sync
+from . import harness
+from .harness import Item, Setup, Timer
+from .rows import Row, check_device, machine, make_row, run_header
 
 __all__ = [
     "MS",
@@ -235,6 +237,57 @@ def _grid(quick: bool) -> list[tuple[int, int, torch.dtype]]:
     return [(m, n, dt) for m in MS for n in NS for dt in DTYPES]
 
 
+def setup(
+    device: str = "cpu", quick: bool = False, budget_s: float | None = None, generate: bool = True
+) -> Setup:
+    """The latency run on `device` as a plan for the harness: a ``"cell"`` item per (M, N, dtype)
+    of the grid (or, `quick`, a tiny one), smallest calls first, then a ``"generate"`` item per
+    model (`generate`, where transformers is installed)."""
+    check_device(device)
+    budget_s = (120.0 if quick else 900.0) if budget_s is None else budget_s
+    meta = _device_meta(device, quick)
+    notes = [f"{meta['device_name']}; torch {meta['torch']}; commit {meta['commit']}"]
+    liger = None
+    if device == "cuda":
+        from .providers import liger_functions
+
+        liger, why = liger_functions()
+        if liger is None:
+            notes.append(f"liger: not available ({why}); its columns are left out")
+    if _hf_norm_class() is None:
+        notes.append(
+            "transformers: not installed; the Hugging Face providers and generate() are left out"
+        )
+        generate = False
+    plan = [Item("cell", dtype, m, n, PASSES, kind="cell") for m, n, dtype in _grid(quick)]
+    models = {hidden: (layers, heads) for hidden, layers, heads in GENERATE_MODELS}
+    for hidden in list(models)[:1] if quick else models:
+        if generate:
+            plan.append(Item("generate", torch.float32, 1, hidden, ("forward",), kind="generate"))
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def time_item(setup: Setup, item: Item, log) -> list[Row]:
+        if item.kind == "generate":
+            return _generate(meta, device, item.n, *models[item.n], quick, log)
+        return _cell(meta, device, item.m, item.n, item.dtype, liger, gen, quick, log)
+
+    def item_line(rows: list[Row], item: Item, elapsed: float) -> str | None:
+        if item.kind == "generate":  # _generate logs its own line
+            return None
+        return _cell_line(rows, item.m, item.n, item.dtype, elapsed)
+
+    return Setup(
+        meta=meta,
+        timer=Timer(device),
+        plan=plan,
+        budget_s=budget_s,
+        notes=notes,
+        title=f"latency ({device})",
+        time_item=time_item,
+        item_line=item_line,
+    )
+
+
 def run(
     device: str = "cpu",
     quick: bool = False,
@@ -246,45 +299,9 @@ def run(
     """Time the grid (or, `quick`, a tiny one) on `device` ("cpu" or "cuda") and return the rows:
     one per (op, pass, provider, dtype, M, N, variant), the copy of each cell's elements, and
     greedy ``generate()`` per token (`generate`). `budget_s` bounds the wall time: cells that do
-    not fit are skipped and logged. `progress`: an :mod:`rmsnorm.lab.progress` object."""
-    from ..lab.progress import ensure
-
-    check_device(device)
-    budget_s = (120.0 if quick else 900.0) if budget_s is None else budget_s
-    progress = ensure(progress)
+    not fit are skipped and logged. `progress`: an :mod:`rmsnorm._progress` object."""
     start = time.monotonic()
-    meta = _device_meta(device, quick)
-    log(f"{meta['device_name']}; torch {meta['torch']}; commit {meta['commit']}")
-    liger = None
-    if device == "cuda":
-        from .providers import liger_functions
-
-        liger, why = liger_functions()
-        if liger is None:
-            log(f"liger: not available ({why}); its columns are left out")
-    if _hf_norm_class() is None:
-        log("transformers: not installed; the Hugging Face providers and generate() are left out")
-        generate = False
-    grid = _grid(quick)
-    models = GENERATE_MODELS[:1] if quick else GENERATE_MODELS
-    rows: list[Row] = []
-    gen = torch.Generator(device=device).manual_seed(0)
-    with progress.task(f"latency ({device})", total=len(grid) + len(models) * generate) as advance:
-        for m, n, dtype in grid:
-            if time.monotonic() - start > budget_s:
-                log(f"skipped ({m}, {n}) {_dt(dtype)}: time budget {budget_s:.0f} s spent")
-                advance()
-                continue
-            rows += _cell(meta, device, m, n, dtype, liger, gen, quick, log)
-            log(_cell_line(rows, m, n, dtype, time.monotonic() - start))
-            advance()
-        for hidden, layers, heads in models if generate else ():
-            if time.monotonic() - start > budget_s:
-                log(f"skipped generate (hidden {hidden}): time budget {budget_s:.0f} s spent")
-                advance()
-                continue
-            rows += _generate(meta, device, hidden, layers, heads, quick, log)
-            advance()
+    rows = harness.run(setup(device, quick, budget_s, generate), log=log, progress=progress)
     log(f"latency: {len(rows)} measurements in {time.monotonic() - start:.0f} s")
     return rows
 
@@ -336,27 +353,19 @@ def _time_pass(calls, device, graphs, quick, grad, failed) -> tuple[dict, dict]:
     probe = calls[("rms_norm", "torch")]
     with torch.set_grad_enabled(grad):
         probe()
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         probe()
-        _sync(device)
+        sync(device)
         rounds, min_run_time, warmup = _schedule(time.perf_counter() - t0, quick)
-        samples = interleaved(
-            calls, rounds=rounds, min_run_time=min_run_time, warmup=warmup, on_error=failed
-        )
-        eager = {k: _median(v) * 1e3 for k, v in samples.items()}
+        timing = dict(rounds=rounds, min_run_time=min_run_time, on_error=failed)
+        eager = harness.time_interleaved(calls, warmup=warmup, **timing)
         if not graphs:
             return eager, {}
-        replays = {}
-        for key, fn in calls.items():
-            if key[0] == "copy":
-                continue
-            try:
-                replays[key] = cuda_graph_replay(fn, GRAPH_CALLS)
-            except Exception as exc:
-                failed(key, exc)
-        samples = interleaved(replays, rounds=rounds, min_run_time=min_run_time, on_error=failed)
-    return eager, {k: _median(v) * 1e3 / GRAPH_CALLS for k, v in samples.items()}
+        kernels = {key: fn for key, fn in calls.items() if key[0] != "copy"}
+        replays = harness.graph_replays(kernels, GRAPH_CALLS, on_error=failed)
+        graph = harness.time_interleaved(replays, **timing)
+    return eager, {k: ms / GRAPH_CALLS for k, ms in graph.items()}
 
 
 def _generate(meta, device, hidden, layers, heads, quick, log) -> list[Row]:
@@ -395,12 +404,12 @@ def _generate(meta, device, hidden, layers, heads, quick, log) -> list[Row]:
     # idle cores: ≥ 0.1 s of calls per sample is a few calls of the first, one of the second.
     rounds, min_run_time = (1, 0.002) if quick else (3, 0.1)
     with torch.no_grad():
-        samples = interleaved(
+        per_call = harness.time_interleaved(
             {"hf_eager": call(eager), "hf_patched": call(patched)},
             rounds=rounds,
             min_run_time=min_run_time,
         )
-    ms = {prov: _median(v) * 1e3 / tokens for prov, v in samples.items()}
+    ms = {prov: t / tokens for prov, t in per_call.items()}
     log(
         f"generate, hidden {hidden} × {layers} layers, ms per token: {ms['hf_eager']:.2f} "
         f"unpatched, {ms['hf_patched']:.2f} patched ({ms['hf_patched'] / ms['hf_eager']:.2f}×)"
@@ -409,17 +418,6 @@ def _generate(meta, device, hidden, layers, heads, quick, log) -> list[Row]:
         make_row(meta, "generate", "forward", prov, torch.float32, 1, hidden, "eager", t, 0.0)
         for prov, t in ms.items()
     ]
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _median(v: Sequence[float]) -> float:
-    s = sorted(v)
-    k = len(s) // 2
-    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
 
 
 def _dt(dtype: torch.dtype) -> str:
@@ -728,8 +726,12 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
     for ax, (mode, variant) in zip(axes.flat, panels, strict=True):
         for i, (op, prov) in enumerate(paths):
             for dtype, (marker, ls) in styles.items():
-                vs = [v for v in verdicts if (v.op, v.provider, v.mode, v.variant, v.dtype)
-                      == (op, prov, mode, variant, dtype)]  # fmt: skip
+                vs = [
+                    v
+                    for v in verdicts
+                    if (v.op, v.provider, v.mode, v.variant, v.dtype)
+                    == (op, prov, mode, variant, dtype)
+                ]
                 if not vs:
                     continue
                 vs.sort(key=lambda v: v.M * v.N)

@@ -126,11 +126,17 @@ def providers_for(op: str, liger, compile: bool = True) -> dict[str, Callable]:
     if op == "gated_rms_norm_grouped":
         p = {
             "rmsnorm": lambda x, z, w: rmsnorm.gated_rms_norm(
-                x, z, (x.shape[-1],), w, EPS, group_size=x.shape[-1] // GROUPS,
-                norm_before_gate=False, casting_mode="llama",
+                x,
+                z,
+                (x.shape[-1],),
+                w,
+                EPS,
+                group_size=x.shape[-1] // GROUPS,
+                norm_before_gate=False,
+                casting_mode="llama",
             ),
             "hf_mamba2_eager": hf_mamba2_gated,
-        }  # fmt: skip
+        }
         if compile:
             p["torch_compile_hf"] = _compile(hf_mamba2_gated)
         return p

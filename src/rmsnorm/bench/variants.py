@@ -11,9 +11,22 @@ import torch
 import rmsnorm
 
 from ..kernels.triton import Config, _config, override
-from . import Row, make_row
+from .rows import Row, make_row
 
 _MN = 2**27
+
+
+def _splits(kind: str, n: int, chunks: tuple[int, ...], sms: int) -> list:
+    """A row of N split into chunks over programs, for each chunk that needs 2 to ``sms`` of
+    them; the grid is a whole number of rows' programs."""
+    out = []
+    for chunk in chunks:
+        split = -(-n // chunk)
+        if 1 < split <= sms:
+            progs = (sms // split) * split
+            cfg = Config(1, chunk, 16, split=split, programs=progs)
+            out.append((kind, n, f"split{chunk}", cfg))
+    return out
 
 
 def variant_configs(sms: int) -> list[tuple[str, int, str, Config]]:
@@ -29,12 +42,7 @@ def variant_configs(sms: int) -> list[tuple[str, int, str, Config]]:
         # Split grids stay within one program per SM: these kernels need > 64 registers per
         # thread, so a second one would not be co-resident and the row exchange would then rely
         # on the hardware dispatching blocks in order.
-        for chunk in (8192, 16384, 32768):
-            split = -(-n // chunk)
-            if 1 < split <= sms:
-                progs = (sms // split) * split
-                out.append(("fwd", n, f"split{chunk}", Config(1, chunk, 16, split=split,
-                                                                programs=progs)))  # fmt: skip
+        out += _splits("fwd", n, (8192, 16384, 32768), sms)
         for stages in (1, 2):
             cfg = Config(1, 8192, 16, loop=True, programs=sms * 2, num_stages=stages)
             out.append(("fwd", n, f"loop8192.s{stages}", cfg))
@@ -42,12 +50,7 @@ def variant_configs(sms: int) -> list[tuple[str, int, str, Config]]:
         if n <= 16384:
             for per_sm in (1, 2):
                 out.append(("bwd", n, f"single.x{per_sm}", Config(1, n, 16, programs=sms * per_sm)))
-        for chunk in (4096, 8192, 16384):
-            split = -(-n // chunk)
-            if 1 < split <= sms:
-                progs = (sms // split) * split
-                out.append(("bwd", n, f"split{chunk}", Config(1, chunk, 16, split=split,
-                                                                programs=progs)))  # fmt: skip
+        out += _splits("bwd", n, (4096, 8192, 16384), sms)
         cfg = Config(1, 4096, 16, loop=True, programs=sms, num_stages=2)
         out.append(("bwd", n, "loop4096", cfg))
     # QK-norm (N = 128): rows per tile, warps and programs per SM

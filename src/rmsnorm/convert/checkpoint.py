@@ -26,7 +26,6 @@ from .._validate import ArgumentError, positive_int
 from ..integrations import replace_norms
 from .architectures import (
     ARCHITECTURES,
-    LAB_TRANSFORMER,
     Architecture,
     architecture_of,
     find_architecture,
@@ -46,8 +45,6 @@ __all__ = [
 # Models that are not Hugging Face ones are saved as config.json (this format tag and the config)
 # beside their state_dict.
 _WEIGHTS = "model.pt"
-# Directories written before the format tag was the architecture's name.
-_OLD_FORMATS = {"rmsnorm.analysis.transformer.Transformer": LAB_TRANSFORMER}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -353,7 +350,7 @@ def load_model(directory: str | Path) -> nn.Module:
     missing, corrupt or mismatched file is an error that names it."""
     directory = Path(directory)
     config_path, meta = _read_config(directory)
-    fmt = _OLD_FORMATS.get(meta.get("format"), meta.get("format"))
+    fmt = meta.get("format")
     arch = ARCHITECTURES.get(fmt) if isinstance(fmt, str) else None
     if arch is not None and arch.build is not None:
         return _load_state_dict_format(arch, meta, directory, config_path)

@@ -371,17 +371,29 @@ def _rms_library_call(module: nn.Module, form: _Form, v: torch.Tensor, n: int, g
     gated classes' normalization of x·act(z))."""
     if form.source in ("gated", "residual"):
         return gated_rms_norm(
-            v, None, module.normalized_shape, module.weight, module.eps,
-            group_size=module.group_size, eps_mode=module.eps_mode,
-            casting_mode=module.casting_mode, offset=module.offset, bias=module.bias,
+            v,
+            None,
+            module.normalized_shape,
+            module.weight,
+            module.eps,
+            group_size=module.group_size,
+            eps_mode=module.eps_mode,
+            casting_mode=module.casting_mode,
+            offset=module.offset,
+            bias=module.bias,
             partial=module.partial,
-        )  # fmt: skip
+        )
     conv = form.conv  # a gated HF class: its patched forward's call, gate=None
     eps = conv.eps_of(module)
     return rms_norm(
-        v, n, module.weight, eps, casting_mode=conv.casting_mode, offset=conv.offset,
+        v,
+        n,
+        module.weight,
+        eps,
+        casting_mode=conv.casting_mode,
+        offset=conv.offset,
         group_size=None if g == n else g,
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -580,9 +592,14 @@ class NormCapture:
 
     @staticmethod
     def _swap(
-        rec: NormLayerRecord, form: _Form, module: nn.Module, call: _Call, x: torch.Tensor,
-        read: _Read, nd: int,
-    ) -> torch.Tensor:  # fmt: skip
+        rec: NormLayerRecord,
+        form: _Form,
+        module: nn.Module,
+        call: _Call,
+        x: torch.Tensor,
+        read: _Read,
+        nd: int,
+    ) -> torch.Tensor:
         if rec.kind == "rmsnorm":
             centered = _centered(read.v, nd, read.g).to(x.dtype)
             if form.source == "residual" or read.gated == GATE_THEN_NORM:

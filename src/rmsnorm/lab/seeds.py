@@ -26,9 +26,9 @@ from functools import cached_property
 
 import torch
 
+from .._progress import ensure
 from .._validate import positive_int
 from .iid import IIDReference, iid_reference
-from .progress import ensure
 from .simulation import SimulationConfig, SimulationResult, simulate
 from .stats import median
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from .progress import ensure
+from .._progress import ensure
 from .seeds import SeedStudy, replicate
 from .simulation import SimulationConfig
 

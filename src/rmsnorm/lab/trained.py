@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .._progress import ensure
 from .._validate import positive_int
 from .conventions import beta_fit
 from .decomposition import shared_share
 from .outliers import channel_outliers
-from .progress import ensure
 from .stats import median, row_stats
 from .transformer import Transformer, TransformerConfig
 

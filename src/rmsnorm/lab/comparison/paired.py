@@ -169,7 +169,19 @@ def paired(
         wilcoxon_p = float(stats.wilcoxon(finite, zero_method="wilcox").pvalue)
     sign_p = float(stats.binomtest(worse, worse + better, 0.5).pvalue) if worse + better else None
     return Paired(
-        n=n, diffs=diffs, mean=mean, sd=sd, ci_low=lo, ci_high=hi, t=t, t_p=t_p,
-        wilcoxon_p=wilcoxon_p, sign_p=sign_p, worse=worse, better=better, ties=ties, mde=mde,
+        n=n,
+        diffs=diffs,
+        mean=mean,
+        sd=sd,
+        ci_low=lo,
+        ci_high=hi,
+        t=t,
+        t_p=t_p,
+        wilcoxon_p=wilcoxon_p,
+        sign_p=sign_p,
+        worse=worse,
+        better=better,
+        ties=ties,
+        mde=mde,
         confidence=confidence,
-    )  # fmt: skip
+    )

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ... import __version__, info
-from ...bench.measure import interleaved
-from ..progress import ensure as ensure_progress
+from ..._progress import ensure as ensure_progress
+from ..._timing import interleaved
 from ..train import Trainer
 from ..transformer import TransformerConfig, make_norm
 from .config import LABELS, CompareConfig, load_corpus, torch_threads
@@ -236,7 +236,7 @@ def run_comparison(
     norm-only timing blocks are interleaved with the training in the same way. With ``workers``
     > 1, seeds train side by side in that many processes (the losses are the same: each run
     depends only on its configuration and thread count). ``progress``: an
-    :mod:`rmsnorm.lab.progress` object (one bar for the run), or None. ``on_seed``: called with
+    :mod:`rmsnorm._progress` object (one bar for the run), or None. ``on_seed``: called with
     the results of the seeds finished so far (``seeds_completed`` says how many) after each seed
     but the last, so that an interrupted run can leave what it finished."""
     corpus = load_corpus(cfg)
@@ -336,7 +336,7 @@ def _results(cfg, corpus, machine, done, started, sampler, workers) -> dict:
             "shape": shape,
             "dtype": "float32",
             "seconds_per_sample": cfg.norm_timing_s,
-            "method": "torch.utils.benchmark blocked_autorange median (rmsnorm.bench.measure)",
+            "method": "torch.utils.benchmark blocked_autorange median (rmsnorm._timing)",
             "what": "forward + backward (input and parameter gradients) of one norm layer",
             "cases": {
                 name: {"label": label, "per_call_s": samples[name]} for name, label in cases.items()

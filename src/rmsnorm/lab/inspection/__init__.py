@@ -2,26 +2,8 @@
 inputs are and what swapping LayerNorm for RMSNorm (or back) would change. :mod:`.run` loads and
 runs the model, :mod:`.render` shows the result."""
 
-from .render import inspect_layers, render_outlier_table, render_table
-from .run import (
-    BUILTIN_MODELS,
-    InspectResult,
-    RunnableModel,
-    inspect_model,
-    inspect_source,
-    load_runnable_model,
-    make_inputs,
-)
+from . import render, run
+from .render import *  # noqa: F403
+from .run import *  # noqa: F403
 
-__all__ = [
-    "BUILTIN_MODELS",
-    "RunnableModel",
-    "load_runnable_model",
-    "make_inputs",
-    "inspect_model",
-    "inspect_source",
-    "InspectResult",
-    "render_table",
-    "render_outlier_table",
-    "inspect_layers",
-]
+__all__ = [*run.__all__, *render.__all__]

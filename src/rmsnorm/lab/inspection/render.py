@@ -61,8 +61,14 @@ def render_table(result: InspectResult):
     )
     table.add_column("layer", overflow="fold")
     table.add_column("kind", no_wrap=True)
-    for header in ("|μ|/σ\nmedian", "|μ|/σ\nq95", "μ²/RMS²\nmean", "cos\nLN, RMS", "swap\nmax|Δy|",
-                   "swap\nrel‖Δy‖"):  # fmt: skip
+    for header in (
+        "|μ|/σ\nmedian",
+        "|μ|/σ\nq95",
+        "μ²/RMS²\nmean",
+        "cos\nLN, RMS",
+        "swap\nmax|Δy|",
+        "swap\nrel‖Δy‖",
+    ):
         table.add_column(header, justify="right", no_wrap=True)
     for layer in result.layers:
         r, cos = layer["mu_over_sigma"], layer["predicted_cosine"]
@@ -97,11 +103,20 @@ def render_outlier_table(result: InspectResult):
             f"d = {d}: max|x|/RMS ≈ {iid[d]:.2f}, top share {100 / d:.2f}%" for d in sorted(iid)
         ]
         caption += "; i.i.d. Gaussian rows of " + "; ".join(refs)
-    table = Table(title=f"{result.model} — channels", title_justify="left", caption=caption,
-                  caption_justify="left")  # fmt: skip
+    table = Table(
+        title=f"{result.model} — channels",
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+    )
     table.add_column("layer", overflow="fold")
-    for header in ("max|x|/RMS\nmedian", "excess\nkurtosis", "top ch.\nshare", "top 1%\nshare",
-                   "dominant channels\n(share)"):  # fmt: skip
+    for header in (
+        "max|x|/RMS\nmedian",
+        "excess\nkurtosis",
+        "top ch.\nshare",
+        "top 1%\nshare",
+        "dominant channels\n(share)",
+    ):
         table.add_column(header, justify="right", no_wrap=header.startswith("max"))
     for layer in result.layers:
         o = layer.get("outliers") or {}

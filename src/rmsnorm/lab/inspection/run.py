@@ -75,29 +75,53 @@ def _tiny_config(tf, name: str):
     """The config of a built-in tiny model: 2 layers, width 64, a vocabulary of 256."""
     if name == "tiny-gpt2":
         return tf.GPT2Config(
-            n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128, bos_token_id=0,
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=256,
+            n_positions=128,
+            bos_token_id=0,
             eos_token_id=0,
-        )  # fmt: skip
+        )
     decoder = dict(
-        hidden_size=64, num_hidden_layers=2, vocab_size=256, bos_token_id=0, eos_token_id=0,
+        hidden_size=64,
+        num_hidden_layers=2,
+        vocab_size=256,
+        bos_token_id=0,
+        eos_token_id=0,
         pad_token_id=0,
-    )  # fmt: skip
+    )
     if name == "tiny-mamba2":  # 8 heads of 16: an inner width of 128 in n_groups = 2 groups of 64
         return tf.Mamba2Config(
-            **decoder, num_heads=8, head_dim=16, n_groups=2, state_size=16, expand=2,
+            **decoder,
+            num_heads=8,
+            head_dim=16,
+            n_groups=2,
+            state_size=16,
+            expand=2,
             chunk_size=16,
-        )  # fmt: skip
+        )
     attention = dict(
-        intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
         max_position_embeddings=128,
-    )  # fmt: skip
+    )
     if name == "tiny-qwen3-next":  # a linear-attention layer (its gated norm), then full attention
         return tf.Qwen3NextConfig(
-            **decoder, **attention, head_dim=16, linear_num_value_heads=4,
-            linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
-            layer_types=["linear_attention", "full_attention"], num_experts=4,
-            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-        )  # fmt: skip
+            **decoder,
+            **attention,
+            head_dim=16,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            layer_types=["linear_attention", "full_attention"],
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        )
     return tf.LlamaConfig(**decoder, **attention)
 
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import torch
 
+from ..._progress import ensure
 from ..figures import layer_ticks, legend_below, pyplot, save_figure
 from ..iid import iid_reference
 from ..inspection import inspect_layers
 from ..io import write_json, write_text
 from ..outliers import iid_max_over_rms
-from ..progress import ensure
 from ..simulation import cosine_by_layer, mean_histograms
 from ..simulation.render import decomposition_figure, seed_ratio_by_layer
 from ..stats import median
 from .prose import report_page
-from .run import ReportResults
+from .run import ReportConfig, ReportResults, run_report
 
 __all__ = [
     "divergence_curve",
@@ -653,3 +653,10 @@ def write_report(r: ReportResults, out: str | Path = "report", progress=None) ->
     summary["files"]["report.json"] = "report.json"
     write_json(summary, out / "report.json")
     return summary
+
+
+def build_report(cfg: ReportConfig, out: str | Path = "report", progress=None) -> dict:
+    """Run everything in ``cfg`` (:func:`~rmsnorm.lab.report.run.run_report`) and write the report
+    into ``out`` (:func:`write_report`); returns the summary dict (also written as
+    ``report.json``) with the list of files under ``"files"``."""
+    return write_report(run_report(cfg, progress), out, progress)

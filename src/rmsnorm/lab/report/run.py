@@ -1,7 +1,6 @@
 """The report's runs: what it runs (:class:`ReportConfig`), running it once (:func:`run_report`)
 into one structured object (:class:`ReportResults`), whose :meth:`~ReportResults.to_dict` is
-``report.json`` and holds every number the page states, and :func:`build_report`, which runs and
-writes."""
+``report.json`` and holds every number the page states."""
 
 from __future__ import annotations
 
@@ -11,17 +10,16 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import torch
 
 from ... import __version__, info
+from ..._progress import ensure
 from ..._validate import ArgumentError, finite_number, positive_int
 from ..conventions import eps_table, stream_shrink
 from ..iid import iid_reference
 from ..outliers import MASSIVE_SHARE_FACTOR, blind_spot
 from ..planted import planted_in_block
-from ..progress import ensure
 from ..seeds import CONFIDENCE, SeedStudy, centering_verdict, paired_spread_test, replicate
 from ..simulation import SimulationConfig, SimulationResult
 from ..stats import (
@@ -41,7 +39,6 @@ __all__ = [
     "Provenance",
     "ReportResults",
     "run_report",
-    "build_report",
     "eps_demo",
     "timing_ratios",
     "seed_headline",
@@ -764,12 +761,3 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
         blind_spot=spot,
         seconds=seconds,
     )
-
-
-def build_report(cfg: ReportConfig, out: str | Path = "report", progress=None) -> dict:
-    """Run everything in ``cfg`` (:func:`run_report`) and write the report into ``out``
-    (:func:`~rmsnorm.lab.report.render.write_report`); returns the summary dict (also written as
-    ``report.json``) with the list of files under ``"files"``."""
-    from .render import write_report
-
-    return write_report(run_report(cfg, progress), out, progress)

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from ... import functional, info
-from ..progress import ensure
+from ..._progress import ensure
+from ..._timing import interleaved
 
 __all__ = ["SHAPES", "METHOD", "time_norms"]
 
@@ -35,7 +36,7 @@ METHOD = (
     "one call = the forward and torch.autograd.grad with respect to the input and the "
     "parameters; median seconds per call from torch.utils.benchmark's blocked_autorange at the "
     "process's thread count, the four implementations taking turns in each round "
-    "(rmsnorm.bench.measure, the loop `rmsnorm bench` and `rmsnorm compare` use)"
+    "(rmsnorm._timing, the loop `rmsnorm bench` and `rmsnorm compare` use)"
 )
 
 
@@ -52,8 +53,6 @@ def time_norms(
     shape: the median and the fastest of ``rounds`` interleaved samples (each a
     ``blocked_autorange`` median over at least ``min_run_time`` seconds of calls). LayerNorm gets
     a bias, RMSNorm does not (as in the models that use them)."""
-    from ...bench.measure import interleaved
-
     progress = ensure(progress)
     gen = torch.Generator().manual_seed(0)
     results = []

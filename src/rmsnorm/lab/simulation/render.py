@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
+from ..._progress import ensure
 from ..figures import layer_ticks, legend_below, pyplot, save_figure
 from ..iid import iid_reference
 from ..io import write_json
-from ..progress import ensure
 from ..stats import median
 from .run import SimulationResult
 

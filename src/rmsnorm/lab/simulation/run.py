@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from ..._progress import ensure
 from ..._validate import finite_number, non_negative_int, one_of, positive_int
 from ..decomposition import MeanDecomposition, capture_writes
-from ..progress import ensure
 from ..stats import (
     RowStats,
     identity_check,

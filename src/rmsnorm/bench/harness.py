@@ -1,31 +1,42 @@
-"""The run loop of ``rmsnorm bench`` for every device: the copy ceiling, then each planned (op,
-dtype, shape) over the providers, mode by mode, within a time budget. What differs between devices
+"""The one harness of ``rmsnorm bench``, for both modes and every device: a plan of items run in
+priority order within a time budget (with a progress bar and a line per item), the device's timer,
+and the timing of providers taking turns. The throughput mode times an item as bandwidth or per-call
+time (here), the latency mode as a cell of passes (``latency.py``); what differs between devices
 (timer, plan, sizes, rounds, CUDA graphs, peers) is a :class:`Setup` from ``gpu.py`` / ``cpu.py``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
-from .. import _validate
-from . import DEVICES, Row, check_device, format_gbps, make_row
-from .measure import cuda_graph_replay, interleaved
+from .._progress import ensure
+from .._timing import cuda_graph_replay, interleaved, median, sync
 from .providers import providers_for, random_inputs, timed_fn
+from .rows import Row, format_gbps, make_row
 
-__all__ = ["Item", "Setup", "Timer", "DryTimer", "measure"]
-
-OPS = ("rms_norm", "add_rms_norm", "layer_norm", "gated_rms_norm", "gated_rms_norm_grouped")
+__all__ = [
+    "Item",
+    "Setup",
+    "Timer",
+    "DryTimer",
+    "run",
+    "time_interleaved",
+    "graph_replays",
+    "time_throughput_item",
+]
 
 
 @dataclass(frozen=True)
 class Item:
-    """One entry of a plan. ``kind`` ``"sweep"``: a median time per mode, reported as bandwidth;
-    ``"decode"``: wall time per back-to-back call at a decoding size (host overhead included)."""
+    """One entry of a plan. Throughput kinds: ``"sweep"``, a median time per mode reported as
+    bandwidth; ``"decode"``, wall time per back-to-back call at a decoding size (host overhead
+    included). Latency kinds: ``"cell"``, every pass of every provider at one (M, N, dtype);
+    ``"generate"``, greedy generate() of a model of hidden size N."""
 
     op: str
     dtype: torch.dtype
@@ -38,6 +49,15 @@ class Item:
         """The same item at a tiny shape (dry runs)."""
         return Item(self.op, self.dtype, min(self.m, 8), min(self.n, 256), self.modes, self.kind)
 
+    def label(self) -> str:
+        """The item as the run's log names it."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        if self.kind == "cell":
+            return f"({self.m}, {self.n}) {dtype}"
+        if self.kind == "generate":
+            return f"generate (hidden {self.n})"
+        return f"{self.op} {self.dtype} ({self.m}, {self.n})"
+
 
 class Timer:
     """Times callables on one device. Subclasses give :meth:`median_ms` (the sweeps' number);
@@ -46,15 +66,16 @@ class Timer:
     device = "cpu"  # where the timed tensors live
     calls, repeats = 200, 5  # per_call_ms: back-to-back calls per repeat, repeats (median)
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | None = None) -> None:
+        if device is not None:
+            self.device = device
         self._copy: dict = {}
 
     def median_ms(self, fn: Callable) -> float:
         raise NotImplementedError
 
     def sync(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
+        sync(self.device)
 
     def copy_gbps(self, numel: int, dtype: torch.dtype) -> tuple[float, float]:
         """(GB/s, ms) of ``dst.copy_(src)`` over ``numel`` elements (read + write), cached."""
@@ -102,15 +123,21 @@ class DryTimer(Timer):
         return self.median_ms(fn)
 
 
+# (setup, item, log) -> the item's rows
+TimeItem = Callable[["Setup", Item, Callable[[str], object]], list[Row]]
+# (the item's rows, item, seconds since the start) -> its progress line, or None for none
+ItemLine = Callable[[list[Row], Item, float], "str | None"]
+
+
 @dataclass
 class Setup:
-    """What one device's run needs: its timer and plan, and how to treat them."""
+    """What one run needs: its timer and plan, how to time an item, and how to treat them."""
 
-    meta: dict  # the metadata columns of its rows (:func:`rmsnorm.bench.machine`)
+    meta: dict  # the metadata columns of its rows (:func:`rmsnorm.bench.rows.machine`)
     timer: Timer
     plan: list[Item]  # in priority order: what the budget skips comes last
     budget_s: float  # wall time of the main plan; float("inf") for none
-    copy_numel: int  # elements of the copy ceiling's headline rows
+    copy_numel: int | None = None  # elements of the copy ceiling's headline rows; None: none
     rounds: int = 1  # interleaved samples per (item, mode, provider); their median is reported
     graphs: bool = False  # forward decode calls also replayed from a CUDA graph
     liger: tuple | None = None  # Liger-Kernel's Functions, where importable
@@ -120,71 +147,50 @@ class Setup:
     # forced kernel layouts: (meta, timer, start, budget_s of this run, log) -> rows
     variants: Callable[[dict, Timer, float, float, Callable], list[Row]] | None = None
     notes: list[str] = field(default_factory=list)  # logged before the run
+    title: str = "bench"  # the progress bar's
+    time_item: TimeItem | None = None  # None: the throughput mode's (time_throughput_item)
+    item_line: ItemLine | None = None  # None: the throughput mode's
+    providers: dict = field(default_factory=dict)  # op -> {name: fn}, filled as items need them
 
 
-def measure(
-    device: str,
-    *,
-    quick: bool = False,
+def run(
+    setup: Setup,
     variants: bool = False,
-    budget_s: float | None = None,
     log: Callable[[str], object] = print,
-    dry_run: bool = False,
-    warm: tuple[int, int] | None = None,
-    ops: Sequence[str] | None = None,
+    progress=None,
 ) -> list[Row]:
-    """Time every planned (op, dtype, shape, mode, provider) on ``device``; returns the rows (copy
-    rows too).
-
-    ``quick``: a handful of shapes. ``variants``: also forced kernel layouts (GPU only).
-    ``budget_s``: seconds for the main plan (default: the device's). ``dry_run``: the quick plan
-    at tiny shapes on CPU tensors, one call per timing, no torch.compile: a check of the harness
-    itself. ``warm=(i, n)`` (GPU): plan items i, i + n, ... once each, untimed, no rows; fills the
-    on-disk kernel caches for a timed run that follows. ``ops``: the plan's items of these ops
-    only."""
-    from . import cpu, gpu
-
-    setups = {"cuda": gpu.setup, "cpu": cpu.setup}
-    if dry_run:
-        _validate.one_of("device", device, DEVICES)
-        setup = setups[device](quick=True, dry_run=True, warm=warm)
-    else:
-        setup = setups[check_device(device)](quick=quick, dry_run=False, warm=warm)
-    if budget_s is not None and warm is None:
-        setup.budget_s = _validate.positive_number("budget_s", budget_s)
-    if ops is not None:
-        for op in ops:
-            _validate.one_of("ops", op, OPS)
-        setup.plan = [item for item in setup.plan if item.op in ops]
-    rows = _run(setup, variants, log)
-    return [] if warm is not None else rows
-
-
-def _run(setup: Setup, variants: bool, log: Callable[[str], object]) -> list[Row]:
+    """Time the copy ceiling (where the setup has one), then every item of the plan in order until
+    the budget is spent (the rest skipped, a line each), then the forced kernel layouts
+    (``variants``, where the device has them). ``progress``: an :mod:`rmsnorm._progress` object."""
     start = time.monotonic()
     meta, timer = setup.meta, setup.timer
+    time_item = setup.time_item or time_throughput_item
+    item_line = setup.item_line or _throughput_line
     for note in setup.notes:
         log(note)
-    providers = {op: providers_for(op, setup.liger, compile=setup.compile) for op in OPS}
     rows: list[Row] = []
-    # The copy ceiling first, over the sweep's element count, once per dtype.
-    for dtype in (torch.bfloat16, torch.float32):
-        gbps, ms = timer.copy_gbps(setup.copy_numel, dtype)
-        numel = setup.copy_numel
-        rows.append(make_row(meta, "copy", "forward", "torch", dtype, 1, numel, "eager", ms, gbps))
-        log(f"copy {dtype}: {format_gbps(gbps)} GB/s over {numel:,} elements")
+    if setup.copy_numel is not None:  # the copy ceiling over the sweep's elements, per dtype
+        for dtype in (torch.bfloat16, torch.float32):
+            gbps, ms = timer.copy_gbps(setup.copy_numel, dtype)
+            numel = setup.copy_numel
+            rows.append(
+                make_row(meta, "copy", "forward", "torch", dtype, 1, numel, "eager", ms, gbps)
+            )
+            log(f"copy {dtype}: {format_gbps(gbps)} GB/s over {numel:,} elements")
 
-    for item in setup.plan:
-        if time.monotonic() - start > setup.budget_s:
-            budget = f"time budget {setup.budget_s:.0f} s spent"
-            log(f"skipped {item.op} {item.dtype} ({item.m}, {item.n}): {budget}")
-            continue
-        copy_gbps, _ = timer.copy_gbps(item.m * item.n, item.dtype)
-        time_item = _decode if item.kind == "decode" else _sweep
-        new = time_item(setup, item, providers[item.op], copy_gbps, log)
-        rows += new
-        setup.after_item()
-        log(_progress(new, item, time.monotonic() - start))
+    with ensure(progress).task(setup.title, total=len(setup.plan)) as advance:
+        for item in setup.plan:
+            if time.monotonic() - start > setup.budget_s:
+                log(f"skipped {item.label()}: time budget {setup.budget_s:.0f} s spent")
+                advance()
+                continue
+            new = time_item(setup, item, log)
+            rows += new
+            setup.after_item()
+            line = item_line(new, item, time.monotonic() - start)
+            if line is not None:
+                log(line)
+            advance()
 
     if variants and setup.variants is not None:
         rows += setup.variants(meta, timer, start, setup.budget_s, log)
@@ -193,10 +199,64 @@ def _run(setup: Setup, variants: bool, log: Callable[[str], object]) -> list[Row
     return rows
 
 
+def time_interleaved(
+    fns: Mapping[Hashable, Callable[[], object]],
+    *,
+    rounds: int,
+    sample_s: Callable[[Callable[[], object]], float] | None = None,
+    min_run_time: float = 0.05,
+    warmup: int = 1,
+    on_error: Callable[[Hashable, Exception], None] | None = None,
+) -> dict[Hashable, float]:
+    """{key: median ms per call} of ``fns`` taking turns over ``rounds`` rounds
+    (:func:`rmsnorm._timing.interleaved`; ``sample_s``: seconds per call of one sample, default
+    a ``blocked_autorange`` median over ``min_run_time`` seconds). A callable that raises is
+    dropped and reported to ``on_error``; without it the exception propagates."""
+    samples = interleaved(
+        fns,
+        rounds=rounds,
+        min_run_time=min_run_time,
+        warmup=warmup,
+        on_error=on_error,
+        timer=sample_s,
+    )
+    return {key: median(s) * 1e3 for key, s in samples.items()}
+
+
+def graph_replays(
+    fns: Mapping[Hashable, Callable[[], object]],
+    calls: int,
+    on_error: Callable[[Hashable, Exception], None] | None = None,
+) -> dict[Hashable, Callable[[], None]]:
+    """{key: the replay of a CUDA graph holding ``calls`` calls of fn}; one that cannot be
+    captured is reported to ``on_error`` (raised without it) and left out."""
+    out = {}
+    for key, fn in fns.items():
+        try:
+            out[key] = cuda_graph_replay(fn, calls)
+        except Exception as exc:
+            if on_error is None:
+                raise
+            on_error(key, exc)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The throughput mode's items
+# ----------------------------------------------------------------------------------------------
 def _failed(setup: Setup, log, what: str, exc: Exception) -> None:
     if setup.strict:
         raise exc
     log(f"{what}: failed: {type(exc).__name__}: {exc}"[:300])
+
+
+def time_throughput_item(setup: Setup, item: Item, log) -> list[Row]:
+    """A ``"sweep"`` or ``"decode"`` item over the providers of its op."""
+    if item.op not in setup.providers:
+        setup.providers[item.op] = providers_for(item.op, setup.liger, compile=setup.compile)
+    copy_gbps, _ = setup.timer.copy_gbps(item.m * item.n, item.dtype)
+    time_kind = _decode if item.kind == "decode" else _sweep
+    return time_kind(setup, item, setup.providers[item.op], copy_gbps, log)
 
 
 def _sweep(setup: Setup, item: Item, providers: dict, copy_gbps: float, log) -> list[Row]:
@@ -216,14 +276,13 @@ def _sweep(setup: Setup, item: Item, providers: dict, copy_gbps: float, log) -> 
                 fns[name] = timed_fn(fn, inputs, mode)
             except Exception as exc:
                 failed(name, exc)
-        samples = interleaved(
+        times = time_interleaved(
             fns,
             rounds=setup.rounds,
+            sample_s=lambda fn: timer.median_ms(fn) * 1e-3,
             on_error=None if setup.strict else failed,
-            timer=lambda fn: timer.median_ms(fn) * 1e-3,
         )
-        for name, s in samples.items():
-            ms = sorted(s)[len(s) // 2] * 1e3
+        for name, ms in times.items():
             row = (item.op, mode, name, item.dtype, item.m, item.n, "eager", ms, copy_gbps)
             rows.append(make_row(setup.meta, *row))
         del fns
@@ -257,7 +316,7 @@ def _decode(setup: Setup, item: Item, providers: dict, copy_gbps: float, log) ->
     return rows
 
 
-def _progress(rows: list[Row], item: Item, elapsed: float) -> str:
+def _throughput_line(rows: list[Row], item: Item, elapsed: float) -> str:
     """One line per item: this library's number per mode (and variant) against the best peer."""
     parts = []
     for mode in item.modes:

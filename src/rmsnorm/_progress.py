@@ -1,5 +1,6 @@
-"""Progress reporting for the long lab steps: library functions take a ``progress`` object and call
-``progress.task(description, total)``; the CLI passes a rich one, tests pass nothing."""
+"""Progress reporting for long steps (the lab's and the benchmark's): library functions take a
+``progress`` object and call ``progress.task(description, total)``; the CLI passes a rich one, tests
+pass nothing."""
 
 from __future__ import annotations
 

@@ -1,17 +1,18 @@
-"""The one loop that times a call, used by ``rmsnorm bench``, the report's timing and ``rmsnorm
-compare``'s norm-only timing: ``torch.utils.benchmark``'s ``blocked_autorange`` at the process's
-torch thread count, with the callables taking turns so that a change in the machine's load hits
-all of them alike; and the one capture of calls in a CUDA graph that the GPU timings replay."""
+"""The one loop that times a call, used by ``rmsnorm bench`` (both modes), the report's timing
+and ``rmsnorm compare``'s norm-only timing: ``torch.utils.benchmark``'s ``blocked_autorange`` at the
+process's torch thread count, the callables taking turns so that a change in the machine's load
+hits all of them alike; and the one capture of calls in a CUDA graph that GPU timings replay."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+import statistics
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import torch
 
-from .._validate import positive_int
+from ._validate import positive_int
 
-__all__ = ["per_call_s", "interleaved", "cuda_graph_replay"]
+__all__ = ["per_call_s", "interleaved", "cuda_graph_replay", "median", "sync"]
 
 
 def per_call_s(fn: Callable[[], object], min_run_time: float = 0.05) -> float:
@@ -96,3 +97,14 @@ def cuda_graph_replay(fn: Callable[[], object], calls: int) -> Callable[[], None
         for _ in range(calls):
             fn()
     return graph.replay
+
+
+def median(samples: Sequence[float]) -> float:
+    """The median of ``samples`` (the mean of the middle two for an even count)."""
+    return statistics.median(samples)
+
+
+def sync(device: str) -> None:
+    """Wait for the work queued on ``device`` (a CUDA device; nothing to wait for on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()

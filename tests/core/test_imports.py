@@ -1,0 +1,172 @@
+"""The package's import graph, read from the source: no module imports another that imports it back
+(directly or around a circle, imports inside functions included), and no floor imports a higher
+one: the core never imports the applications (integrations, convert, the lab, the benchmark) nor
+the command, and the lab and the benchmark never import each other."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+# The floor above the core: what the core must not import.
+APPLICATIONS = {"integrations", "convert", "lab", "bench"}
+COMMAND = {"cli", "__main__"}
+# Applications that must not import each other (either way).
+APART = {("lab", "bench"), ("bench", "lab")}
+
+
+def _modules(src: Path = SRC) -> dict[str, tuple[Path, bool]]:
+    """{dotted name: (file, is a package)} of every module under ``src/rmsnorm``."""
+    out = {}
+    for path in sorted((src / "rmsnorm").rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if package else parts)] = (path, package)
+    return out
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def _imports(tree: ast.AST):
+    """Every import statement, at any depth, except those under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if _type_checking_only(node):
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _imports(node)
+
+
+def import_graph(src: Path = SRC, unresolved: list | None = None) -> dict[str, set[str]]:
+    """{module: the modules of this package it imports}. ``from X import y`` is an edge to
+    ``X.y`` where that is a module, else to ``X``; an edge to one's own enclosing package is left
+    out (Python runs it before any of its modules in any case). Relative imports that name no
+    module of the package are appended to ``unresolved``."""
+    modules = _modules(src)
+    unresolved = [] if unresolved is None else unresolved
+    graph = {}
+    for name, (path, package) in modules.items():
+        here = name if package else name.rpartition(".")[0]
+        targets = set()
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+                continue
+            base = node.module or ""
+            if node.level:
+                up = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.add(sub if sub in modules else base)
+                if node.level and sub not in modules and base not in modules:
+                    unresolved.append(f"{name}: {'.' * node.level}{node.module or ''}")
+        graph[name] = {
+            t for t in targets if t in modules and t != name and not name.startswith(t + ".")
+        }
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _area(module: str) -> str:
+    """The top-level part of ``rmsnorm`` a module belongs to (``rmsnorm.lab.io`` -> ``lab``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for every import that goes up a floor or between applications kept apart."""
+    bad = []
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            sa, sb = _area(a), _area(b)
+            core = sa not in APPLICATIONS | COMMAND
+            if (
+                (core and sb in APPLICATIONS | COMMAND)
+                or (sa in APPLICATIONS and sb in COMMAND)
+                or (sa, sb) in APART
+            ):
+                bad.append(f"{a} -> {b}")
+    return bad
+
+
+def test_no_import_circles():
+    unresolved = []
+    assert cycles(import_graph(unresolved=unresolved)) == []
+    assert unresolved == []  # a relative import past the package or to a module that is gone
+
+
+def test_no_import_goes_up_a_floor_and_the_lab_never_imports_the_benchmark():
+    assert forbidden_edges(import_graph()) == []
+
+
+def test_the_checks_see_circles_and_forbidden_edges(tmp_path):
+    """The checks on a planted package: a circle through an import inside a function, an import
+    under TYPE_CHECKING (not one), the lab importing the benchmark, the core importing the lab."""
+    files = {
+        "rmsnorm/__init__.py": "",
+        "rmsnorm/core.py": "def f():\n    from .lab import x\n",
+        "rmsnorm/bench/__init__.py": "",
+        "rmsnorm/bench/a.py": "from . import b\n",
+        "rmsnorm/bench/b.py": "def g():\n    from .a import y\n",
+        "rmsnorm/bench/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from .d import z\n",
+        "rmsnorm/bench/d.py": "from .c import w\n",
+        "rmsnorm/lab/__init__.py": "from ..bench.a import q\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path)
+    assert cycles(graph) == [["rmsnorm.bench.a", "rmsnorm.bench.b"]]
+    assert forbidden_edges(graph) == [
+        "rmsnorm.core -> rmsnorm.lab",
+        "rmsnorm.lab -> rmsnorm.bench.a",
+    ]
+
+
+@pytest.mark.parametrize("module", ["rmsnorm._timing", "rmsnorm._progress"])
+def test_the_shared_timing_and_progress_modules_stand_alone(module):
+    """What the benchmark, the lab and the command all use imports none of them."""
+    assert {_area(m) for m in import_graph()[module]} <= {"_validate"}
