@@ -17,6 +17,7 @@ from typing import get_type_hints
 import torch
 
 from . import _autograd, _dtensor, _launch
+from ._contract import LAUNCHERS
 from .reference import (
     ACTIVATIONS,
     CASTING_MODES,
@@ -67,15 +68,7 @@ _lib.define(
     "bool need_weight_grad) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
-OP_NAMES = (
-    "rms_norm_fwd",
-    "add_rms_norm_fwd",
-    "rms_norm_bwd",
-    "layer_norm_fwd",
-    "layer_norm_bwd",
-    "gated_rms_norm_fwd",
-    "gated_rms_norm_bwd",
-)
+OP_NAMES = LAUNCHERS  # one op per launcher of the backend contract
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 

@@ -499,39 +499,6 @@ def _check_gating(gate, input, norm_before_gate, activation) -> None:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-def _gated_arguments(
-    input,
-    gate,
-    normalized_shape,
-    weight,
-    eps,
-    eps_mode,
-    casting_mode,
-    offset,
-    bias,
-    partial,
-    group_size,
-    norm_before_gate,
-    activation,
-):
-    """gated_rms_norm's checks; returns (norm_dims, N, options, g) with g as
-    :func:`_group_arguments` gives it and the options' k that of a group."""
-    if not isinstance(input, torch.Tensor):
-        _check_float_tensor(input, "input")
-    norm_dims, n, opts = _rms_arguments(
-        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
-    )
-    if _tracing() is None:
-        _check_gating(gate, input, norm_before_gate, activation)
-    else:
-        _untraced(_check_gating, gate, input, norm_before_gate, activation)
-    g = None
-    if group_size is not None:
-        g, k = _group_arguments(group_size, n, partial)
-        opts = opts._replace(k=k)
-    return norm_dims, n, opts, g
-
-
 def _untraced(check, *args):
     """check(*args) with torch.jit.trace paused: while tracing, sizes are tensors and every shape
     comparison would warn that the trace takes it as a constant, which is what it should do."""
@@ -837,21 +804,20 @@ def gated_rms_norm(
             bias=bias,
             partial=partial,
         )
-    norm_dims, n, opts, group_size = _gated_arguments(
-        input,
-        gate,
-        normalized_shape,
-        weight,
-        eps,
-        eps_mode,
-        casting_mode,
-        offset,
-        bias,
-        partial,
-        group_size,
-        norm_before_gate,
-        activation,
+    # gated_rms_norm's checks: those of rms_norm, the gate's and the gating options', and the
+    # groups' (the options' k is then that of a group)
+    if not isinstance(input, torch.Tensor):
+        _check_float_tensor(input, "input")
+    norm_dims, n, opts = _rms_arguments(
+        input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
     )
+    if _tracing() is None:
+        _check_gating(gate, input, norm_before_gate, activation)
+    else:
+        _untraced(_check_gating, gate, input, norm_before_gate, activation)
+    if group_size is not None:
+        group_size, k = _group_arguments(group_size, n, partial)
+        opts = opts._replace(k=k)
     if gate is None and group_size is None:
         return rms_norm(
             input,

@@ -27,6 +27,53 @@ from .functional import (
 __all__ = ["RMSNorm", "AddRMSNorm", "GatedRMSNorm", "LayerNorm"]
 
 
+def _init_options(
+    norm: nn.Module,
+    elementwise_affine,
+    device,
+    dtype,
+    eps_mode,
+    casting_mode,
+    offset,
+    bias,
+    partial,
+    group_size,
+) -> None:
+    """What RMSNorm and GatedRMSNorm set up alike once ``norm.normalized_shape`` is set: the
+    options, checked and stored, and the ``bias`` parameter (or its None)."""
+    weight_marker = True if elementwise_affine else None
+    offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
+    if bias and not elementwise_affine:
+        raise ValueError("bias=True needs elementwise_affine=True (no parameters otherwise)")
+    if group_size is not None:
+        _group_arguments(group_size, math.prod(norm.normalized_shape), partial)
+    norm.eps_mode = eps_mode
+    norm.casting_mode = casting_mode
+    norm.offset = offset
+    norm.partial = partial
+    norm.group_size = group_size
+    if bias:
+        norm.bias = nn.Parameter(torch.empty(norm.normalized_shape, device=device, dtype=dtype))
+    else:
+        norm.register_parameter("bias", None)
+
+
+def _options_repr(norm: nn.Module) -> list[str]:
+    """The options shown in RMSNorm's and GatedRMSNorm's repr where they are not the default."""
+    extra = []
+    if norm.eps_mode != "mean_square":
+        extra.append(f"eps_mode={norm.eps_mode!r}")
+    if norm.casting_mode != "gemma":
+        extra.append(f"casting_mode={norm.casting_mode!r}")
+    if norm.offset != 0.0:
+        extra.append(f"offset={norm.offset}")
+    if norm.bias is not None:
+        extra.append("bias=True")
+    if norm.partial is not None:
+        extra.append(f"partial={norm.partial}")
+    return extra
+
+
 class RMSNorm(nn.RMSNorm):
     """``torch.nn.RMSNorm`` with this library's kernels and named conventions.
 
@@ -90,22 +137,9 @@ class RMSNorm(nn.RMSNorm):
         partial: float | None = None,
         group_size: int | None = None,
     ) -> None:
-        weight_marker = True if elementwise_affine else None
-        offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
-        if bias and not elementwise_affine:
-            raise ValueError("bias=True needs elementwise_affine=True (no parameters otherwise)")
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
-        if group_size is not None:
-            _group_arguments(group_size, math.prod(self.normalized_shape), partial)
-        self.eps_mode = eps_mode
-        self.casting_mode = casting_mode
-        self.offset = offset
-        self.partial = partial
-        self.group_size = group_size
-        if bias:
-            self.bias = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
+        options = (eps_mode, casting_mode, offset, bias, partial, group_size)
+        _init_options(self, elementwise_affine, device, dtype, *options)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -130,17 +164,7 @@ class RMSNorm(nn.RMSNorm):
         )
 
     def extra_repr(self) -> str:
-        extra = [super().extra_repr()]
-        if self.eps_mode != "mean_square":
-            extra.append(f"eps_mode={self.eps_mode!r}")
-        if self.casting_mode != "gemma":
-            extra.append(f"casting_mode={self.casting_mode!r}")
-        if self.offset != 0.0:
-            extra.append(f"offset={self.offset}")
-        if self.bias is not None:
-            extra.append("bias=True")
-        if self.partial is not None:
-            extra.append(f"partial={self.partial}")
+        extra = [super().extra_repr(), *_options_repr(self)]
         if self.group_size is not None:
             extra.append(f"group_size={self.group_size}")
         return ", ".join(extra)
@@ -247,31 +271,18 @@ class GatedRMSNorm(nn.Module):
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(normalized_shape)
-        weight_marker = True if elementwise_affine else None
-        offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
-        if bias and not elementwise_affine:
-            raise ValueError("bias=True needs elementwise_affine=True (no parameters otherwise)")
         _check_gating(None, None, norm_before_gate, activation)
-        if group_size is not None:
-            _group_arguments(group_size, math.prod(self.normalized_shape), partial)
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
-        self.group_size = group_size
-        self.norm_before_gate = norm_before_gate
-        self.activation = activation
-        self.eps_mode = eps_mode
-        self.casting_mode = casting_mode
-        self.offset = offset
-        self.partial = partial
-        factory = {"device": device, "dtype": dtype}
         if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+            shape = self.normalized_shape
+            self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         else:
             self.register_parameter("weight", None)
-        if bias:
-            self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-        else:
-            self.register_parameter("bias", None)
+        options = (eps_mode, casting_mode, offset, bias, partial, group_size)
+        _init_options(self, elementwise_affine, device, dtype, *options)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.norm_before_gate = norm_before_gate
+        self.activation = activation
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -307,17 +318,7 @@ class GatedRMSNorm(nn.Module):
             extra.append("norm_before_gate=False")
         if self.activation != "silu":
             extra.append(f"activation={self.activation!r}")
-        if self.eps_mode != "mean_square":
-            extra.append(f"eps_mode={self.eps_mode!r}")
-        if self.casting_mode != "gemma":
-            extra.append(f"casting_mode={self.casting_mode!r}")
-        if self.offset != 0.0:
-            extra.append(f"offset={self.offset}")
-        if self.bias is not None:
-            extra.append("bias=True")
-        if self.partial is not None:
-            extra.append(f"partial={self.partial}")
-        return ", ".join(extra)
+        return ", ".join(extra + _options_repr(self))
 
 
 class LayerNorm(nn.LayerNorm):

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._contract import LAUNCHERS
 from ...reference import ACTIVATIONS, compute_dtype, gated_output_dtype, output_dtype
 
 # Triton 3.3 passes the kernels' dtype-annotated scalars (eps, offset: tl.float64) as float32,
@@ -42,17 +43,7 @@ from ._gated import gated_rms_norm_bwd_kernel, gated_rms_norm_fwd_kernel  # noqa
 from ._layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel  # noqa: E402
 from ._rms import rms_norm_bwd_kernel, rms_norm_fwd_kernel  # noqa: E402
 
-__all__ = [
-    "rms_norm_fwd",
-    "add_rms_norm_fwd",
-    "rms_norm_bwd",
-    "layer_norm_fwd",
-    "layer_norm_bwd",
-    "gated_rms_norm_fwd",
-    "gated_rms_norm_bwd",
-    "Config",
-    "override",
-]
+__all__ = [*LAUNCHERS, "Config", "override"]
 
 _TL = {
     torch.float32: tl.float32,
@@ -433,9 +424,15 @@ def _quiet():
     return np.errstate(all="ignore")
 
 
-def _check_gated_config(cfg: Config, g: int) -> None:
+def _gated_setup(kernel, x, in_dtype, n, g, eps_mode, casting_mode):
+    """What a gated kernel's build starts from, forward and backward alike: the modes checked,
+    the accumulation dtype (torch's, triton's) and a launch config whose block holds a group."""
+    _check_mode(eps_mode, casting_mode)
+    acc, acc_tl = _acc(x.dtype, in_dtype)
+    cfg = _config.choose_gated(kernel, n, g, x.dtype, x.device)
     if not cfg.loop and cfg.block_n < g:
         raise ValueError(f"{cfg} holds {cfg.block_n} columns of a group of {g}: use loop=True")
+    return acc, acc_tl, cfg
 
 
 def _gating(gate, norm_before_gate: bool, activation: str) -> int:
@@ -465,10 +462,7 @@ def gated_rms_norm_fwd(
            bias is not None, eps_mode, casting_mode, gating, x.device)  # fmt: skip
 
     def build():
-        _check_mode(eps_mode, casting_mode)
-        acc, acc_tl = _acc(x.dtype, in_dt)
-        cfg = _config.choose_gated("gated_fwd", n, g, x.dtype, x.device)
-        _check_gated_config(cfg, g)
+        acc, acc_tl, cfg = _gated_setup("gated_fwd", x, in_dt, n, g, eps_mode, casting_mode)
         option_flags = flag.flags(
             w=wdt is not None, b=bias is not None, rms_eps=eps_mode == "rms", partial=k < g,
             cast=_CAST[casting_mode], loop=cfg.loop,
@@ -526,10 +520,7 @@ def gated_rms_norm_bwd(
            need_db, eps_mode, casting_mode, gating, x.device)  # fmt: skip
 
     def build():
-        _check_mode(eps_mode, casting_mode)
-        acc, acc_tl = _acc(x.dtype, input_dtype)
-        cfg = _config.choose_gated("gated_bwd", n, g, x.dtype, x.device)
-        _check_gated_config(cfg, g)
+        acc, acc_tl, cfg = _gated_setup("gated_bwd", x, input_dtype, n, g, eps_mode, casting_mode)
         option_flags = flag.flags(
             res=dresidual is not None, w=has_w, b=has_b, dw=need_dw, db=need_db,
             rms_eps=eps_mode == "rms", partial=k < g, cast=_CAST[casting_mode], loop=cfg.loop,
