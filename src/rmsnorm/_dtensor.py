@@ -244,7 +244,7 @@ def _normalized_mesh_dims(x, norm_dims: int) -> list[int] | None:
 def rms_norm(x, norm_dims, weight, bias, opts):
     """rms_norm of the DTensor x (see the section comment); ``opts`` a
     :class:`rmsnorm.reference.RMSOptions`."""
-    from ._ops import call
+    from ._opcall import call
 
     weight, bias = _as_dtensor(weight, x, "weight"), _as_dtensor(bias, x, "bias")
     x = _without_partial(x)
@@ -268,7 +268,7 @@ def add_rms_norm(x, residual, norm_dims, weight, bias, opts):
     residual = residual.redistribute(x.device_mesh, x.placements)
     mesh_dims = _normalized_mesh_dims(x, norm_dims)
     if mesh_dims is None:
-        from ._ops import call
+        from ._opcall import call
 
         y, h, _ = call.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)
         return y, h
@@ -480,7 +480,7 @@ def gated_rms_norm(x, gate, norm_dims, weight, bias, opts, gating, input_dtype):
     x = _without_partial(x)
     if gate is not None:
         gate = gate.redistribute(x.device_mesh, x.placements)
-    from ._ops import call
+    from ._opcall import call
 
     mesh_dims = _normalized_mesh_dims(x, norm_dims)
     if mesh_dims is None:
@@ -529,7 +529,7 @@ def _local_groups(rows, index, x, gate, weight, bias, opts, gating, input_dtype)
         local = p.to_local(grad_placements=rows.grad_placements).reshape(-1)
         return local.index_select(0, index)
 
-    from ._ops import call
+    from ._opcall import call
 
     group_size, norm_before_gate, activation = gating
     g = rows.big_n if group_size is None else group_size

@@ -18,6 +18,7 @@ import torch
 
 from . import _autograd, _dtensor, _launch
 from ._contract import LAUNCHERS
+from ._opcall import call
 from .reference import (
     ACTIVATIONS,
     CASTING_MODES,
@@ -487,58 +488,3 @@ for _name in ("rms_norm_bwd", "layer_norm_bwd", "gated_rms_norm_bwd"):
 
 # DTensor sharding rules, registered once torch.distributed.tensor is imported (not by this import).
 _dtensor.install()
-
-
-class call:
-    """The ops with :mod:`rmsnorm._launch`'s signatures (options as one RMSOptions, gating as one
-    tuple): what the functional API's op path, the ops' backward and :mod:`rmsnorm._dtensor` call.
-    Here, and in the schemas above, the options are flattened; nowhere else."""
-
-    @staticmethod
-    def rms_norm_fwd(x, norm_dims, weight, bias, opts):
-        return torch.ops.rmsnorm.rms_norm_fwd(x, norm_dims, weight, bias, *opts)
-
-    @staticmethod
-    def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
-        return torch.ops.rmsnorm.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, *opts)
-
-    @staticmethod
-    def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dtype, need):
-        return torch.ops.rmsnorm.rms_norm_bwd(
-            dy, x, norm_dims, weight, bias, rstd, dresidual, *opts, input_dtype, need
-        )
-
-    @staticmethod
-    def layer_norm_fwd(x, norm_dims, weight, bias, eps):
-        return torch.ops.rmsnorm.layer_norm_fwd(x, norm_dims, weight, bias, eps)
-
-    @staticmethod
-    def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
-        return torch.ops.rmsnorm.layer_norm_bwd(
-            dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad
-        )
-
-    @staticmethod
-    def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dtype):
-        return torch.ops.rmsnorm.gated_rms_norm_fwd(
-            x, gate, norm_dims, weight, bias, *opts, *gating, input_dtype
-        )
-
-    @staticmethod
-    def gated_rms_norm_bwd(
-        dy, x, gate, norm_dims, weight, bias, rstd, dresidual, opts, gating, input_dtype, need
-    ):
-        return torch.ops.rmsnorm.gated_rms_norm_bwd(
-            dy,
-            x,
-            gate,
-            norm_dims,
-            weight,
-            bias,
-            rstd,
-            dresidual,
-            *opts,
-            *gating,
-            input_dtype,
-            need,
-        )
