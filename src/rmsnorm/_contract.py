@@ -16,9 +16,14 @@ from torch import Tensor, dtype
 __all__ = ["LAUNCHERS", "Backend", "mismatches"]
 
 LAUNCHERS = (
-    "rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd", "layer_norm_fwd", "layer_norm_bwd",
-    "gated_rms_norm_fwd", "gated_rms_norm_bwd",
-)  # fmt: skip
+    "rms_norm_fwd",
+    "add_rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+    "gated_rms_norm_fwd",
+    "gated_rms_norm_bwd",
+)
 
 
 class Backend(Protocol):

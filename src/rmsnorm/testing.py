@@ -31,8 +31,11 @@ OUTPUTS = {
 _SUMMED_OVER_ROWS = ("dweight", "dbias")
 # the stats argument of each forward launcher
 _STATS_AT = {
-    "rms_norm_fwd": 8, "add_rms_norm_fwd": 9, "layer_norm_fwd": 4, "gated_rms_norm_fwd": 12,
-}  # fmt: skip
+    "rms_norm_fwd": 8,
+    "add_rms_norm_fwd": 9,
+    "layer_norm_fwd": 4,
+    "gated_rms_norm_fwd": 12,
+}
 
 
 def max_abs_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
