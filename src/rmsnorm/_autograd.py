@@ -122,8 +122,9 @@ def rms_norm_backward(
     ops, dy, dh, x, norm_dims, weight, bias, rstd, opts, input_dtype, need_x, need_w, need_b
 ):
     """(d x, d weight, d bias) of rms_norm at x, or of add_rms_norm at its sum h = x (then dh, the
-    gradient reaching h directly, is added to d x). ``ops`` runs the backward kernel: the custom
-    ops (:class:`rmsnorm._ops.call`) or :mod:`rmsnorm._launch`, which have the same signatures."""
+    gradient reaching h directly, is added to d x). ``ops`` runs the backward kernel: the
+    custom ops (:class:`rmsnorm._opcall.call`) or :mod:`rmsnorm._launch`, which have the same
+    signatures."""
     if not (need_x or need_w or need_b):
         return None, None, None
     dy_given = dy

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from . import _autograd, _calls, _dtensor, _launch, _layout, _ops
+# _ops registers torch.ops.rmsnorm.*, which _opcall calls
+from . import _autograd, _calls, _dtensor, _launch, _layout, _opcall, _ops  # noqa: F401
 from . import reference as ref
 from ._launch import backend_for
 from .reference import ACTIVATIONS, CASTING_MODES, EPS_MODES, RMSOptions, default_eps, partial_size
@@ -292,26 +293,26 @@ class _Op:
     def rms_norm(x, norm_dims, n, weight, bias, opts):
         if _dtensor.is_dtensor(x):
             return _dtensor.rms_norm(x, norm_dims, weight, bias, opts)
-        return _ops.call.rms_norm_fwd(x, norm_dims, weight, bias, opts)[0]
+        return _opcall.call.rms_norm_fwd(x, norm_dims, weight, bias, opts)[0]
 
     @staticmethod
     def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
         if _dtensor.is_dtensor(x) or _dtensor.is_dtensor(residual):
             return _dtensor.add_rms_norm(x, residual, norm_dims, weight, bias, opts)
-        return _ops.call.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)[:2]
+        return _opcall.call.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)[:2]
 
     @staticmethod
     def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
         args = (x, gate, norm_dims, weight, bias, opts, gating, in_dtype)
         if _dtensor.is_dtensor(x) or _dtensor.is_dtensor(gate):
             return _dtensor.gated_rms_norm(*args)
-        return _ops.call.gated_rms_norm_fwd(*args)[0]
+        return _opcall.call.gated_rms_norm_fwd(*args)[0]
 
     @staticmethod
     def layer_norm(x, norm_dims, n, weight, bias, eps):
         if _dtensor.is_dtensor(x):
             return _dtensor.layer_norm(x, norm_dims, weight, bias, eps)
-        return _ops.call.layer_norm_fwd(x, norm_dims, weight, bias, eps)[0]
+        return _opcall.call.layer_norm_fwd(x, norm_dims, weight, bias, eps)[0]
 
 
 class _Spec:
