@@ -23,9 +23,10 @@ M, N = 8192, 4096
 for dt in (torch.float32, torch.bfloat16):
     x = torch.randn(M, N, dtype=dt); w = torch.randn(N, dtype=dt) * 0.1 + 1; y = torch.empty_like(x)
     comp = torch.compile(lambda x, w: R.rms_norm(x, w, 1e-6), dynamic=False)
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, N)
     fns = {
         "copy_": lambda: y.copy_(x), "clone": lambda: x.clone(),
-        "rmsnorm rms_norm": lambda: L.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0, N),
+        "rmsnorm rms_norm": lambda: L.rms_norm_fwd(x, w, None, opts),
         "rmsnorm layer_norm": lambda: L.layer_norm_fwd(x, w, None, 1e-5),
         "F.layer_norm": lambda: F.layer_norm(x, (N,), w, None),
         "torch.compile(reference)": lambda: comp(x, w),

@@ -45,6 +45,7 @@ def _per_call(fn, budget: float) -> float:
 
 def _providers(m: int, n: int, dtype: torch.dtype):
     from rmsnorm.kernels import cpu
+    from rmsnorm.reference import RMSOptions
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m, n, generator=g).to(dtype)
@@ -52,7 +53,8 @@ def _providers(m: int, n: int, dtype: torch.dtype):
     w = torch.randn(n, generator=g).to(dtype)
     b = torch.randn(n, generator=g).to(dtype)
     eps = 1e-6
-    y, rstd = cpu.rms_norm_fwd(x, w, None, eps, "mean_square", "gemma", 0.0, n)
+    opts = RMSOptions(eps, "mean_square", "gemma", 0.0, n)
+    y, rstd = cpu.rms_norm_fwd(x, w, None, opts)
     yl, mean, rl = cpu.layer_norm_fwd(x, w, b, eps)
 
     xg = x.clone().requires_grad_()
@@ -69,17 +71,13 @@ def _providers(m: int, n: int, dtype: torch.dtype):
         return run
 
     fwd = {
-        "ours rms": no_grad(
-            lambda: cpu.rms_norm_fwd(x, w, None, eps, "mean_square", "gemma", 0.0, n)
-        ),
+        "ours rms": no_grad(lambda: cpu.rms_norm_fwd(x, w, None, opts)),
         "ours ln": no_grad(lambda: cpu.layer_norm_fwd(x, w, b, eps)),
         "F.layer_norm": no_grad(lambda: F.layer_norm(x, (n,), w, b, eps)),
         "F.rms_norm": no_grad(lambda: F.rms_norm(x, (n,), w, eps)),
     }
     bwd = {
-        "ours rms": lambda: cpu.rms_norm_bwd(
-            dy, x, w, None, rstd, None, eps, "mean_square", "gemma", 0.0, n, dtype, True
-        ),
+        "ours rms": lambda: cpu.rms_norm_bwd(dy, x, w, None, rstd, None, opts, dtype, True),
         "ours ln": lambda: cpu.layer_norm_bwd(dy, x, w, b, mean, rl, True),
         "F.layer_norm": lambda: torch.autograd.grad(y_ln, (xg, wg, bg), dy, retain_graph=True),
         "F.rms_norm": lambda: torch.autograd.grad(y_rms, (xg, wg), dy, retain_graph=True),

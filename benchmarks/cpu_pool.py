@@ -29,18 +29,18 @@ def _calls(dt, m: int, n: int):
     import torch
 
     from rmsnorm.kernels.cpu import launchers as L
+    from rmsnorm.reference import RMSOptions
 
     aten = torch.ops.aten
     x, dy = torch.randn(m, n).to(dt), torch.randn(m, n).to(dt)
     w, b = (torch.rand(n) + 0.5).to(dt), torch.rand(n).to(dt)
-    _, rs = L.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
+    opts = RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
+    _, rs = L.rms_norm_fwd(x, w, None, opts)
     _, mu, lr = L.layer_norm_fwd(x, w, b, 1e-5)
     _, tmu, tr = aten.native_layer_norm(x, (n,), w, b, 1e-5)
     ours = {
-        "rms fwd": lambda: L.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n),
-        "rms bwd": lambda: L.rms_norm_bwd(
-            dy, x, w, None, rs, None, 1e-6, "mean_square", "gemma", 0.0, n, dt
-        ),
+        "rms fwd": lambda: L.rms_norm_fwd(x, w, None, opts),
+        "rms bwd": lambda: L.rms_norm_bwd(dy, x, w, None, rs, None, opts, dt),
         "ln fwd": lambda: L.layer_norm_fwd(x, w, b, 1e-5),
         "ln bwd": lambda: L.layer_norm_bwd(dy, x, w, b, mu, lr),
     }

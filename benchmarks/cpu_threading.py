@@ -30,6 +30,7 @@ torch.set_num_threads(2)
 from rmsnorm.kernels import cpu
 cpu.warmup()
 from rmsnorm.kernels.cpu import launchers as L, kernels as K, pool as P
+from rmsnorm.reference import RMSOptions
 shapes = [(64, 1024), (128, 1024), (256, 1024), (1024, 1024), (4096, 1024), (8192, 4096)]
 
 def serial(args):
@@ -58,7 +59,7 @@ else:
 out = []
 for m, n in shapes:
     x, w = torch.randn(m, n), torch.randn(n)
-    y, r = L.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
+    y, r = L.rms_norm_fwd(x, w, None, RMSOptions(1e-6, "mean_square", "gemma", 0.0, n))
     flags = L._rms_fwd_plans[(x.dtype, w.dtype, None, None, "gemma", "mean_square")][1]
     args = (x.data_ptr(), n, 0, 0, 0, y.data_ptr(), w.data_ptr(), 1, 0, 0, 0, r.data_ptr(), m, n,
             n, 1e-6, 0.0, flags)

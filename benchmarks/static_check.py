@@ -83,6 +83,7 @@ def main() -> None:
 
     import rmsnorm.kernels.triton as T
     from rmsnorm.kernels.triton import _config
+    from rmsnorm.reference import RMSOptions
 
     ap_kinds = args.kinds.split(",")
     cases = []
@@ -103,29 +104,16 @@ def main() -> None:
             m = 4
             x = torch.randn(m, n, dtype=dtype)
             w = torch.randn(n, dtype=dtype)
+            opts = RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
             _compiled.clear()
             with _config.override(**{kind: cfg}):
                 if kind == "fwd" and add:
-                    T.add_rms_norm_fwd(x, x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
+                    T.add_rms_norm_fwd(x, x, w, None, opts)
                 elif kind == "fwd":
-                    T.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
+                    T.rms_norm_fwd(x, w, None, opts)
                 elif kind == "bwd":
                     r = torch.ones(m)
-                    T.rms_norm_bwd(
-                        x,
-                        x,
-                        w,
-                        None,
-                        r,
-                        x if add else None,
-                        1e-6,
-                        "mean_square",
-                        "gemma",
-                        0.0,
-                        n,
-                        dtype,
-                        True,
-                    )
+                    T.rms_norm_bwd(x, x, w, None, r, x if add else None, opts, dtype, True)
                 elif kind == "ln_fwd":
                     T.layer_norm_fwd(x, w, w, 1e-5)
                 else:
@@ -148,6 +136,8 @@ def _gated(T, _config, args) -> None:
     """The grouped / gated kernels at the shapes of the models that use them: Qwen3-Next's
     per-head norm (N = 128), Mamba2's n_groups (N = 8192 in 8 groups) and one group of a wide row
     (N = 32768, the looped layout), each order and both activations."""
+    from rmsnorm.reference import GateOptions, RMSOptions
+
     shapes = ((128, None), (4096, None), (8192, 1024), (32768, None))
     gatings = (("last", "silu"), ("first", "silu"), ("last", "sigmoid"), ("none", "silu"))
     for dtype in (torch.bfloat16, torch.float32):
@@ -159,14 +149,16 @@ def _gated(T, _config, args) -> None:
                     x = torch.randn(m, n, dtype=dtype)
                     z = None if gate == "none" else torch.randn(m, n, dtype=dtype)
                     w = torch.randn(n, dtype=dtype)
-                    opts = (1e-6, "mean_square", "llama", 0.0, g or n, g, gate != "first", act)
+                    opts = RMSOptions(1e-6, "mean_square", "llama", 0.0, g or n)
+                    gating = GateOptions(g, gate != "first", act)
                     _compiled.clear()
                     with _config.override(**{kind: cfg}):
                         if kind == "gated_fwd":
-                            T.gated_rms_norm_fwd(x, z, w, None, *opts)
+                            T.gated_rms_norm_fwd(x, z, w, None, opts, gating)
                         else:
                             r = torch.ones(m * n // (g or n))
-                            T.gated_rms_norm_bwd(x, x, z, w, None, r, None, *opts, dtype, True)
+                            args = (x, x, z, w, None, r, None, opts, gating, dtype, True)
+                            T.gated_rms_norm_bwd(*args)
                     name, kernel = next(c for c in _compiled if c[0].startswith("gated"))
                     u = _usage(kernel)
                     threads = cfg.num_warps * 32

@@ -213,16 +213,16 @@ def check_all_ops(mod, x, w, b, *, eps_mode="mean_square", k=None, res=None, lab
     ``mod`` on x (M, N) against the spec. Each backward starts from the float64 spec's statistics
     (rounded to the compute dtype), so that only its own error is measured."""
     m, n = x.shape
-    opts = (EPS, eps_mode, "gemma", 0.0, n if k is None else k)
+    opts = R.RMSOptions(EPS, eps_mode, "gemma", 0.0, n if k is None else k)
     if res is None:
-        _, eager, exact = check_launcher(mod, "rms_norm_fwd", x, w, b, *opts, label=label)
+        _, eager, exact = check_launcher(mod, "rms_norm_fwd", x, w, b, opts, label=label)
         xin, dres = x, None
     else:
-        _, eager, exact = check_launcher(mod, "add_rms_norm_fwd", x, res, w, b, *opts, label=label)
+        _, eager, exact = check_launcher(mod, "add_rms_norm_fwd", x, res, w, b, opts, label=label)
         xin, dres = eager[1], randn(m, n, dtype=res.dtype, device=x.device)
     dy = randn(m, n, dtype=eager[0].dtype, device=x.device)
     rstd = exact[-1].to(eager[-1].dtype)
-    bwd = (dy, xin, w, b, rstd, dres, *opts, x.dtype, True)
+    bwd = (dy, xin, w, b, rstd, dres, opts, x.dtype, True)
     check_launcher(mod, "rms_norm_bwd", *bwd, label=label)
 
     _, eager, exact = check_launcher(mod, "layer_norm_fwd", x, w, b, EPS, label=label)

@@ -44,17 +44,8 @@ def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, opts, input_dtype, ne
     # rstd recomputed: its derivative in x is needed
     rstd = ref.rms_rstd(x2.to(cd), opts.eps, opts.eps_mode, opts.k)
     w, b = ref.param_vector(weight), ref.param_vector(bias)
-    dx, dw, db = ref.rms_norm_bwd(
-        ref.row_matrix(dy, n),
-        x2,
-        w,
-        b,
-        rstd,
-        ref.row_matrix(dh, n),
-        *opts,
-        input_dtype,
-        need_params,
-    )
+    dy2, dh2 = ref.row_matrix(dy, n), ref.row_matrix(dh, n)
+    dx, dw, db = ref.rms_norm_bwd(dy2, x2, w, b, rstd, dh2, opts, input_dtype, need_params)
     return _in_shapes(dx, dw, db, x, weight, bias)
 
 
@@ -76,9 +67,9 @@ def _spec_gated_backward(
     n = _row_size(x, norm_dims)
     x2, z2 = ref.row_matrix(x, n), ref.row_matrix(gate, n)
     w, b = ref.param_vector(weight), ref.param_vector(bias)
-    _, rstd = ref.gated_rms_norm_fwd(x2, z2, w, b, *opts, *gating, input_dtype=input_dtype)
+    _, rstd = ref.gated_rms_norm_fwd(x2, z2, w, b, opts, gating, True, input_dtype)
     dx, dz, dw, db = ref.gated_rms_norm_bwd(
-        ref.row_matrix(dy, n), x2, z2, w, b, rstd, None, *opts, *gating, input_dtype, need_params
+        ref.row_matrix(dy, n), x2, z2, w, b, rstd, None, opts, gating, input_dtype, need_params
     )
     dx, dw, db = _in_shapes(dx, dw, db, x, weight, bias)
     return dx, None if gate is None else dz.reshape(x.shape), dw, db
@@ -102,7 +93,7 @@ def gated_rms_norm_backward(
     need_b,
 ):
     """(d x, d gate, d weight, d bias) of gated_rms_norm (and grouped rms_norm) at x; as
-    :func:`rms_norm_backward`, ``gating`` the op's (group_size, norm_before_gate, activation)."""
+    :func:`rms_norm_backward`, ``gating`` the op's :class:`~rmsnorm.reference.GateOptions`."""
     if not (need_x or need_z or need_w or need_b):
         return None, None, None, None
     args = (dy, x, gate, norm_dims, weight, bias)

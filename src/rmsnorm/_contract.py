@@ -13,6 +13,8 @@ from typing import Protocol
 
 from torch import Tensor, dtype
 
+from .reference import GateOptions, RMSOptions
+
 __all__ = ["LAUNCHERS", "Backend", "mismatches"]
 
 LAUNCHERS = (
@@ -43,10 +45,14 @@ class Backend(Protocol):
     statistics. What each output holds is the spec's, :mod:`rmsnorm.reference`, which states every
     formula; :mod:`rmsnorm.testing` says how close to it a backend must be.
 
-    Options: ``eps`` ≥ 0; ``eps_mode`` one of :data:`rmsnorm.reference.EPS_MODES`;
-    ``casting_mode`` one of :data:`rmsnorm.reference.CASTING_MODES`; ``offset`` added to the
-    weight; ``k`` (1 ≤ k ≤ N) the leading elements the RMS is estimated from. Callers validate the
-    tensors' shapes, dtypes and devices first (:mod:`rmsnorm._ops`, :mod:`rmsnorm.functional`).
+    Options: ``opts``, one :class:`rmsnorm.reference.RMSOptions` (``eps`` ≥ 0; ``eps_mode`` one
+    of :data:`rmsnorm.reference.EPS_MODES`; ``casting_mode`` one of
+    :data:`rmsnorm.reference.CASTING_MODES`; ``offset`` added to the weight; ``k`` (1 ≤ k ≤ N) the
+    leading elements the RMS is estimated from), and for the grouped and gated launchers
+    ``gating``, one :class:`rmsnorm.reference.GateOptions`. A backend reads their fields (by
+    unpacking or by name) and passes them on whole; LayerNorm has no options but ``eps``. Callers
+    validate the tensors' shapes, dtypes and devices first (:mod:`rmsnorm._ops`,
+    :mod:`rmsnorm.functional`).
     """
 
     def rms_norm_fwd(
@@ -54,11 +60,7 @@ class Backend(Protocol):
         x: Tensor,
         weight: Tensor | None,
         bias: Tensor | None,
-        eps: float,
-        eps_mode: str,
-        casting_mode: str,
-        offset: float,
-        k: int,
+        opts: RMSOptions,
         stats: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """RMSNorm forward: (y, rstd)."""
@@ -70,11 +72,7 @@ class Backend(Protocol):
         residual: Tensor,
         weight: Tensor | None,
         bias: Tensor | None,
-        eps: float,
-        eps_mode: str,
-        casting_mode: str,
-        offset: float,
-        k: int,
+        opts: RMSOptions,
         stats: bool = True,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """h = x + residual (any float dtype, h in the residual's), then RMSNorm of h with x's
@@ -89,11 +87,7 @@ class Backend(Protocol):
         bias: Tensor | None,
         rstd: Tensor,
         dresidual: Tensor | None,
-        eps: float,
-        eps_mode: str,
-        casting_mode: str,
-        offset: float,
-        k: int,
+        opts: RMSOptions,
         input_dtype: dtype,
         need_weight_grad: bool = True,
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -133,24 +127,17 @@ class Backend(Protocol):
         gate: Tensor | None,
         weight: Tensor | None,
         bias: Tensor | None,
-        eps: float,
-        eps_mode: str,
-        casting_mode: str,
-        offset: float,
-        k: int,
-        group_size: int | None,
-        norm_before_gate: bool,
-        activation: str,
+        opts: RMSOptions,
+        gating: GateOptions,
         stats: bool = True,
         input_dtype: dtype | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Grouped and gated RMSNorm forward: (y, rstd). ``gate`` (x's rows, any float dtype, read
-        in the compute dtype) or None; ``group_size`` a divisor g of N, or None (g = N): each group
-        of g elements has its own r, from its first k (1 ≤ k ≤ g), and rstd is (M·N/g,), the
-        (M, N/g) statistics in row-major order; ``activation`` one of
-        :data:`rmsnorm.reference.ACTIVATIONS`; ``input_dtype`` the dtype the casting mode rounds
-        to (None: x's; the residual form passes its input's for x = h). y is in
-        :func:`rmsnorm.reference.gated_output_dtype`."""
+        in the compute dtype) or None; ``gating.group_size`` a divisor g of N, or None (g = N):
+        each group of g elements has its own r, from its first k (1 ≤ k ≤ g), and rstd is
+        (M·N/g,), the (M, N/g) statistics in row-major order; ``input_dtype`` the dtype the
+        casting mode rounds to (None: x's; the residual form passes its input's for x = h). y is
+        in :func:`rmsnorm.reference.gated_output_dtype`."""
         ...
 
     def gated_rms_norm_bwd(
@@ -162,14 +149,8 @@ class Backend(Protocol):
         bias: Tensor | None,
         rstd: Tensor,
         dresidual: Tensor | None,
-        eps: float,
-        eps_mode: str,
-        casting_mode: str,
-        offset: float,
-        k: int,
-        group_size: int | None,
-        norm_before_gate: bool,
-        activation: str,
+        opts: RMSOptions,
+        gating: GateOptions,
         input_dtype: dtype,
         need_weight_grad: bool = True,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:

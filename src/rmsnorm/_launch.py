@@ -70,7 +70,7 @@ def _param_grad(g: torch.Tensor, p: torch.Tensor | None) -> torch.Tensor:
 
 def rms_norm_fwd(x, norm_dims, weight, bias, opts):
     y, rstd = backend_for(x).rms_norm_fwd(
-        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), *opts
+        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), opts
     )
     return _shaped(y, x), rstd
 
@@ -81,7 +81,7 @@ def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
         _as_rows(residual, norm_dims),
         param_vector(weight),
         param_vector(bias),
-        *opts,
+        opts,
     )
     return _shaped(y, x), _shaped(h, x), rstd
 
@@ -95,7 +95,7 @@ def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dt
         param_vector(bias),
         _flat(rstd),
         dr,
-        *opts,
+        opts,
         input_dtype,
         need_wgrad,
     )
@@ -124,14 +124,14 @@ def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad)
 
 def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dtype, stats=True):
     """y in x's shape and the (M·G,) statistics (None where ``stats`` is false and the backend
-    skips them). ``gating`` is (group_size, norm_before_gate, activation)."""
+    skips them). ``gating`` is a :class:`~rmsnorm.reference.GateOptions`."""
     y, rstd = backend_for(x).gated_rms_norm_fwd(
         _as_rows(x, norm_dims),
         None if gate is None else _as_rows(gate, norm_dims),
         param_vector(weight),
         param_vector(bias),
-        *opts,
-        *gating,
+        opts,
+        gating,
         stats,
         input_dtype,
     )
@@ -151,8 +151,8 @@ def gated_rms_norm_bwd(
         param_vector(bias),
         _flat(rstd),
         dr,
-        *opts,
-        *gating,
+        opts,
+        gating,
         input_dtype,
         need_wgrad,
     )

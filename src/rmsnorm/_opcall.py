@@ -9,8 +9,9 @@ import torch
 
 class call:
     """The ops with :mod:`rmsnorm._launch`'s signatures (options as one RMSOptions, gating as one
-    tuple): what the functional API's op path, the ops' backward and :mod:`rmsnorm._dtensor` call.
-    Here, and in the schemas above, the options are flattened; nowhere else."""
+    GateOptions): what the functional API's op path, the ops' backward and
+    :mod:`rmsnorm._dtensor` call. Here, and in the ops' schemas, the options are flattened;
+    nowhere else."""
 
     @staticmethod
     def rms_norm_fwd(x, norm_dims, weight, bias, opts):
@@ -46,17 +47,5 @@ class call:
     def gated_rms_norm_bwd(
         dy, x, gate, norm_dims, weight, bias, rstd, dresidual, opts, gating, input_dtype, need
     ):
-        return torch.ops.rmsnorm.gated_rms_norm_bwd(
-            dy,
-            x,
-            gate,
-            norm_dims,
-            weight,
-            bias,
-            rstd,
-            dresidual,
-            *opts,
-            *gating,
-            input_dtype,
-            need,
-        )
+        tensors = (dy, x, gate, norm_dims, weight, bias, rstd, dresidual)
+        return torch.ops.rmsnorm.gated_rms_norm_bwd(*tensors, *opts, *gating, input_dtype, need)

@@ -12,7 +12,7 @@ Python overhead is several times smaller. Which implementation runs is decided p
 
 from __future__ import annotations
 
-from typing import get_type_hints
+from typing import get_args, get_type_hints
 
 import torch
 
@@ -23,6 +23,7 @@ from .reference import (
     ACTIVATIONS,
     CASTING_MODES,
     EPS_MODES,
+    GateOptions,
     RMSOptions,
     compute_dtype,
     gated_output_dtype,
@@ -31,10 +32,21 @@ from .reference import (
 
 _lib = torch.library.Library("rmsnorm", "DEF")  # noqa: TOR901 (module-lifetime registration)
 
-# The schemas take RMSOptions flattened, one argument per field (a schema has no record type):
-# this string, and the classes at the end of this module, are the one place that flattens it.
-_RMS_ARGS = ", ".join(f"{t.__name__} {name}" for name, t in get_type_hints(RMSOptions).items())
-_NOPTS = len(RMSOptions._fields)
+
+def _schema_args(value: type) -> str:
+    """A NamedTuple's fields as schema arguments, one per field (a schema has no record type):
+    ``float eps``, and ``int? group_size`` for an ``int | None``."""
+    args = []
+    for name, t in get_type_hints(value).items():
+        kinds = [a for a in get_args(t) if a is not type(None)] or [t]
+        args.append(f"{kinds[0].__name__}{'?' if kinds[0] is not t else ''} {name}")
+    return ", ".join(args)
+
+
+# The schemas take RMSOptions and GateOptions flattened, one argument per field: these strings,
+# and rmsnorm._opcall, are the one place that flattens them.
+_RMS_ARGS = _schema_args(RMSOptions)
+_NOPTS, _NGATE = len(RMSOptions._fields), len(GateOptions._fields)
 _NO_OPTION_GRADS = (None,) * _NOPTS
 _lib.define(
     "rms_norm_fwd(Tensor x, int norm_dims, Tensor? weight, Tensor? bias, "
@@ -58,7 +70,7 @@ _lib.define(
     "Tensor mean, Tensor rstd, bool need_weight_grad) -> (Tensor, Tensor, Tensor)"
 )
 
-_GATED_ARGS = f"{_RMS_ARGS}, int? group_size, bool norm_before_gate, str activation"
+_GATED_ARGS = f"{_RMS_ARGS}, {_schema_args(GateOptions)}"
 _lib.define(
     "gated_rms_norm_fwd(Tensor x, Tensor? gate, int norm_dims, Tensor? weight, Tensor? bias, "
     f"{_GATED_ARGS}, ScalarType? input_dtype) -> (Tensor, Tensor)"
@@ -200,7 +212,7 @@ def _layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad
     return _launch.layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad)
 
 
-def _check_gated(op: str, x, n: int, opts: RMSOptions, gating: tuple) -> int:
+def _check_gated(op: str, x, n: int, opts: RMSOptions, gating: GateOptions) -> int:
     """G, the groups of a row of n elements; group_size must divide n, k fit in a group."""
     group_size, _, activation = gating
     if activation not in ACTIVATIONS:
@@ -214,9 +226,10 @@ def _check_gated(op: str, x, n: int, opts: RMSOptions, gating: tuple) -> int:
     return n // group_size
 
 
-def _gated_split(rest: tuple) -> tuple[RMSOptions, tuple, tuple]:
+def _gated_split(rest: tuple) -> tuple[RMSOptions, GateOptions, tuple]:
     """(options, gating, what follows) of a gated op's arguments after its tensors."""
-    return RMSOptions._make(rest[:_NOPTS]), rest[_NOPTS : _NOPTS + 3], rest[_NOPTS + 3 :]
+    end = _NOPTS + _NGATE
+    return RMSOptions._make(rest[:_NOPTS]), GateOptions._make(rest[_NOPTS:end]), rest[end:]
 
 
 def _gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, *rest):
@@ -456,7 +469,7 @@ def _gated_backward(ctx, dy, _drstd):
         need[4],
     )
     # None for norm_dims, the options, the gating arguments and input_dtype
-    return dx, dz, None, dw, db, *_NO_OPTION_GRADS, None, None, None, None
+    return dx, dz, None, dw, db, *_NO_OPTION_GRADS, *(None,) * _NGATE, None
 
 
 def _bwd_not_differentiable(ctx, *grads):

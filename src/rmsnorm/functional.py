@@ -238,7 +238,7 @@ class _Launch:
     @staticmethod
     def rms_norm(x, norm_dims, n, weight, bias, opts):
         if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
-            return backend_for(x).rms_norm_fwd(x, weight, bias, *opts, False)[0]
+            return backend_for(x).rms_norm_fwd(x, weight, bias, opts, False)[0]
         return _launch.rms_norm_fwd(x, norm_dims, weight, bias, opts)[0]
 
     @staticmethod
@@ -249,7 +249,7 @@ class _Launch:
     def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
         if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
             return backend_for(x).gated_rms_norm_fwd(
-                x, gate, weight, bias, *opts, *gating, False, in_dtype
+                x, gate, weight, bias, opts, gating, False, in_dtype
             )[0]
         return _launch.gated_rms_norm_fwd(
             x, gate, norm_dims, weight, bias, opts, gating, in_dtype, False
@@ -322,19 +322,19 @@ class _Spec:
     @staticmethod
     def rms_norm(x, norm_dims, n, weight, bias, opts):
         w, b = ref.param_vector(weight), ref.param_vector(bias)
-        return ref.rms_norm_fwd(_rows(x, n), w, b, *opts)[0].reshape(x.shape)
+        return ref.rms_norm_fwd(_rows(x, n), w, b, opts)[0].reshape(x.shape)
 
     @staticmethod
     def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
         w, b = ref.param_vector(weight), ref.param_vector(bias)
-        y, h, _ = ref.add_rms_norm_fwd(_rows(x, n), _rows(residual, n), w, b, *opts)
+        y, h, _ = ref.add_rms_norm_fwd(_rows(x, n), _rows(residual, n), w, b, opts)
         return y.reshape(x.shape), h.reshape(x.shape)
 
     @staticmethod
     def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
         xr, zr = ref.row_matrix(x, n), ref.row_matrix(gate, n)
         w, b = ref.param_vector(weight), ref.param_vector(bias)
-        y, _ = ref.gated_rms_norm_fwd(xr, zr, w, b, *opts, *gating, input_dtype=in_dtype)
+        y, _ = ref.gated_rms_norm_fwd(xr, zr, w, b, opts, gating, input_dtype=in_dtype)
         # contiguous, or channels_last for a channels_last input, as rms_norm (the spec's
         # elementwise operations would keep a permuted input's strides)
         return y.reshape(x.shape).contiguous()
@@ -630,7 +630,7 @@ def rms_norm(
     if group_size is not None:
         group_size, k = _group_arguments(group_size, n, partial)
         if group_size is not None:
-            opts, gating = opts._replace(k=k), (group_size, True, "silu")
+            opts, gating = opts._replace(k=k), ref.GateOptions(group_size, True, "silu")
             return _grouped_gated(input, None, None, norm_dims, n, weight, bias, opts, gating)[0]
     path = _path(input, weight, bias)
     if _calls.recording:
@@ -708,7 +708,7 @@ def add_rms_norm(
     if group_size is not None:
         group_size, k = _group_arguments(group_size, n, partial)
         if group_size is not None:
-            opts, gating = opts._replace(k=k), (group_size, True, "silu")
+            opts, gating = opts._replace(k=k), ref.GateOptions(group_size, True, "silu")
             return _grouped_gated(input, None, residual, norm_dims, n, weight, bias, opts, gating)
     path = _path(input, residual, weight, bias)
     if _calls.recording:
@@ -833,7 +833,7 @@ def gated_rms_norm(
         )
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, gate, weight, bias = _fp32(input), _fp32(gate), _fp32(weight), _fp32(bias)
-    gating = (group_size, norm_before_gate, activation)
+    gating = ref.GateOptions(group_size, norm_before_gate, activation)
     return _grouped_gated(input, gate, None, norm_dims, n, weight, bias, opts, gating)[0]
 
 

@@ -33,6 +33,7 @@ import torch
 
 __all__ = [
     "RMSOptions",
+    "GateOptions",
     "EPS_MODES",
     "CASTING_MODES",
     "compute_dtype",
@@ -72,12 +73,12 @@ ACTIVATIONS = ("silu", "sigmoid")
 class RMSOptions(NamedTuple):
     """The options of one RMSNorm call, resolved (``eps`` a float, ``k`` a count), as one immutable
     value: the functional API builds it once per call after its checks, and autograd, the launch
-    layer and the custom ops carry it unchanged. A NamedTuple rather than a dataclass: it costs a
-    tuple to build (~0.2 µs) and its fields read at C speed, and ``*options`` gives the flat
-    arguments of the launchers and of the ops' schemas (:mod:`rmsnorm._ops` writes their schema
-    from the fields' annotations, which are schema types). A new option is a new field here, with
-    its check in :func:`rmsnorm.functional.check_rms_options` and its place in the spec's and the
-    kernels' launchers.
+    layer, the backends' launchers and the custom ops take it whole. A NamedTuple rather than a
+    dataclass: it costs a tuple to build (~0.2 µs), its fields read at C speed (a launcher unpacks
+    the five in ~40 ns), and ``*options`` gives the flat arguments of the ops' schemas
+    (:mod:`rmsnorm._ops` writes them from the fields' annotations, which are schema types). A new
+    option is a new field here, with its check in :func:`rmsnorm.functional.check_rms_options`
+    and its formula in the spec's and the kernels' launchers.
 
     Fields: ``eps`` (ε ≥ 0), ``eps_mode`` (one of :data:`EPS_MODES`), ``casting_mode`` (one of
     :data:`CASTING_MODES`), ``offset`` (added to the weight), ``k`` (1 ≤ k ≤ N, the leading elements
@@ -89,6 +90,18 @@ class RMSOptions(NamedTuple):
     casting_mode: str
     offset: float
     k: int
+
+
+class GateOptions(NamedTuple):
+    """The grouping and gating of one grouped / gated RMSNorm call, as one immutable value beside
+    :class:`RMSOptions` (carried and flattened the same way): ``group_size`` (a divisor g of the
+    row size N, or None: one group, the row), ``norm_before_gate`` (y = RMSNorm(x) ⊙ act(z), else
+    RMSNorm(x ⊙ act(z))) and ``activation`` (one of :data:`ACTIVATIONS`). Plain RMSNorm in groups
+    is ``GateOptions(g, True, "silu")`` without a gate."""
+
+    group_size: int | None
+    norm_before_gate: bool
+    activation: str
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,19 +286,20 @@ def rms_norm_apply(
     raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
 
-def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
-    """RMSNorm forward: y = (offset + γ) ⊙ x · r + β with r from the first k elements.
+def rms_norm_fwd(x, weight, bias, opts, stats=True):
+    """RMSNorm forward: y = (offset + γ) ⊙ x · r + β with r from the first k elements (``opts``
+    an :class:`RMSOptions`).
 
     Returns (y in :func:`output_dtype`, r in the compute dtype); the spec returns r also with
     ``stats=False``.
     """
     cd = compute_dtype(x.dtype)
-    rstd = rms_rstd(x.to(cd), eps, eps_mode, k)
-    y = rms_norm_apply(x, rstd, weight, bias, casting_mode, offset, x.dtype)
+    rstd = rms_rstd(x.to(cd), opts.eps, opts.eps_mode, opts.k)
+    y = rms_norm_apply(x, rstd, weight, bias, opts.casting_mode, opts.offset, x.dtype)
     return y, _flat(rstd)
 
 
-def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+def add_rms_norm_fwd(x, residual, weight, bias, opts, stats=True):
     """Fused residual form: h = x + residual (summed in the compute dtype, stored in the residual's
     dtype), y = RMSNorm(h) with x's dtype as the input dtype of the casting mode.
 
@@ -293,8 +307,8 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     """
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(residual.dtype))
     h = (x.to(cd) + _as(residual, x).to(cd)).to(residual.dtype)  # (*, N)
-    rstd = rms_rstd(h.to(cd), eps, eps_mode, k)
-    y = rms_norm_apply(h, rstd, weight, bias, casting_mode, offset, x.dtype)
+    rstd = rms_rstd(h.to(cd), opts.eps, opts.eps_mode, opts.k)
+    y = rms_norm_apply(h, rstd, weight, bias, opts.casting_mode, opts.offset, x.dtype)
     return y, h, _flat(rstd)
 
 
@@ -306,10 +320,7 @@ def _inf_or_one(r: torch.Tensor) -> torch.Tensor:
     return torch.where(r.isinf(), r, torch.ones_like(r))
 
 
-def rms_norm_bwd(
-    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
-    need_weight_grad=True,
-):  # fmt: skip
+def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_weight_grad=True):
     """RMSNorm backward, written out. With x̂ = x·r, g = dy ⊙ (offset + γ), S = Σ_i g_i x̂_i over the
     row and m_j = 1 for the first k elements (0 after):
 
@@ -324,6 +335,7 @@ def rms_norm_bwd(
     (dx in x's dtype, dγ in γ's dtype, dβ in β's dtype); dγ / dβ are empty tensors where there is no
     weight / bias or ``need_weight_grad`` is false.
     """
+    _, eps_mode, casting_mode, offset, k = opts
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(input_dtype))
     xf = x.to(cd)
     dyf = _as(dy, x).to(cd)
@@ -450,13 +462,11 @@ def _normed_then_gated(vg, rstd, weight, bias, a, casting_mode, offset, in_dtype
     raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
 
-def gated_rms_norm_fwd(
-    x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
-    activation, stats=True, input_dtype=None,
-):  # fmt: skip
+def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
     """Grouped and gated RMSNorm forward. x (*, N) rows, gate of x's rows or None, weight and
-    bias (N,); each group of ``group_size`` elements (``None``: the row) is normalized with its
-    own r from its first k elements (k ≤ group_size):
+    bias (N,), ``opts`` an :class:`RMSOptions`, ``gating`` a :class:`GateOptions`; each group of
+    ``group_size`` elements (``None``: the row) is normalized with its own r from its first k
+    elements (k ≤ group_size):
 
     - no gate: y = (offset + γ) ⊙ x · r + β per group (:func:`rms_norm_fwd` when G = 1);
     - ``norm_before_gate=True``: y = ((offset + γ) ⊙ x · r + β) ⊙ act(z);
@@ -468,6 +478,8 @@ def gated_rms_norm_fwd(
     form's input for h). Returns (y in :func:`gated_output_dtype`, r of shape (M·G,): the (M, G)
     statistics in row-major order, (M,) when G = 1), r in the compute dtype.
     """
+    eps, eps_mode, casting_mode, offset, k = opts
+    group_size, norm_before_gate, activation = gating
     in_dtype = x.dtype if input_dtype is None else input_dtype
     cd = _gated_compute_dtype(x, in_dtype)
     g = x.shape[-1] if group_size is None else group_size
@@ -486,9 +498,8 @@ def gated_rms_norm_fwd(
 
 
 def gated_rms_norm_bwd(
-    dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    group_size, norm_before_gate, activation, input_dtype, need_weight_grad=True,
-):  # fmt: skip
+    dy, x, gate, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_weight_grad=True
+):
     """Grouped and gated RMSNorm backward, written out as the chain rule around the RMSNorm
     backward of each group (:func:`rms_norm_bwd`, its formulas with the group as the row). With
     s = offset + γ, a = act(z), v the normalized input (x, or u = x ⊙ a gate-first), v̂ = v · r
@@ -506,6 +517,8 @@ def gated_rms_norm_bwd(
     returns (dx in x's dtype, dz in the gate's, dγ in γ's, dβ in β's), each of the last three an
     empty tensor where there is none (or ``need_weight_grad`` is false, for dγ and dβ).
     """
+    _, _, casting_mode, offset, _ = opts
+    group_size, norm_before_gate, activation = gating
     cd = _gated_compute_dtype(x, input_dtype)
     g = x.shape[-1] if group_size is None else group_size
     gate_first = gate is not None and not norm_before_gate
@@ -534,9 +547,8 @@ def gated_rms_norm_bwd(
         dn = dyf
     dng = _grouped(dn, g)
     gs = dng * s if s is not None else dng
-    dv, _, _ = rms_norm_bwd(
-        gs, vg, None, None, r, None, eps, eps_mode, "gemma", 0.0, k, cd, need_weight_grad=False
-    )
+    plain = opts._replace(casting_mode="gemma", offset=0.0)  # s is applied above
+    dv, _, _ = rms_norm_bwd(gs, vg, None, None, r, None, plain, cd, need_weight_grad=False)
     dv = dv.reshape(x.shape)  # (*, N)
     if gate_first:
         dx = dv * a
@@ -656,14 +668,14 @@ def rms_norm(
     """RMSNorm over the last dim of ``x`` (see :func:`rms_norm_fwd`), each group of ``group_size``
     elements on its own (:func:`gated_rms_norm_fwd`) when given; ``eps=None`` is
     :func:`default_eps`."""
-    if group_size is not None:
-        return gated_rms_norm(
-            x, None, weight, eps, group_size=group_size, eps_mode=eps_mode,
-            casting_mode=casting_mode, offset=offset, bias=bias, partial=partial,
-        )  # fmt: skip
-    eps = default_eps(x.dtype) if eps is None else eps
-    k = partial_size(x.shape[-1], partial)
-    y, _ = rms_norm_fwd(row_matrix(x), weight, bias, eps, eps_mode, casting_mode, offset, k)
+    g = x.shape[-1] if group_size is None else group_size
+    opts = _options(x, g, eps, eps_mode, casting_mode, offset, partial)
+    if group_size is None:
+        y, _ = rms_norm_fwd(row_matrix(x), weight, bias, opts)
+    else:
+        group_count(x.shape[-1], g)
+        gating = GateOptions(group_size, True, "silu")
+        y, _ = gated_rms_norm_fwd(row_matrix(x), None, weight, bias, opts, gating)
     return y.reshape(x.shape)
 
 
@@ -682,18 +694,14 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual) over the last dim (see :func:`add_rms_norm_fwd`),
     grouped as :func:`rms_norm` when ``group_size`` is given."""
-    eps = default_eps(x.dtype) if eps is None else eps
+    g = x.shape[-1] if group_size is None else group_size
+    opts = _options(x, g, eps, eps_mode, casting_mode, offset, partial)
     if group_size is not None:
         h = residual_sum(x, residual)
-        y, _ = gated_rms_norm_fwd(
-            row_matrix(h), None, weight, bias, eps, eps_mode, casting_mode, offset,
-            partial_size(group_size, partial), group_size, True, "silu", input_dtype=x.dtype,
-        )  # fmt: skip
+        gating = GateOptions(group_size, True, "silu")
+        y, _ = gated_rms_norm_fwd(row_matrix(h), None, weight, bias, opts, gating, True, x.dtype)
         return y.reshape(x.shape), h
-    k = partial_size(x.shape[-1], partial)
-    y, h, _ = add_rms_norm_fwd(
-        row_matrix(x), row_matrix(residual), weight, bias, eps, eps_mode, casting_mode, offset, k
-    )
+    y, h, _ = add_rms_norm_fwd(row_matrix(x), row_matrix(residual), weight, bias, opts)
     return y.reshape(x.shape), h.reshape(x.shape)
 
 
@@ -714,14 +722,18 @@ def gated_rms_norm(
 ) -> torch.Tensor:
     """Grouped and gated RMSNorm over the last dim of ``x`` (see :func:`gated_rms_norm_fwd`);
     ``partial`` takes the first ⌊p·g⌋ elements of each group of g."""
-    eps = default_eps(x.dtype) if eps is None else eps
     g = x.shape[-1] if group_size is None else group_size
     group_count(x.shape[-1], g)
-    y, _ = gated_rms_norm_fwd(
-        row_matrix(x), row_matrix(gate), weight, bias, eps, eps_mode, casting_mode, offset,
-        partial_size(g, partial), group_size, norm_before_gate, activation,
-    )  # fmt: skip
+    opts = _options(x, g, eps, eps_mode, casting_mode, offset, partial)
+    gating = GateOptions(group_size, norm_before_gate, activation)
+    y, _ = gated_rms_norm_fwd(row_matrix(x), row_matrix(gate), weight, bias, opts, gating)
     return y.reshape(x.shape)
+
+
+def _options(x, g, eps, eps_mode, casting_mode, offset, partial) -> RMSOptions:
+    """The options of a call of the friendly forms on x, with groups (or rows) of g elements."""
+    eps = default_eps(x.dtype) if eps is None else eps
+    return RMSOptions(eps, eps_mode, casting_mode, offset, partial_size(g, partial))
 
 
 def residual_sum(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

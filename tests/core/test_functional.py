@@ -356,9 +356,11 @@ def _call_gated(x, z, w):
 
 
 def _spec_gated(x, z, w):
-    y, _ = ref.gated_rms_norm_fwd(
-        x, z, w, None, 1e-6, "mean_square", "llama", 0.0, 4, 4, True, "silu"
+    opts, gating = (
+        ref.RMSOptions(1e-6, "mean_square", "llama", 0.0, 4),
+        ref.GateOptions(4, True, "silu"),
     )
+    y, _ = ref.gated_rms_norm_fwd(x, z, w, None, opts, gating)
     return y
 
 

@@ -44,14 +44,13 @@ def test_rms_backward_matches_autograd(eps_mode, case):
     y = _rms_autograd(x, w, b, eps, eps_mode, offset, k)
     wd = None if w is None else w.detach()
     bd = None if b is None else b.detach()
-    y_ref, rstd = ref.rms_norm_fwd(x.detach(), wd, bd, eps, eps_mode, "gemma", offset, k)
+    opts = ref.RMSOptions(eps, eps_mode, "gemma", offset, k)
+    y_ref, rstd = ref.rms_norm_fwd(x.detach(), wd, bd, opts)
     torch.testing.assert_close(y_ref, y.detach(), rtol=1e-12, atol=1e-12)
     dy = torch.randn(m, n, dtype=torch.float64)
     inputs = [t for t in (x, w, b) if t is not None]
     grads = torch.autograd.grad(y, inputs, dy)
-    dx, dw, db = ref.rms_norm_bwd(
-        dy, x.detach(), w, b, rstd, None, eps, eps_mode, "gemma", offset, k, torch.float64
-    )
+    dx, dw, db = ref.rms_norm_bwd(dy, x.detach(), w, b, rstd, None, opts, torch.float64)
     torch.testing.assert_close(dx, grads[0], rtol=1e-10, atol=1e-12)
     if has_w:
         torch.testing.assert_close(dw, grads[1], rtol=1e-10, atol=1e-12)
@@ -67,13 +66,10 @@ def test_add_rms_backward_matches_autograd():
     y = _rms_autograd(h, w, None, 1e-6, "mean_square", 0.0, 9)
     dy, dh = torch.randn(4, 9, dtype=torch.float64), torch.randn(4, 9, dtype=torch.float64)
     gx, gr, gw = torch.autograd.grad((y, h), (x, res, w), (dy, dh))
-    y2, h2, rstd = ref.add_rms_norm_fwd(
-        x.detach(), res.detach(), w.detach(), None, 1e-6, "mean_square", "gemma", 0.0, 9
-    )
+    opts = ref.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 9)
+    y2, h2, rstd = ref.add_rms_norm_fwd(x.detach(), res.detach(), w.detach(), None, opts)
     torch.testing.assert_close(y2, y.detach())
-    dx, dw, _ = ref.rms_norm_bwd(
-        dy, h2, w, None, rstd, dh, 1e-6, "mean_square", "gemma", 0.0, 9, torch.float64
-    )
+    dx, dw, _ = ref.rms_norm_bwd(dy, h2, w, None, rstd, dh, opts, torch.float64)
     torch.testing.assert_close(dx, gx, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(dx, gr, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(dw, gw, rtol=1e-10, atol=1e-12)
@@ -113,12 +109,11 @@ def test_all_zero_row_forward_and_backward(eps_mode):
     x = torch.zeros(2, 8, dtype=torch.float64)
     x[1] = torch.randn(8, dtype=torch.float64)
     eps = 1e-4
-    y, rstd = ref.rms_norm_fwd(x, None, None, eps, eps_mode, "gemma", 0.0, 8)
+    opts = ref.RMSOptions(eps, eps_mode, "gemma", 0.0, 8)
+    y, rstd = ref.rms_norm_fwd(x, None, None, opts)
     assert torch.equal(y[0], torch.zeros(8, dtype=torch.float64))
     dy = torch.randn(2, 8, dtype=torch.float64)
-    dx, _, _ = ref.rms_norm_bwd(
-        dy, x, None, None, rstd, None, eps, eps_mode, "gemma", 0.0, 8, torch.float64
-    )
+    dx, _, _ = ref.rms_norm_bwd(dy, x, None, None, rstd, None, opts, torch.float64)
     assert dx.isfinite().all()
     if eps_mode == "rms":  # the limit dx = g / ε at x = 0
         torch.testing.assert_close(dx[0], dy[0] / eps, rtol=1e-12, atol=0)
@@ -176,10 +171,11 @@ def test_output_dtypes_per_casting_mode():
     w32 = torch.randn(8)
     expected_dtypes = {"gemma": torch.bfloat16, "llama": torch.float32, "none": torch.bfloat16}
     for mode, expected in expected_dtypes.items():
-        y, rstd = ref.rms_norm_fwd(x, w32, None, 1e-6, "mean_square", mode, 0.0, 8)
+        y, rstd = ref.rms_norm_fwd(x, w32, None, ref.RMSOptions(1e-6, "mean_square", mode, 0.0, 8))
         assert y.dtype == expected, mode
         assert rstd.dtype == torch.float32
-    y, rstd = ref.rms_norm_fwd(x.double(), w32, None, 1e-6, "mean_square", "gemma", 0.0, 8)
+    opts = ref.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 8)
+    y, rstd = ref.rms_norm_fwd(x.double(), w32, None, opts)
     assert y.dtype == torch.float64 and rstd.dtype == torch.float64
 
 
@@ -234,17 +230,13 @@ def test_gated_backward_matches_autograd(case, eps_mode, norm_before_gate, activ
     grads = dict.fromkeys("xzwb")
     grads.update(zip(names, torch.autograd.grad(y, inputs, dy), strict=True))
     det = [None if t is None else t.detach() for t in (x, z, w, b)]
+    gating = ref.GateOptions(g, norm_before_gate, activation)
     for mode in CASTING:  # in float64 every casting mode is the same function
-        y_ref, rstd = ref.gated_rms_norm_fwd(
-            det[0], det[1], det[2], det[3], eps, eps_mode, mode, offset, k, g, norm_before_gate,
-            activation,
-        )  # fmt: skip
+        opts = ref.RMSOptions(eps, eps_mode, mode, offset, k)
+        y_ref, rstd = ref.gated_rms_norm_fwd(*det, opts, gating)
         assert rstd.shape == (m * n // g,)
         torch.testing.assert_close(y_ref, y.detach(), rtol=1e-12, atol=1e-12)
-        dx, dz, dw, db = ref.gated_rms_norm_bwd(
-            dy, det[0], det[1], det[2], det[3], rstd, dres, eps, eps_mode, mode, offset, k, g,
-            norm_before_gate, activation, torch.float64,
-        )  # fmt: skip
+        dx, dz, dw, db = ref.gated_rms_norm_bwd(dy, *det, rstd, dres, opts, gating, torch.float64)
         torch.testing.assert_close(dx, grads["x"] + dres, rtol=1e-10, atol=1e-12)
         for got, name in ((dz, "z"), (dw, "w"), (db, "b")):
             if grads[name] is None:
@@ -260,7 +252,7 @@ def test_gated_all_zero_group_is_finite_both_orders():
     dy = torch.randn(2, 8, dtype=torch.float64)
     for eps_mode in EPS_MODES:
         for nbg in (True, False):
-            args = (1e-4, eps_mode, "gemma", 0.0, 4, 4, nbg, "silu")
+            args = ref.RMSOptions(1e-4, eps_mode, "gemma", 0.0, 4), ref.GateOptions(4, nbg, "silu")
             y, rstd = ref.gated_rms_norm_fwd(x, z, None, None, *args)
             assert torch.equal(y[0, :4], torch.zeros(4, dtype=torch.float64))
             grads = ref.gated_rms_norm_bwd(dy, x, z, None, None, rstd, None, *args, torch.float64)
@@ -291,10 +283,11 @@ def test_grouped_add_rms_norm_is_add_then_grouped_norm():
     w = torch.randn(12)
     y, h = ref.add_rms_norm(x, res, w, 1e-6, casting_mode="llama", group_size=6)
     assert torch.equal(h, (x.float() + res))
-    expected, _ = ref.gated_rms_norm_fwd(
-        h, None, w, None, 1e-6, "mean_square", "llama", 0.0, 6, 6, True, "silu",
-        input_dtype=torch.bfloat16,
-    )  # fmt: skip
+    opts, gating = (
+        ref.RMSOptions(1e-6, "mean_square", "llama", 0.0, 6),
+        ref.GateOptions(6, True, "silu"),
+    )
+    expected, _ = ref.gated_rms_norm_fwd(h, None, w, None, opts, gating, True, torch.bfloat16)
     assert torch.equal(y, expected) and y.dtype == torch.float32
 
 
@@ -326,8 +319,9 @@ def test_gated_rounding_order_per_casting_mode(dtype, wdtype, mode, norm_before_
     x = torch.randn(6, 16).to(dtype)
     z = (torch.randn(6, 16) * 2).to(dtype)
     w = (torch.randn(16) * 0.5 + 1).to(wdtype or dtype)
+    opts = ref.RMSOptions(1e-3, "mean_square", mode, 0.0, 16)
     y, rstd = ref.gated_rms_norm_fwd(
-        x, z, w, None, 1e-3, "mean_square", mode, 0.0, 16, None, norm_before_gate, activation
+        x, z, w, None, opts, ref.GateOptions(None, norm_before_gate, activation)
     )
     expected = _literal_gated(x, z, w, 1e-3, mode, norm_before_gate, ACTIVATIONS[activation])
     assert y.dtype == expected.dtype == ref.gated_output_dtype(dtype, w, mode, norm_before_gate)
@@ -357,7 +351,10 @@ def test_gated_spec_in_low_precision_against_float64(dtype, mode, norm_before_ga
     m, n, g = 64, 24, 8
     x = (torch.randn(m, n) * torch.logspace(-2, 2, m).unsqueeze(1)).to(dtype)
     z, w, b = (torch.randn(m, n) * 2).to(dtype), (torch.randn(n) + 1).to(dtype), None
-    args = (1e-5, "mean_square", mode, 1.0, g, g, norm_before_gate, "silu")
+    args = (
+        ref.RMSOptions(1e-5, "mean_square", mode, 1.0, g),
+        ref.GateOptions(g, norm_before_gate, "silu"),
+    )
     y, rstd = ref.gated_rms_norm_fwd(x, z, w, b, *args)
     f64 = [t.double() for t in (x, z, w)]
     y64, rstd64 = ref.gated_rms_norm_fwd(*f64, b, *args)
@@ -384,19 +381,15 @@ def test_gated_output_dtypes():
     z = torch.randn(4, 8, dtype=torch.bfloat16)
     for mode in CASTING:
         for nbg in (True, False):
-            y, _ = ref.gated_rms_norm_fwd(
-                x, z, w32, None, 1e-6, "mean_square", mode, 0.0, 8, None, nbg, "silu"
-            )
+            opts = ref.RMSOptions(1e-6, "mean_square", mode, 0.0, 8)
+            y, _ = ref.gated_rms_norm_fwd(x, z, w32, None, opts, ref.GateOptions(None, nbg, "silu"))
             # the gate product last: the input dtype; the weight product last: as rms_norm
             last_weight = mode == "llama" and not nbg
             assert y.dtype == (torch.float32 if last_weight else torch.bfloat16), (mode, nbg)
     # an fp64 gate is read in the input's compute dtype (fp32 here), as the HF classes do
-    y64, _ = ref.gated_rms_norm_fwd(
-        x, z.double(), None, None, 1e-6, "mean_square", "gemma", 0.0, 8, None, True, "silu"
-    )
-    y32, _ = ref.gated_rms_norm_fwd(
-        x, z.float(), None, None, 1e-6, "mean_square", "gemma", 0.0, 8, None, True, "silu"
-    )
+    args = ref.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 8), ref.GateOptions(None, True, "silu")
+    y64, _ = ref.gated_rms_norm_fwd(x, z.double(), None, None, *args)
+    y32, _ = ref.gated_rms_norm_fwd(x, z.float(), None, None, *args)
     assert torch.equal(y64, y32)
 
 

@@ -30,10 +30,10 @@ def test_large_rows_and_many_blocks(dtype):
     # N past every vector width / unroll and M past many forward and d-weight blocks
     m, n = 300, 5003
     x, w, dy = randn(m, n, dtype=dtype), randn(n, dtype=dtype), randn(m, n, dtype=dtype)
-    opts = (1e-6, "mean_square", "gemma", 0.0, n)
-    (y, rstd), _, exact = check_launcher(cpu, "rms_norm_fwd", x, w, None, *opts)
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
+    (y, rstd), _, exact = check_launcher(cpu, "rms_norm_fwd", x, w, None, opts)
     assert torch.equal(y, R.rms_norm_apply(x, rstd, w, None, "gemma", 0.0, dtype))
-    check_launcher(cpu, "rms_norm_bwd", dy, x, w, None, exact[1].float(), None, *opts, dtype, True)
+    check_launcher(cpu, "rms_norm_bwd", dy, x, w, None, exact[1].float(), None, opts, dtype, True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -42,8 +42,9 @@ def test_caller_tensors_stay_resizable(dtype):
     # their storage to 0, which then failed
     x, dy = torch.randn(300, 300).to(dtype), torch.randn(300, 300).to(dtype)
     w, b = torch.randn(300).to(dtype), torch.randn(300).to(dtype)
-    y, rstd = cpu.rms_norm_fwd(x, w, b, 1e-6, "mean_square", "gemma", 0.0, 300)
-    grads = cpu.rms_norm_bwd(dy, x, w, b, rstd, dy, 1e-6, "mean_square", "gemma", 0.0, 300, dtype)
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 300)
+    y, rstd = cpu.rms_norm_fwd(x, w, b, opts)
+    grads = cpu.rms_norm_bwd(dy, x, w, b, rstd, dy, opts, dtype)
     yl, mean, rl = cpu.layer_norm_fwd(x, w, b, 1e-5)
     for t in (x, dy, w, b, y, rstd, *grads, yl, mean, rl):
         t.untyped_storage().resize_(0)
@@ -52,17 +53,16 @@ def test_caller_tensors_stay_resizable(dtype):
 def test_float64_and_mixed_float64_go_to_the_reference():
     x = torch.randn(5, 12, dtype=torch.float64)
     w = torch.randn(12, dtype=torch.float64)
-    assert torch.equal(
-        cpu.rms_norm_fwd(x, w, None, 1e-6, "rms", "gemma", 0.0, 12)[0],
-        R.rms_norm_fwd(x, w, None, 1e-6, "rms", "gemma", 0.0, 12)[0],
-    )
+    opts = R.RMSOptions(1e-6, "rms", "gemma", 0.0, 12)
+    assert torch.equal(cpu.rms_norm_fwd(x, w, None, opts)[0], R.rms_norm_fwd(x, w, None, opts)[0])
     # "llama" with a float64 weight promotes the output to float64
     xf = x.float()
-    y, rstd = cpu.rms_norm_fwd(xf, w, None, 1e-6, "mean_square", "llama", 0.0, 12)
+    llama = opts._replace(eps_mode="mean_square", casting_mode="llama")
+    y, rstd = cpu.rms_norm_fwd(xf, w, None, llama)
     assert y.dtype == torch.float64
-    assert torch.equal(y, R.rms_norm_fwd(xf, w, None, 1e-6, "mean_square", "llama", 0.0, 12)[0])
+    assert torch.equal(y, R.rms_norm_fwd(xf, w, None, llama)[0])
     # "gemma" casts a float64 weight to the fp32 compute dtype and stays on the kernels
-    y, _ = cpu.rms_norm_fwd(xf, w, None, 1e-6, "mean_square", "gemma", 0.0, 12)
+    y, _ = cpu.rms_norm_fwd(xf, w, None, llama._replace(casting_mode="gemma"))
     assert y.dtype == torch.float32
     assert cpu.layer_norm_fwd(x, None, None, 1e-5)[0].dtype == torch.float64
 
@@ -75,7 +75,8 @@ def _stored_sum(x: torch.Tensor, residual_dtype: torch.dtype) -> torch.Tensor:
     residual_dtype, with nothing else in between (adding −0.0 is exact, signed zeros included)."""
     res = torch.full(x.shape, -0.0, dtype=residual_dtype)
     n = x.shape[1]
-    _, h, _ = cpu.add_rms_norm_fwd(x, res, None, None, 1e-6, "mean_square", "gemma", 0.0, n)
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
+    _, h, _ = cpu.add_rms_norm_fwd(x, res, None, None, opts)
     return h
 
 
@@ -127,15 +128,21 @@ def _everything(dtype):
     dy = torch.randn(m, n, generator=gen).to(dtype)
     w = torch.randn(n, generator=gen).to(dtype)
     b = torch.randn(n, generator=gen).to(dtype)
-    y, h, rstd = cpu.add_rms_norm_fwd(x, r, w, b, 1e-6, "rms", "llama", 0.0, n)
-    grads = cpu.rms_norm_bwd(dy, h, w, b, rstd, dy, 1e-6, "rms", "llama", 0.0, n, dtype, True)
+    opts = R.RMSOptions(1e-6, "rms", "llama", 0.0, n)
+    y, h, rstd = cpu.add_rms_norm_fwd(x, r, w, b, opts)
+    grads = cpu.rms_norm_bwd(dy, h, w, b, rstd, dy, opts, dtype, True)
     yl, mean, rl = cpu.layer_norm_fwd(x, w, b, 1e-5)
     lgrads = cpu.layer_norm_bwd(dy, x, w, b, mean, rl, True)
     gated = []
     for order in (True, False):  # the gated kernels share calls through kernels.run_blocks
-        opts = (1e-6, "mean_square", "llama", 0.0, 60, 60, order, "silu")
-        yg, rg = cpu.gated_rms_norm_fwd(x, r, w, b, *opts)
-        gated += [yg, rg, *cpu.gated_rms_norm_bwd(dy, x, r, w, b, rg, dy, *opts, dtype, True)]
+        opts = R.RMSOptions(1e-6, "mean_square", "llama", 0.0, 60)
+        gating = R.GateOptions(60, order, "silu")
+        yg, rg = cpu.gated_rms_norm_fwd(x, r, w, b, opts, gating)
+        gated += [
+            yg,
+            rg,
+            *cpu.gated_rms_norm_bwd(dy, x, r, w, b, rg, dy, opts, gating, dtype, True),
+        ]
     return [y, h, rstd, *grads, yl, mean, rl, *lgrads, *gated]
 
 
@@ -206,14 +213,15 @@ def test_a_broken_numba_warns_once_and_falls_back():
         "    return real(name, package)\n"
         "importlib.import_module = broken\n"
         "x = torch.randn(3, 8)\n"
+        "opts = R.RMSOptions(1e-6, 'mean_square', 'gemma', 0.0, 8)\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        "    y, _ = cpu.rms_norm_fwd(x, None, None, 1e-6, 'mean_square', 'gemma', 0.0, 8)\n"
-        "    cpu.rms_norm_fwd(x, None, None, 1e-6, 'mean_square', 'gemma', 0.0, 8)\n"
+        "    y, _ = cpu.rms_norm_fwd(x, None, None, opts)\n"
+        "    cpu.rms_norm_fwd(x, None, None, opts)\n"
         "msgs = [w for w in caught if 'CPU kernels are unavailable' in str(w.message)]\n"
         "assert len(msgs) == 1, caught\n"
         "assert not cpu.available() and not cpu.warmup()['available']\n"
-        "ref = R.rms_norm_fwd(x, None, None, 1e-6, 'mean_square', 'gemma', 0.0, 8)[0]\n"
+        "ref = R.rms_norm_fwd(x, None, None, opts)[0]\n"
         "assert torch.equal(y, ref)\n"
     )
     res = _run(code)
@@ -267,10 +275,9 @@ def test_concurrent_calls_from_python_threads():
 
     def run(x, dy, w):
         n = x.shape[1]
-        y, rstd = cpu.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, n)
-        g = cpu.rms_norm_bwd(
-            dy, x, w, None, rstd, None, 1e-6, "mean_square", "gemma", 0.0, n, x.dtype, True
-        )
+        opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
+        y, rstd = cpu.rms_norm_fwd(x, w, None, opts)
+        g = cpu.rms_norm_bwd(dy, x, w, None, rstd, None, opts, x.dtype, True)
         yl, mean, rl = cpu.layer_norm_fwd(x, w, w, 1e-5)
         gl = cpu.layer_norm_bwd(dy, x, w, w, mean, rl, True)
         return [y, rstd, *g, yl, mean, rl, *gl]
@@ -347,17 +354,18 @@ def test_sharing_depends_on_the_sizes_and_thread_count_alone(monkeypatch):
     before = torch.get_num_threads()
     small = torch.randn(8, 1024)  # 2^13 elements
     large = torch.randn(64, 1024)  # 2^16
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 1024)
     try:
         torch.set_num_threads(2)
         for _ in range(20):
-            cpu.rms_norm_fwd(small, None, None, 1e-6, "mean_square", "gemma", 0.0, 1024)
+            cpu.rms_norm_fwd(small, None, None, opts)
         assert shared == []
         for _ in range(20):
-            cpu.rms_norm_fwd(large, None, None, 1e-6, "mean_square", "gemma", 0.0, 1024)
+            cpu.rms_norm_fwd(large, None, None, opts)
             cpu.layer_norm_fwd(large, None, None, 1e-5)
         assert shared == [2] * 40
         torch.set_num_threads(1)
-        cpu.rms_norm_fwd(large, None, None, 1e-6, "mean_square", "gemma", 0.0, 1024)
+        cpu.rms_norm_fwd(large, None, None, opts)
         assert len(shared) == 40
     finally:
         torch.set_num_threads(before)
@@ -539,19 +547,22 @@ def test_gated_rows_do_not_depend_on_the_batch():
     big_x = torch.randn(300, n, generator=gen).to(torch.bfloat16)
     big_z = torch.randn(300, n, generator=gen).to(torch.bfloat16)
     w = torch.randn(n, generator=gen).to(torch.bfloat16)
-    opts = (1e-6, "mean_square", "llama", 0.0, 64, 64, False, "silu")
-    whole, _ = cpu.gated_rms_norm_fwd(big_x, big_z, w, None, *opts)
+    opts = R.RMSOptions(1e-6, "mean_square", "llama", 0.0, 64)
+    gating = R.GateOptions(64, False, "silu")
+    whole, _ = cpu.gated_rms_norm_fwd(big_x, big_z, w, None, opts, gating)
     for rows in (slice(7, 8), slice(0, 16), slice(100, 300)):
-        part, _ = cpu.gated_rms_norm_fwd(big_x[rows], big_z[rows], w, None, *opts)
+        part, _ = cpu.gated_rms_norm_fwd(big_x[rows], big_z[rows], w, None, opts, gating)
         assert torch.equal(part, whole[rows]), rows
 
 
 def test_gated_float64_goes_to_the_reference_and_a_float64_gate_is_read():
     x64, z64 = torch.randn(5, 12, dtype=torch.float64), torch.randn(5, 12, dtype=torch.float64)
-    opts = (1e-6, "rms", "gemma", 0.0, 6, 6, True, "sigmoid")
+    opts, gating = R.RMSOptions(1e-6, "rms", "gemma", 0.0, 6), R.GateOptions(6, True, "sigmoid")
     assert torch.equal(
-        cpu.gated_rms_norm_fwd(x64, z64, None, None, *opts)[0],
-        R.gated_rms_norm_fwd(x64, z64, None, None, *opts)[0],
+        cpu.gated_rms_norm_fwd(x64, z64, None, None, opts, gating)[0],
+        R.gated_rms_norm_fwd(x64, z64, None, None, opts, gating)[0],
     )
     x = x64.float()
-    check_launcher(cpu, "gated_rms_norm_fwd", x, z64, None, None, *opts)  # the gate read in fp32
+    check_launcher(
+        cpu, "gated_rms_norm_fwd", x, z64, None, None, opts, gating
+    )  # the gate read in fp32

@@ -72,18 +72,18 @@ def test_a_departure_from_the_contract_is_named():
 def test_the_three_way_check_notices_a_wrong_output():
     off = types.ModuleType("off")
     x, w = torch.randn(8, 32), torch.randn(32)
-    opts = (1e-6, "mean_square", "gemma", 0.0, 32)
-    check_launcher(R, "rms_norm_fwd", x, w, None, *opts)
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 32)
+    check_launcher(R, "rms_norm_fwd", x, w, None, opts)
     off.rms_norm_fwd = lambda *args: (R.rms_norm_fwd(*args)[0], None)
-    check_launcher(off, "rms_norm_fwd", x, w, None, *opts, False)  # no statistics asked for
+    check_launcher(off, "rms_norm_fwd", x, w, None, opts, False)  # no statistics asked for
     with pytest.raises(AssertionError, match="rms_norm_fwd rstd: None"):
-        check_launcher(off, "rms_norm_fwd", x, w, None, *opts)
+        check_launcher(off, "rms_norm_fwd", x, w, None, opts)
     off.rms_norm_fwd = lambda *args: (R.rms_norm_fwd(*args)[0] * 1.001, R.rms_norm_fwd(*args)[1])
     with pytest.raises(AssertionError, match="rms_norm_fwd y: max abs error"):
-        check_launcher(off, "rms_norm_fwd", x, w, None, *opts)
+        check_launcher(off, "rms_norm_fwd", x, w, None, opts)
     off.rms_norm_fwd = lambda *args: (R.rms_norm_fwd(*args)[0].bfloat16(), None)
     with pytest.raises(AssertionError, match="dtype torch.bfloat16 != expected torch.float32"):
-        check_launcher(off, "rms_norm_fwd", x, w, None, *opts)
+        check_launcher(off, "rms_norm_fwd", x, w, None, opts)
 
 
 def test_launchers_take_rows_in_their_own_shape(backend):
@@ -94,25 +94,23 @@ def test_launchers_take_rows_in_their_own_shape(backend):
     w = randn(16, device=dev)
     strided = randn(6, 32, device=dev)[:, :16]  # the same rows, 2-D with a row stride of 32
     strided.copy_(x3.reshape(6, 16))
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 16)
     for x in (x3, randn(16, device=dev), strided):
-        y, rstd = mod.rms_norm_fwd(x, w, None, 1e-6, "mean_square", "gemma", 0.0, 16)
+        y, rstd = mod.rms_norm_fwd(x, w, None, opts)
         assert y.shape == x.shape and y.is_contiguous() and y._base is None
         assert rstd.shape == (x.numel() // 16,)
-        dx, dw, _ = mod.rms_norm_bwd(
-            torch.ones_like(x), x, w, None, rstd, None, 1e-6, "mean_square", "gemma", 0.0, 16,
-            x.dtype, True,
-        )  # fmt: skip
+        dx, dw, _ = mod.rms_norm_bwd(torch.ones_like(x), x, w, None, rstd, None, opts, x.dtype)
         assert dx.shape == x.shape and dw.shape == (16,)
-        y, h, rstd = mod.add_rms_norm_fwd(x, x.clone(), w, None, 1e-6, "rms", "gemma", 0.0, 16)
+        y, h, rstd = mod.add_rms_norm_fwd(x, x.clone(), w, None, opts._replace(eps_mode="rms"))
         assert y.shape == h.shape == x.shape and rstd.shape == (x.numel() // 16,)
         y, mean, rstd = mod.layer_norm_fwd(x, w, w, 1e-5)
         assert y.shape == x.shape and mean.shape == rstd.shape == (x.numel() // 16,)
         dx, dw, db = mod.layer_norm_bwd(torch.ones_like(x), x, w, w, mean, rstd, True)
         assert dx.shape == x.shape and dw.shape == db.shape == (16,)
-    y3, _ = mod.rms_norm_fwd(x3, w, None, 1e-6, "mean_square", "gemma", 0.0, 16)
-    y2, _ = mod.rms_norm_fwd(strided, w, None, 1e-6, "mean_square", "gemma", 0.0, 16)
+    y3, _ = mod.rms_norm_fwd(x3, w, None, opts)
+    y2, _ = mod.rms_norm_fwd(strided, w, None, opts)
     torch.testing.assert_close(y3.reshape(6, 16), y2)
-    _, h, _ = mod.add_rms_norm_fwd(x3, r3.reshape(6, 16), w, None, 1e-6, "rms", "gemma", 0.0, 8)
+    _, h, _ = mod.add_rms_norm_fwd(x3, r3.reshape(6, 16), w, None, opts._replace(k=8))
     torch.testing.assert_close(h.reshape(6, 16), (x3 + r3).reshape(6, 16))  # mixed ranks
 
 
@@ -122,9 +120,13 @@ def test_forward_launchers_may_skip_the_statistics(backend):
     mod, dev = backend.mod, backend.device
     x, r, w = randn(4, 3, 24, device=dev), randn(4, 3, 24, device=dev), randn(24, device=dev)
     # (call, how many leading outputs are tensors the caller gets: y, and h for add_rms_norm)
+    llama, gemma = (
+        R.RMSOptions(1e-6, "rms", "llama", 0.5, 12),
+        R.RMSOptions(1e-6, "rms", "gemma", 0.0, 24),
+    )
     calls = [
-        (lambda stats: mod.rms_norm_fwd(x, w, None, 1e-6, "rms", "llama", 0.5, 12, stats), 1),
-        (lambda stats: mod.add_rms_norm_fwd(x, r, w, w, 1e-6, "rms", "gemma", 0.0, 24, stats), 2),
+        (lambda stats: mod.rms_norm_fwd(x, w, None, llama, stats), 1),
+        (lambda stats: mod.add_rms_norm_fwd(x, r, w, w, gemma, stats), 2),
         (lambda stats: mod.layer_norm_fwd(x, w, w, 1e-5, stats), 1),
     ]
     for call, outputs in calls:
@@ -209,15 +211,15 @@ def _check_rms_case(backend, c: dict) -> None:
         param_layout(b, c.get("params", "contiguous")),
     )
     k = R.partial_size(n, c["partial"])
-    opts = (EPS, c["eps_mode"], c["casting"], c["offset"], k)
+    opts = R.RMSOptions(EPS, c["eps_mode"], c["casting"], c["offset"], k)
     mod = backend.mod
     if "residual" not in c:
-        (y, rstd), eager, exact = check_launcher(mod, "rms_norm_fwd", x, w, b, *opts)
+        (y, rstd), eager, exact = check_launcher(mod, "rms_norm_fwd", x, w, b, opts)
         xin, dres = x, None
     else:
         rdt = _dtype(c["residual"], dt)
         res = relayout(randn(m, n, dtype=rdt, device=dev, scale=3.0), lay)
-        (y, h, rstd), eager, exact = check_launcher(mod, "add_rms_norm_fwd", x, res, w, b, *opts)
+        (y, h, rstd), eager, exact = check_launcher(mod, "add_rms_norm_fwd", x, res, w, b, opts)
         xin = eager[1]
         dres = relayout(randn(m, n, dtype=rdt, device=dev), lay) if c["dresidual"] else None
         if backend.bitwise:  # h is one add rounded to the residual's dtype: the spec's exactly
@@ -227,7 +229,7 @@ def _check_rms_case(backend, c: dict) -> None:
 
     dy = relayout(randn(m, n, dtype=y.dtype, device=dev), lay)
     rstd = exact[-1].to(eager[-1].dtype)
-    check_launcher(mod, "rms_norm_bwd", dy, xin, w, b, rstd, dres, *opts, dt, c["need_wgrad"])
+    check_launcher(mod, "rms_norm_bwd", dy, xin, w, b, rstd, dres, opts, dt, c["need_wgrad"])
 
 
 @pytest.mark.parametrize("case", RMS_CASES, ids=case_id)
@@ -304,8 +306,8 @@ def test_shapes(backend, m, n):
 def test_rows_of_stride_zero(backend):
     x = relayout(randn(6, 50, dtype=torch.bfloat16, device=backend.device), "broadcast")
     assert x.stride(0) == 0
-    opts = (1e-6, "mean_square", "gemma", 0.0, 50)
-    (y, rstd), _, _ = check_launcher(backend.mod, "rms_norm_fwd", x, None, None, *opts)
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 50)
+    (y, rstd), _, _ = check_launcher(backend.mod, "rms_norm_fwd", x, None, None, opts)
     assert torch.equal(y[0], y[5]) and y.is_contiguous()
     if backend.bitwise:
         assert torch.equal(y, R.rms_norm_apply(x, rstd, None, None, "gemma", 0.0, x.dtype))
@@ -320,12 +322,12 @@ def test_no_rows_and_absent_gradients(backend, need_weight_grad):
     b = randn(16, device=dev)
     for m in (0, 3):
         x, dy = randn(m, 16, device=dev), randn(m, 16, device=dev)
-        opts = (1e-6, "mean_square", "gemma", 0.0, 16)
-        y, rstd = mod.rms_norm_fwd(x, w, None, *opts)
+        opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 16)
+        y, rstd = mod.rms_norm_fwd(x, w, None, opts)
         assert y.shape == (m, 16) and rstd.shape == (m,) and rstd.dtype == torch.float32
-        y, h, rstd = mod.add_rms_norm_fwd(x, x, w, b, *opts)
+        y, h, rstd = mod.add_rms_norm_fwd(x, x, w, b, opts)
         assert y.shape == h.shape == (m, 16) and rstd.shape == (m,)
-        dx, dw, db = mod.rms_norm_bwd(dy, x, w, None, rstd, None, *opts, x.dtype, need_weight_grad)
+        dx, dw, db = mod.rms_norm_bwd(dy, x, w, None, rstd, None, opts, x.dtype, need_weight_grad)
         assert dx.shape == (m, 16)
         assert db.shape == (0,) and db.dtype == torch.float32
         if need_weight_grad:
@@ -358,13 +360,13 @@ def test_parameters_are_read_with_their_stride(backend, dtype):
         w = param_layout(base, layout)
         b = w.flip(0) if layout != "expanded" else w
         wc, bc = w.contiguous(), b.contiguous()
-        opts = (1e-6, "mean_square", cast, off, n)
-        y, rstd = mod.rms_norm_fwd(x, w, b, *opts)
-        assert torch.equal(y, mod.rms_norm_fwd(x, wc, bc, *opts)[0]), layout
-        got = mod.add_rms_norm_fwd(x, dy, w, b, *opts)
-        assert bitwise_equal(got, mod.add_rms_norm_fwd(x, dy, wc, bc, *opts)), layout
-        got = mod.rms_norm_bwd(dy, x, w, b, rstd, None, *opts, x.dtype, True)
-        want = mod.rms_norm_bwd(dy, x, wc, bc, rstd, None, *opts, x.dtype, True)
+        opts = R.RMSOptions(1e-6, "mean_square", cast, off, n)
+        y, rstd = mod.rms_norm_fwd(x, w, b, opts)
+        assert torch.equal(y, mod.rms_norm_fwd(x, wc, bc, opts)[0]), layout
+        got = mod.add_rms_norm_fwd(x, dy, w, b, opts)
+        assert bitwise_equal(got, mod.add_rms_norm_fwd(x, dy, wc, bc, opts)), layout
+        got = mod.rms_norm_bwd(dy, x, w, b, rstd, None, opts, x.dtype, True)
+        want = mod.rms_norm_bwd(dy, x, wc, bc, rstd, None, opts, x.dtype, True)
         assert bitwise_equal(got, want), layout
         y, mean, rstd = mod.layer_norm_fwd(x, w, b, 1e-5)
         assert torch.equal(y, mod.layer_norm_fwd(x, wc, bc, 1e-5)[0]), layout
@@ -386,16 +388,16 @@ def test_row_offsets_are_int64(backend):
     x = store[pad:].as_strided((3, n), (stride, 1))
     x.copy_(torch.randn(3, n))
     dy = torch.randn(3, n, dtype=torch.float16)
-    opts = (EPS, "mean_square", "gemma", 0.0, n)
+    opts = R.RMSOptions(EPS, "mean_square", "gemma", 0.0, n)
     mod, xc = backend.mod, x.clone()
-    y, _ = mod.rms_norm_fwd(x, None, None, *opts)
-    assert torch.equal(y, mod.rms_norm_fwd(xc, None, None, *opts)[0])
-    _, rstd = R.rms_norm_fwd(xc, None, None, *opts)
-    dx, _, _ = mod.rms_norm_bwd(dy, x, None, None, rstd, None, *opts, x.dtype, True)
-    assert torch.equal(dx, mod.rms_norm_bwd(dy, xc, None, None, rstd, None, *opts, x.dtype)[0])
+    y, _ = mod.rms_norm_fwd(x, None, None, opts)
+    assert torch.equal(y, mod.rms_norm_fwd(xc, None, None, opts)[0])
+    _, rstd = R.rms_norm_fwd(xc, None, None, opts)
+    dx, _, _ = mod.rms_norm_bwd(dy, x, None, None, rstd, None, opts, x.dtype, True)
+    assert torch.equal(dx, mod.rms_norm_bwd(dy, xc, None, None, rstd, None, opts, x.dtype)[0])
     y, _, _ = mod.layer_norm_fwd(x, None, None, EPS)
     assert torch.equal(y, mod.layer_norm_fwd(xc, None, None, EPS)[0])
-    check_launcher(mod, "rms_norm_fwd", x, None, None, *opts)
+    check_launcher(mod, "rms_norm_fwd", x, None, None, opts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -408,11 +410,11 @@ def test_all_zero_row(backend, eps_mode):
     x[2] = 0.0
     w = randn(64, device=dev)
     eps = 1e-6
-    y, rstd = mod.rms_norm_fwd(x, w, None, eps, eps_mode, "gemma", 0.0, 64)
+    opts = R.RMSOptions(eps, eps_mode, "gemma", 0.0, 64)
+    y, rstd = mod.rms_norm_fwd(x, w, None, opts)
     assert not y[2].any() and y.isfinite().all()
     dy = randn(4, 64, device=dev)
-    dx, dw, _ = mod.rms_norm_bwd(dy, x, w, None, rstd, None, eps, eps_mode, "gemma", 0.0, 64,
-                                 x.dtype, True)  # fmt: skip
+    dx, dw, _ = mod.rms_norm_bwd(dy, x, w, None, rstd, None, opts, x.dtype, True)
     assert dx.isfinite().all() and dw.isfinite().all()
     g = dy[2] * w
     # the limit of the derivative at a zero row: dx = g/sqrt(ε) or g/ε (a scale that does not move)
@@ -430,9 +432,9 @@ def test_nan_stays_in_its_row(backend, dtype):
     x = randn(70, 33, dtype=dtype, device=dev)
     x[40, 7] = float("nan")
     dy = randn(70, 33, dtype=dtype, device=dev)
-    y, rstd = mod.rms_norm_fwd(x, None, None, 1e-6, "mean_square", "gemma", 0.0, 33)
-    dx, _, _ = mod.rms_norm_bwd(dy, x, None, None, rstd, None, 1e-6, "mean_square", "gemma", 0.0,
-                                33, dtype, False)  # fmt: skip
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 33)
+    y, rstd = mod.rms_norm_fwd(x, None, None, opts)
+    dx, _, _ = mod.rms_norm_bwd(dy, x, None, None, rstd, None, opts, dtype, False)
     yl, mean, rl = mod.layer_norm_fwd(x, None, None, 1e-5)
     dxl, _, _ = mod.layer_norm_bwd(dy, x, None, None, mean, rl, False)
     for t in (y, dx, yl, dxl):
@@ -447,14 +449,13 @@ def test_outputs_are_on_the_inputs_device(backend):
         pytest.skip("not checked for Triton: its interpreter allocates on the default device")
     mod, dev = backend.mod, backend.device
     x, dy, w = randn(4, 32, device=dev), randn(4, 32, device=dev), randn(32, device=dev)
-    want = mod.rms_norm_fwd(x, w, w, 1e-6, "mean_square", "gemma", 0.0, 32)
+    opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 32)
+    want = mod.rms_norm_fwd(x, w, w, opts)
     want_ln = mod.layer_norm_fwd(x, w, w, 1e-5)
     with torch.device("meta"):
-        got = mod.rms_norm_fwd(x, w, w, 1e-6, "mean_square", "gemma", 0.0, 32)
-        got_add = mod.add_rms_norm_fwd(x, x, w, w, 1e-6, "mean_square", "gemma", 0.0, 32)
-        grads = mod.rms_norm_bwd(
-            dy, x, w, w, want[1], None, 1e-6, "mean_square", "gemma", 0.0, 32, x.dtype, True
-        )
+        got = mod.rms_norm_fwd(x, w, w, opts)
+        got_add = mod.add_rms_norm_fwd(x, x, w, w, opts)
+        grads = mod.rms_norm_bwd(dy, x, w, w, want[1], None, opts, x.dtype, True)
         got_ln = mod.layer_norm_fwd(x, w, w, 1e-5)
         lgrads = mod.layer_norm_bwd(dy, x, w, w, want_ln[1], want_ln[2], True)
     for t in (*got, *got_add, *grads, *got_ln, *lgrads):
@@ -519,16 +520,17 @@ def _gated_inputs(c: dict, dev: str):
     w, b = param_layout(w, c["params"]), param_layout(b, c["params"])
     k = R.partial_size(n if g is None else g, c["partial"])
     in_dt = _OTHER_INPUT[dt] if c["input"] == "other" else None
-    args = (x, z, w, b, EPS, c["eps_mode"], c["casting"], c["offset"], k, g, c["gate"] != "first",
-            c["activation"])  # fmt: skip
-    return args, in_dt
+    opts = R.RMSOptions(EPS, c["eps_mode"], c["casting"], c["offset"], k)
+    gating = R.GateOptions(g, c["gate"] != "first", c["activation"])
+    return (x, z, w, b, opts, gating), in_dt
 
 
 @pytest.mark.parametrize("case", GATED_CASES, ids=case_id)
 def test_gated_rms_norm(backend, case):
     dev, mod = backend.device, backend.mod
     args, in_dt = _gated_inputs(case, dev)
-    x, z, w, b, eps, eps_mode, casting, offset, k, g, nbg, act = args
+    x, z, w, b, opts, gating = args
+    casting, offset, g = opts.casting_mode, opts.offset, gating.group_size
     (y, rstd), eager, exact = check_launcher(mod, "gated_rms_norm_fwd", *args, True, in_dt)
     m, n = x.shape
     groups = 1 if g is None else n // g
@@ -546,8 +548,8 @@ def test_gated_rms_norm(backend, case):
         "dresidual"] else None  # fmt: skip
     rstd = exact[1].to(eager[1].dtype)
     in_dtype = x.dtype if in_dt is None else in_dt
-    check_launcher(mod, "gated_rms_norm_bwd", dy, x, z, w, b, rstd, dres, eps, eps_mode, casting,
-                   offset, k, g, nbg, act, in_dtype, case["need_wgrad"])  # fmt: skip
+    grad_args = (dy, x, z, w, b, rstd, dres, opts, gating, in_dtype, case["need_wgrad"])
+    check_launcher(mod, "gated_rms_norm_bwd", *grad_args)
 
 
 @pytest.mark.parametrize("need_weight_grad", [True, False])
@@ -559,28 +561,33 @@ def test_gated_no_rows_and_absent_outputs(backend, need_weight_grad):
     b = randn(24, device=dev)
     for m in (0, 3):
         x, dy, z = (randn(m, 24, device=dev) for _ in range(3))
-        opts = (1e-6, "mean_square", "gemma", 0.0, 8, 8, False, "silu")
-        y, rstd = mod.gated_rms_norm_fwd(x, z, w, b, *opts)
+        opts, gating = (
+            R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 8),
+            R.GateOptions(8, False, "silu"),
+        )
+        y, rstd = mod.gated_rms_norm_fwd(x, z, w, b, opts, gating)
         assert y.shape == (m, 24) and rstd.shape == (3 * m,) and rstd.dtype == torch.float32
-        dx, dz, dw, db = mod.gated_rms_norm_bwd(dy, x, z, w, b, rstd, None, *opts, x.dtype,
-                                                need_weight_grad)  # fmt: skip
+        dx, dz, dw, db = mod.gated_rms_norm_bwd(
+            dy, x, z, w, b, rstd, None, opts, gating, x.dtype, need_weight_grad
+        )
         assert dx.shape == dz.shape == (m, 24) and dz.dtype == z.dtype
         if need_weight_grad:
             assert dw.shape == db.shape == (24,) and dw.dtype == torch.bfloat16
             assert m or not (dw.float().any() or db.any())
         else:
             assert dw.shape == db.shape == (0,)
-        dx, dz, dw, db = mod.gated_rms_norm_bwd(dy, x, None, None, None, rstd, None, *opts,
-                                                x.dtype, need_weight_grad)  # fmt: skip
+        dx, dz, dw, db = mod.gated_rms_norm_bwd(
+            dy, x, None, None, None, rstd, None, opts, gating, x.dtype, need_weight_grad
+        )
         assert dz.shape == dw.shape == db.shape == (0,) and dz.dtype == torch.float32
 
 
 def test_gated_forward_may_skip_the_statistics(backend):
     mod, dev = backend.mod, backend.device
     x, z, w = randn(4, 3, 24, device=dev), randn(4, 3, 24, device=dev), randn(24, device=dev)
-    opts = (1e-6, "rms", "llama", 0.5, 4, 8, True, "sigmoid")
-    full = mod.gated_rms_norm_fwd(x, z, w, w, *opts, True)
-    lean = mod.gated_rms_norm_fwd(x, z, w, w, *opts, False)
+    opts, gating = R.RMSOptions(1e-6, "rms", "llama", 0.5, 4), R.GateOptions(8, True, "sigmoid")
+    full = mod.gated_rms_norm_fwd(x, z, w, w, opts, gating, True)
+    lean = mod.gated_rms_norm_fwd(x, z, w, w, opts, gating, False)
     assert torch.equal(full[0], lean[0]) and full[0].shape == x.shape
     assert lean[1] is None or torch.equal(full[1], lean[1])
 
@@ -591,13 +598,17 @@ def test_gated_rows_in_their_own_shape(backend):
     x3, z = randn(2, 3, 16, device=dev), randn(6, 32, device=dev)[:, :16]
     z.copy_(randn(6, 16, device=dev))
     w = randn(16, device=dev)
-    opts = (1e-6, "mean_square", "gemma", 0.0, 4, 4, False, "silu")
-    y, rstd = mod.gated_rms_norm_fwd(x3, z, w, None, *opts)
-    y2, rstd2 = mod.gated_rms_norm_fwd(x3.reshape(6, 16), z.contiguous(), w, None, *opts)
+    opts, gating = (
+        R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 4),
+        R.GateOptions(4, False, "silu"),
+    )
+    y, rstd = mod.gated_rms_norm_fwd(x3, z, w, None, opts, gating)
+    y2, rstd2 = mod.gated_rms_norm_fwd(x3.reshape(6, 16), z.contiguous(), w, None, opts, gating)
     assert y.shape == x3.shape and y.is_contiguous() and y._base is None
     torch.testing.assert_close(y.reshape(6, 16), y2)
-    dx, dz, _, _ = mod.gated_rms_norm_bwd(torch.ones_like(x3), x3, z, w, None, rstd, None, *opts,
-                                          x3.dtype, True)  # fmt: skip
+    dx, dz, _, _ = mod.gated_rms_norm_bwd(
+        torch.ones_like(x3), x3, z, w, None, rstd, None, opts, gating, x3.dtype, True
+    )
     assert dx.shape == dz.shape == x3.shape
 
 
@@ -618,14 +629,17 @@ def test_gated_degenerate_rows_match_the_spec(backend, eps):
     z[7] = -100.0
     w = randn(n, device=dev)
     for order in (True, False):
-        opts = (eps, "mean_square", "gemma", 0.0, n, None, order, "silu")
-        y, rstd = mod.gated_rms_norm_fwd(x, z, w, None, *opts)
-        ye, re = R.gated_rms_norm_fwd(x, z, w, None, *opts)
+        opts, gating = (
+            R.RMSOptions(eps, "mean_square", "gemma", 0.0, n),
+            R.GateOptions(None, order, "silu"),
+        )
+        y, rstd = mod.gated_rms_norm_fwd(x, z, w, None, opts, gating)
+        ye, re = R.gated_rms_norm_fwd(x, z, w, None, opts, gating)
         for a, e in ((y, ye), (rstd, re)):
             assert torch.equal(a.isnan(), e.isnan()) and torch.equal(a.isinf(), e.isinf()), order
         dy = randn(8, n, device=dev)
-        got = mod.gated_rms_norm_bwd(dy, x, z, w, None, re, None, *opts, x.dtype, True)
-        want = R.gated_rms_norm_bwd(dy, x, z, w, None, re, None, *opts, x.dtype, True)
+        got = mod.gated_rms_norm_bwd(dy, x, z, w, None, re, None, opts, gating, x.dtype, True)
+        want = R.gated_rms_norm_bwd(dy, x, z, w, None, re, None, opts, gating, x.dtype, True)
         # where r = inf (ε = 0, squares below float32's range) the ±inf / NaN pattern depends on
         # summation order, as in torch's own autograd: there, non-finite where the spec is
         plain = re.isfinite()

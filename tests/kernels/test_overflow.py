@@ -93,24 +93,24 @@ def test_rms_norm_rows_whose_sum_of_squares_overflows(backend, dtype):
     x64, w64, b64, dy64 = x.double(), w.double(), bias.double(), dy.double()
     with layout:
         for eps_mode, k in (("mean_square", N), ("rms", N // 2 + 3)):
-            opts = (EPS, eps_mode, "gemma", 0.0, k)
-            y, r = B.rms_norm_fwd(x, w, bias, *opts)
-            y_x, r_x = R.rms_norm_fwd(x64, w64, b64, *opts)
+            opts = R.RMSOptions(EPS, eps_mode, "gemma", 0.0, k)
+            y, r = B.rms_norm_fwd(x, w, bias, opts)
+            y_x, r_x = R.rms_norm_fwd(x64, w64, b64, opts)
             _check(y, y_x, f"{eps_mode} y")
             _check(r, r_x, f"{eps_mode} rstd", c)
             assert torch.equal(y[1:] == 0, y_x[1:] == 0)  # not torch's zeros
             rin = r_x.float()
-            dx, dw, db = B.rms_norm_bwd(dy, x, w, bias, rin, None, *opts, dtype, True)
-            g_x = R.rms_norm_bwd(dy64, x64, w64, b64, r_x, None, *opts, torch.float64, True)
+            dx, dw, db = B.rms_norm_bwd(dy, x, w, bias, rin, None, opts, dtype, True)
+            g_x = R.rms_norm_bwd(dy64, x64, w64, b64, r_x, None, opts, torch.float64, True)
             _check(dx, g_x[0], f"{eps_mode} dx", c)
             _check(dw, g_x[1], f"{eps_mode} dweight", rows=m)
             _check(db, g_x[2], f"{eps_mode} dbias", rows=m)
         # residual add: h = x + residual stays in range; its statistics overflow as x's do
         res = torch.randn(m, N, generator=torch.Generator().manual_seed(3)).to(dtype).to(device)
-        opts = (EPS, "mean_square", "gemma", 0.0, N)
-        y, h, r = B.add_rms_norm_fwd(x, res, w, None, *opts)
+        opts = R.RMSOptions(EPS, "mean_square", "gemma", 0.0, N)
+        y, h, r = B.add_rms_norm_fwd(x, res, w, None, opts)
         assert torch.equal(h, (x.float() + res.float()).to(dtype))
-        y_x, r_x = R.rms_norm_fwd(h.double(), w64, None, *opts)  # y is RMSNorm of the h returned
+        y_x, r_x = R.rms_norm_fwd(h.double(), w64, None, opts)  # y is RMSNorm of the h returned
         _check(y, y_x, "add y")
         _check(r, r_x, "add rstd", c)
 
@@ -139,10 +139,11 @@ def test_torch_returns_zeros_where_the_spec_rescales():
     """The documented difference: torch's rms_norm gives 0 for such a row, the spec its value."""
     x, _ = _overflowing_rows(torch.float32)
     y_torch = torch.nn.functional.rms_norm(x, (N,), eps=EPS)
-    y, _ = R.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, N)
+    y, _ = R.rms_norm_fwd(x, None, None, R.RMSOptions(EPS, "mean_square", "gemma", 0.0, N))
     assert not y_torch[1:].any() and y[1:].abs().min() > 0.4
     assert torch.equal(
-        y[0], R.rms_norm_fwd(x[:1], None, None, EPS, "mean_square", "gemma", 0.0, N)[0][0]
+        y[0],
+        R.rms_norm_fwd(x[:1], None, None, R.RMSOptions(EPS, "mean_square", "gemma", 0.0, N))[0][0],
     )
 
 
@@ -157,7 +158,7 @@ def test_inf_and_nan_rows_keep_torchs_results(backend):
     x[2, 9] = -float("inf")
     x = x.to(device)
     with layout:
-        y, _ = B.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, N)
+        y, _ = B.rms_norm_fwd(x, None, None, R.RMSOptions(EPS, "mean_square", "gemma", 0.0, N))
         y_t = torch.nn.functional.rms_norm(x, (N,), eps=EPS)
         assert torch.equal(y.isnan(), y_t.isnan()) and torch.equal(y.nan_to_num(), y_t.nan_to_num())
         y, _, _ = B.layer_norm_fwd(x, None, None, EPS)

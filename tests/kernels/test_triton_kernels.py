@@ -111,8 +111,9 @@ def test_weight_gradient_many_rows():
     w = _rand(n, dtype=torch.bfloat16, shift=1.0)
     b = _rand(n, dtype=torch.bfloat16)
     dy = _rand(m, n, dtype=torch.bfloat16)
-    _, rstd = R.rms_norm_fwd(_d(x), _d(w), None, EPS, "mean_square", "gemma", 0.0, n)
-    args = (x, w, b, rstd.float(), None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True)
+    opts = R.RMSOptions(EPS, "mean_square", "gemma", 0.0, n)
+    _, rstd = R.rms_norm_fwd(_d(x), _d(w), None, opts)
+    args = (x, w, b, rstd.float(), None, opts, x.dtype, True)
     check_launcher(T, "rms_norm_bwd", dy, *args)
 
 
@@ -124,7 +125,7 @@ def test_deterministic():
     b = _rand(n, dtype=torch.bfloat16)
     dy = _rand(m, n, dtype=torch.bfloat16)
     rstd = torch.rand(m, device=DEVICE) + 0.5
-    args = (x, w, b, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True)
+    args = (x, w, b, rstd, None, R.RMSOptions(EPS, "mean_square", "gemma", 0.0, n), x.dtype, True)
     first = T.rms_norm_bwd(dy, *args)
     second = T.rms_norm_bwd(dy, *args)
     for a, b_ in zip(first, second, strict=True):
@@ -164,14 +165,15 @@ def test_gated_layouts(layout, gate, activation, g):
     w = _rand(n, dtype=torch.bfloat16, shift=1.0)
     b = _rand(n, dtype=torch.bfloat16, scale=0.1)
     k = R.partial_size(g, 0.7)
-    opts = (EPS, "rms", "llama", 0.5, k, None if g == n else g, gate != "first", activation)
+    opts = R.RMSOptions(EPS, "rms", "llama", 0.5, k)
+    gating = R.GateOptions(None if g == n else g, gate != "first", activation)
     cfg = _gated_layout(layout, g)
     with override(gated_fwd=cfg, gated_bwd=cfg):
-        (y, rstd), eager, exact = check_launcher(T, "gated_rms_norm_fwd", x, z, w, b, *opts)
+        (y, rstd), eager, exact = check_launcher(T, "gated_rms_norm_fwd", x, z, w, b, opts, gating)
         dy = _rand(m, n, dtype=y.dtype)
         dres = _rand(m, n, dtype=torch.bfloat16)
         rstd = exact[1].to(eager[1].dtype)
-        args = (dy, x, z, w, b, rstd, dres, *opts, x.dtype, True)
+        args = (dy, x, z, w, b, rstd, dres, opts, gating, x.dtype, True)
         check_launcher(T, "gated_rms_norm_bwd", *args)
 
 
@@ -184,9 +186,9 @@ def test_gated_weight_gradient_many_rows_is_deterministic():
     w = _rand(n, dtype=torch.bfloat16, shift=1.0)
     b = _rand(n, dtype=torch.bfloat16)
     dy = _rand(m, n, dtype=torch.bfloat16)
-    opts = (EPS, "mean_square", "gemma", 0.0, g, g, True, "silu")
-    _, rstd = R.gated_rms_norm_fwd(_d(x), _d(z), _d(w), _d(b), *opts)
-    args = (dy, x, z, w, b, rstd.float(), None, *opts, x.dtype, True)
+    opts, gating = R.RMSOptions(EPS, "mean_square", "gemma", 0.0, g), R.GateOptions(g, True, "silu")
+    _, rstd = R.gated_rms_norm_fwd(_d(x), _d(z), _d(w), _d(b), opts, gating)
+    args = (dy, x, z, w, b, rstd.float(), None, opts, gating, x.dtype, True)
     first, _, _ = check_launcher(T, "gated_rms_norm_bwd", *args)
     for a, b_ in zip(first, T.gated_rms_norm_bwd(*args), strict=True):
         assert torch.equal(a, b_)
@@ -404,11 +406,12 @@ def test_a_refused_cooperative_launch_falls_back_to_the_looped_layout(monkeypatc
     monkeypatch.setattr(T, "_launch", launch)
     monkeypatch.setattr(_config, "_split_refused", False)
     x = _rand(3, 40)
+    opts = R.RMSOptions(EPS, "mean_square", "gemma", 0.0, 40)
     with pytest.warns(RuntimeWarning, match="looped layout"):
-        y, _ = T.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, 40)
+        y, _ = T.rms_norm_fwd(x, None, None, opts)
     assert len(calls) == 2 and _config._split_refused
-    y_e, _ = R.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, 40)
-    _close(y, R.rms_norm_fwd(_d(x), None, None, EPS, "mean_square", "gemma", 0.0, 40)[0], y_e, "y")
+    y_e, _ = R.rms_norm_fwd(x, None, None, opts)
+    _close(y, R.rms_norm_fwd(_d(x), None, None, opts)[0], y_e, "y")
     for n in (65536, 262144, 2**20):  # no split config once refused
         assert _config.gpu_config("fwd", n, 2, 132).split == 1
     monkeypatch.setattr(_config, "_split_refused", False)
@@ -463,20 +466,18 @@ def test_gpu_more_than_2_31_elements():
     if free < 4 * m * n * 2 + 2**30:
         pytest.skip("needs ~18 GB of free GPU memory")
     x = torch.randn(m, n, dtype=torch.bfloat16, device="cuda")
-    y, rstd = T.rms_norm_fwd(x, None, None, EPS, "mean_square", "gemma", 0.0, n)
+    opts = R.RMSOptions(EPS, "mean_square", "gemma", 0.0, n)
+    y, rstd = T.rms_norm_fwd(x, None, None, opts)
     tail = x[-3:]
-    y_e, _ = R.rms_norm_fwd(tail, None, None, EPS, "mean_square", "gemma", 0.0, n)
-    y_x, _ = R.rms_norm_fwd(_d(tail), None, None, EPS, "mean_square", "gemma", 0.0, n)
+    y_e, _ = R.rms_norm_fwd(tail, None, None, opts)
+    y_x, _ = R.rms_norm_fwd(_d(tail), None, None, opts)
     _close(y[-3:], y_x, y_e, "y tail")
     del y
     dy = torch.randn_like(x)
-    dx, _, _ = T.rms_norm_bwd(
-        dy, x, None, None, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True
-    )
-    args = (None, None, rstd[-3:], None, EPS, "mean_square", "gemma", 0.0, n)
-    dx_e, _, _ = R.rms_norm_bwd(dy[-3:], tail, *args, x.dtype, True)
+    dx, _, _ = T.rms_norm_bwd(dy, x, None, None, rstd, None, opts, x.dtype, True)
+    dx_e, _, _ = R.rms_norm_bwd(dy[-3:], tail, None, None, rstd[-3:], None, opts, x.dtype, True)
     dx_x, _, _ = R.rms_norm_bwd(
-        _d(dy[-3:]), _d(tail), None, None, _d(rstd[-3:]), None, *args[4:], torch.float64, True
+        _d(dy[-3:]), _d(tail), None, None, _d(rstd[-3:]), None, opts, torch.float64, True
     )
     _close(dx[-3:], dx_x, dx_e, "dx tail")
 
@@ -558,10 +559,9 @@ def _split_shape_inputs(m=256, n=65536, dtype=torch.bfloat16):
 def _split_norms(x, w, dy):
     """Forward and backward (dx, d weight) of RMSNorm and LayerNorm on split-layout shapes."""
     n = x.shape[1]
-    y, rstd = T.rms_norm_fwd(x, w, None, EPS, "mean_square", "gemma", 0.0, n)
-    g = T.rms_norm_bwd(
-        dy, x, w, None, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True
-    )
+    opts = R.RMSOptions(EPS, "mean_square", "gemma", 0.0, n)
+    y, rstd = T.rms_norm_fwd(x, w, None, opts)
+    g = T.rms_norm_bwd(dy, x, w, None, rstd, None, opts, x.dtype, True)
     yl, mean, lr = T.layer_norm_fwd(x, w, None, EPS)
     gl = T.layer_norm_bwd(dy, x, w, None, mean, lr, True)
     return (y, rstd, *g[:2], yl, mean, lr, *gl[:2])
@@ -601,7 +601,7 @@ def test_gpu_weight_gradient_is_bitwise_deterministic(m, n):
     b = _rand(n, dtype=torch.bfloat16)
     rstd = torch.rand(m, device=DEVICE) + 0.5
     mean = torch.randn(m, device=DEVICE)
-    args = (x, w, b, rstd, None, EPS, "mean_square", "gemma", 0.0, n, x.dtype, True)
+    args = (x, w, b, rstd, None, R.RMSOptions(EPS, "mean_square", "gemma", 0.0, n), x.dtype, True)
     first = T.rms_norm_bwd(dy, *args)
     first_ln = T.layer_norm_bwd(dy, x, w, b, mean, rstd, True)
     for _ in range(3):
@@ -635,8 +635,9 @@ def test_float_scalars_reach_kernels_exactly():
     would differ from the reference by ~1e-9 relative, far outside the float64 tolerance)."""
     x = _rand(4, 16, dtype=torch.float64, scale=0.1)
     w = _rand(16, dtype=torch.float64)
-    y, rstd = T.rms_norm_fwd(x, w, None, 0.1, "mean_square", "gemma", 0.3, 16)
-    y_e, rstd_e = R.rms_norm_fwd(x, w, None, 0.1, "mean_square", "gemma", 0.3, 16)
+    opts = R.RMSOptions(0.1, "mean_square", "gemma", 0.3, 16)
+    y, rstd = T.rms_norm_fwd(x, w, None, opts)
+    y_e, rstd_e = R.rms_norm_fwd(x, w, None, opts)
     assert math.isclose(rstd[0].item(), rstd_e[0].item(), rel_tol=1e-15)
     _close(y, y_e, y_e, "y")
 
@@ -657,11 +658,13 @@ def test_gpu_gated_production_configs(n, g, dtype):
     z = _rand(m, n, dtype=dtype, scale=2.0)
     w = _rand(n, dtype=dtype, shift=1.0)
     for order in (True, False):
-        opts = (EPS, "mean_square", "llama", 0.0, n if g is None else g, g, order, "silu")
-        (y, _), eager, exact = check_launcher(T, "gated_rms_norm_fwd", x, z, w, None, *opts)
+        opts = R.RMSOptions(EPS, "mean_square", "llama", 0.0, n if g is None else g)
+        gating = R.GateOptions(g, order, "silu")
+        (y, _), eager, exact = check_launcher(T, "gated_rms_norm_fwd", x, z, w, None, opts, gating)
         dy = _rand(m, n, dtype=y.dtype)
         rstd = exact[1].to(eager[1].dtype)
-        check_launcher(T, "gated_rms_norm_bwd", dy, x, z, w, None, rstd, None, *opts, dtype, True)
+        args = (dy, x, z, w, None, rstd, None, opts, gating, dtype, True)
+        check_launcher(T, "gated_rms_norm_bwd", *args)
 
 
 @pytest.mark.gpu

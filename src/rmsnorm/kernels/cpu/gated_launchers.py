@@ -97,11 +97,10 @@ def _fwd_plan(key: tuple) -> tuple:
     return plan
 
 
-def gated_rms_norm_fwd(
-    x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
-    activation, stats=True, input_dtype=None,
-):  # fmt: skip
+def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
     """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
+    eps, eps_mode, casting_mode, offset, k = opts
+    group_size, norm_before_gate, activation = gating
     in_dt = x.dtype if input_dtype is None else input_dtype
     key = (
         x.dtype, None if gate is None else gate.dtype, None if weight is None else weight.dtype,
@@ -113,10 +112,7 @@ def gated_rms_norm_fwd(
     m = x.numel() // n if n else 0
     if out is None or not m:
         L._to_reference("gated_rms_norm_fwd", out is None)
-        return ref.gated_rms_norm_fwd(
-            x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size,
-            norm_before_gate, activation, stats, input_dtype,
-        )  # fmt: skip
+        return ref.gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats, input_dtype)
     g = n if group_size is None else group_size
     if x.is_contiguous():
         xs = n
@@ -173,10 +169,11 @@ _NEED_DB = K.pack(f=(G.GNEED_DB, 1))
 
 
 def gated_rms_norm_bwd(
-    dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    group_size, norm_before_gate, activation, input_dtype, need_weight_grad=True,
-):  # fmt: skip
+    dy, x, gate, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_weight_grad=True
+):
     """Grouped and gated RMSNorm backward (:func:`rmsnorm.reference.gated_rms_norm_bwd`)."""
+    _, eps_mode, casting_mode, offset, k = opts
+    group_size, norm_before_gate, activation = gating
     key = (
         dy.dtype, x.dtype, None if gate is None else gate.dtype,
         None if weight is None else weight.dtype, None if bias is None else bias.dtype,
@@ -187,9 +184,8 @@ def gated_rms_norm_bwd(
     if dxdt is None or not x.numel():
         L._to_reference("gated_rms_norm_bwd", dxdt is None)
         return ref.gated_rms_norm_bwd(
-            dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-            group_size, norm_before_gate, activation, input_dtype, need_weight_grad,
-        )  # fmt: skip
+            dy, x, gate, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_weight_grad
+        )
     n = x.shape[-1]
     m = x.numel() // n
     g = n if group_size is None else group_size

@@ -173,8 +173,9 @@ def _ln_fwd_plan(key: tuple) -> tuple:
 # ----------------------------------------------------------------------------------------------
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
-def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+def rms_norm_fwd(x, weight, bias, opts, stats=True):
     """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`)."""
+    eps, eps_mode, casting_mode, offset, k = opts
     key = (
         x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
         None, casting_mode, eps_mode,
@@ -184,7 +185,7 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=
     m = x.numel() // n if n else 0
     if out is None or not m:
         _to_reference("rms_norm_fwd", out is None)
-        return ref.rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k)
+        return ref.rms_norm_fwd(x, weight, bias, opts)
     if x.is_contiguous():
         xs = n
     else:
@@ -214,8 +215,9 @@ def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=
     return y, rstd
 
 
-def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+def add_rms_norm_fwd(x, residual, weight, bias, opts, stats=True):
     """Residual add + RMSNorm forward (:func:`rmsnorm.reference.add_rms_norm_fwd`)."""
+    eps, eps_mode, casting_mode, offset, k = opts
     key = (
         x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
         residual.dtype, casting_mode, eps_mode,
@@ -225,9 +227,7 @@ def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, off
     m = x.numel() // n if n else 0
     if out is None or not m:
         _to_reference("add_rms_norm_fwd", out is None)
-        return ref.add_rms_norm_fwd(
-            x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k
-        )
+        return ref.add_rms_norm_fwd(x, residual, weight, bias, opts)
     x, xs = _row_layout(x, n)
     residual, rs = _row_layout(residual, n)
     wp = ws = bp = bs = 0
@@ -298,11 +298,9 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     return dx, dw, db
 
 
-def rms_norm_bwd(
-    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
-    need_weight_grad=True,
-):  # fmt: skip
+def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_weight_grad=True):
     """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
+    _, eps_mode, casting_mode, offset, k = opts
     key = (
         dy.dtype, x.dtype, None if weight is None else weight.dtype,
         None if bias is None else bias.dtype, None if dresidual is None else dresidual.dtype,
@@ -312,9 +310,8 @@ def rms_norm_bwd(
     if dxdt is None or not x.numel():
         _to_reference("rms_norm_bwd", dxdt is None)
         return ref.rms_norm_bwd(
-            dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-            input_dtype, need_weight_grad,
-        )  # fmt: skip
+            dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_weight_grad
+        )
     return _bwd(dy, x, weight, bias, None, rstd, dresidual, k, offset, flags, need_weight_grad)
 
 

@@ -192,7 +192,8 @@ def _workspace(cfg: Config, m: int, nv: int, acc: torch.dtype, x: torch.Tensor):
 # ----------------------------------------------------------------------------------------------
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
-def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
+def _rms_fwd(x, residual, weight, bias, opts):
+    eps, eps_mode, casting_mode, offset, k = opts
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -236,17 +237,17 @@ def _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k):
 
 
 @_split_fallback
-def rms_norm_fwd(x, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+def rms_norm_fwd(x, weight, bias, opts, stats=True):
     """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`). The kernels write the statistics
     also with ``stats=False`` (a cached GPU allocation)."""
-    y, _, rstd = _rms_fwd(x, None, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    y, _, rstd = _rms_fwd(x, None, weight, bias, opts)
     return y, rstd
 
 
 @_split_fallback
-def add_rms_norm_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k, stats=True):
+def add_rms_norm_fwd(x, residual, weight, bias, opts, stats=True):
     """Fused residual add + RMSNorm (:func:`rmsnorm.reference.add_rms_norm_fwd`)."""
-    return _rms_fwd(x, residual, weight, bias, eps, eps_mode, casting_mode, offset, k)
+    return _rms_fwd(x, residual, weight, bias, opts)
 
 
 def _param_grads(x, weight, bias, need: bool):
@@ -300,11 +301,9 @@ def _zero_grads(dw, db, need_dw, need_db):
 
 
 @_split_fallback
-def rms_norm_bwd(
-    dy, x, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k, input_dtype,
-    need_weight_grad=True,
-):  # fmt: skip
+def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_weight_grad=True):
     """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
+    _, eps_mode, casting_mode, offset, k = opts
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -443,11 +442,10 @@ def _gating(gate, norm_before_gate: bool, activation: str) -> int:
     return (1 if norm_before_gate else 2) + (4 if activation == "sigmoid" else 0)
 
 
-def gated_rms_norm_fwd(
-    x, gate, weight, bias, eps, eps_mode, casting_mode, offset, k, group_size, norm_before_gate,
-    activation, stats=True, input_dtype=None,
-):  # fmt: skip
+def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
     """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
+    eps, eps_mode, casting_mode, offset, k = opts
+    group_size, norm_before_gate, activation = gating
     n = x.shape[-1]
     m = x.numel() // n
     g = n if group_size is None else group_size
@@ -494,10 +492,11 @@ def gated_rms_norm_fwd(
 
 
 def gated_rms_norm_bwd(
-    dy, x, gate, weight, bias, rstd, dresidual, eps, eps_mode, casting_mode, offset, k,
-    group_size, norm_before_gate, activation, input_dtype, need_weight_grad=True,
-):  # fmt: skip
+    dy, x, gate, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_weight_grad=True
+):
     """Grouped and gated RMSNorm backward (:func:`rmsnorm.reference.gated_rms_norm_bwd`)."""
+    _, eps_mode, casting_mode, offset, k = opts
+    group_size, norm_before_gate, activation = gating
     n = x.shape[-1]
     m = x.numel() // n
     g = n if group_size is None else group_size
