@@ -76,24 +76,12 @@ def _spec_gated_backward(
 
 
 def gated_rms_norm_backward(
-    ops,
-    dy,
-    x,
-    gate,
-    norm_dims,
-    weight,
-    bias,
-    rstd,
-    opts,
-    gating,
-    input_dtype,
-    need_x,
-    need_z,
-    need_w,
-    need_b,
+    ops, dy, x, gate, norm_dims, weight, bias, rstd, opts, gating, input_dtype, need
 ):
     """(d x, d gate, d weight, d bias) of gated_rms_norm (and grouped rms_norm) at x; as
-    :func:`rms_norm_backward`, ``gating`` the op's :class:`~rmsnorm.reference.GateOptions`."""
+    :func:`rms_norm_backward`, ``gating`` the op's :class:`~rmsnorm.reference.GateOptions` and
+    ``need`` whether each of the four is wanted."""
+    need_x, need_z, need_w, need_b = need
     if not (need_x or need_z or need_w or need_b):
         return None, None, None, None
     args = (dy, x, gate, norm_dims, weight, bias)
@@ -109,13 +97,12 @@ def gated_rms_norm_backward(
     return dx, dz, dw if need_w else None, db if need_b else None
 
 
-def rms_norm_backward(
-    ops, dy, dh, x, norm_dims, weight, bias, rstd, opts, input_dtype, need_x, need_w, need_b
-):
+def rms_norm_backward(ops, dy, dh, x, norm_dims, weight, bias, rstd, opts, input_dtype, need):
     """(d x, d weight, d bias) of rms_norm at x, or of add_rms_norm at its sum h = x (then dh, the
-    gradient reaching h directly, is added to d x). ``ops`` runs the backward kernel: the
-    custom ops (:class:`rmsnorm._opcall.call`) or :mod:`rmsnorm._launch`, which have the same
-    signatures."""
+    gradient reaching h directly, is added to d x); ``need`` whether each of the three is wanted.
+    ``ops`` runs the backward kernel: the custom ops (:class:`rmsnorm._opcall.call`) or
+    :mod:`rmsnorm._launch`, which have the same signatures."""
+    need_x, need_w, need_b = need
     if not (need_x or need_w or need_b):
         return None, None, None
     dy_given = dy
@@ -134,47 +121,20 @@ def rms_norm_backward(
     return dx, dw if need_w else None, db if need_b else None
 
 
-def add_rms_norm_backward(
-    ops,
-    dy,
-    dh,
-    h,
-    norm_dims,
-    weight,
-    bias,
-    rstd,
-    opts,
-    input_dtype,
-    need_input,
-    need_residual,
-    need_w,
-    need_b,
-):
-    """(d input, d residual, d weight, d bias) of add_rms_norm from its sum h: d input and
-    d residual are both the gradient reaching h, each in its own tensor's dtype."""
-    dx, dw, db = rms_norm_backward(
-        ops,
-        dy,
-        dh,
-        h,
-        norm_dims,
-        weight,
-        bias,
-        rstd,
-        opts,
-        input_dtype,
-        need_input or need_residual,
-        need_w,
-        need_b,
-    )
+def add_rms_norm_backward(ops, dy, dh, h, norm_dims, weight, bias, rstd, opts, input_dtype, need):
+    """(d input, d residual, d weight, d bias) of add_rms_norm from its sum h (``need``: whether
+    each is wanted): d input and d residual are both the gradient reaching h, each in its own
+    tensor's dtype."""
+    need_input, need_residual, need_w, need_b = need
+    args = (ops, dy, dh, h, norm_dims, weight, bias, rstd, opts, input_dtype)
+    dx, dw, db = rms_norm_backward(*args, (need_input or need_residual, need_w, need_b))
     dinput = dx.to(input_dtype) if need_input else None
     return dinput, dx if need_residual else None, dw, db
 
 
-def layer_norm_backward(
-    ops, dy, x, norm_dims, weight, bias, mean, rstd, eps, need_x, need_w, need_b
-):
+def layer_norm_backward(ops, dy, x, norm_dims, weight, bias, mean, rstd, eps, need):
     """(d x, d weight, d bias) of layer_norm; as :func:`rms_norm_backward`."""
+    need_x, need_w, need_b = need
     if not (need_x or need_w or need_b):
         return None, None, None
     if torch.is_grad_enabled():
@@ -202,22 +162,8 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        dx, dw, db = rms_norm_backward(
-            _launch,
-            dy,
-            None,
-            x,
-            ctx.norm_dims,
-            weight,
-            bias,
-            ctx.rstd,
-            ctx.opts,
-            x.dtype,
-            need[0],
-            need[1],
-            need[2],
-        )
+        args = (x, ctx.norm_dims, weight, bias, ctx.rstd, ctx.opts, x.dtype)
+        dx, dw, db = rms_norm_backward(_launch, dy, None, *args, ctx.needs_input_grad[:3])
         return dx, dw, db, None, None
 
 
@@ -233,27 +179,9 @@ class AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dh):
         h, weight, bias = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        return (
-            *add_rms_norm_backward(
-                _launch,
-                dy,
-                dh,
-                h,
-                ctx.norm_dims,
-                weight,
-                bias,
-                ctx.rstd,
-                ctx.opts,
-                ctx.input_dtype,
-                need[0],
-                need[1],
-                need[2],
-                need[3],
-            ),
-            None,
-            None,
-        )
+        args = (h, ctx.norm_dims, weight, bias, ctx.rstd, ctx.opts, ctx.input_dtype)
+        grads = add_rms_norm_backward(_launch, dy, dh, *args, ctx.needs_input_grad[:4])
+        return *grads, None, None
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -267,20 +195,8 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        dx, dw, db = layer_norm_backward(
-            _launch,
-            dy,
-            x,
-            ctx.norm_dims,
-            weight,
-            bias,
-            *ctx.stats,
-            ctx.eps,
-            need[0],
-            need[1],
-            need[2],
-        )
+        args = (x, ctx.norm_dims, weight, bias, *ctx.stats, ctx.eps)
+        dx, dw, db = layer_norm_backward(_launch, dy, *args, ctx.needs_input_grad[:3])
         return dx, dw, db, None, None
 
 
@@ -298,22 +214,8 @@ class GatedRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, gate, weight, bias = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        dx, dz, dw, db = gated_rms_norm_backward(
-            _launch,
-            dy,
-            x,
-            gate,
-            ctx.norm_dims,
-            weight,
-            bias,
-            ctx.rstd,
-            ctx.opts,
-            ctx.gating,
-            ctx.input_dtype,
-            need[0],
-            need[1],
-            need[2],
-            need[3],
+        args = (x, gate, ctx.norm_dims, weight, bias, ctx.rstd, ctx.opts, ctx.gating)
+        grads = gated_rms_norm_backward(
+            _launch, dy, *args, ctx.input_dtype, ctx.needs_input_grad[:4]
         )
-        return dx, dz, dw, db, None, None, None, None
+        return *grads, None, None, None, None

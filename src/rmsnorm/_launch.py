@@ -68,6 +68,16 @@ def _param_grad(g: torch.Tensor, p: torch.Tensor | None) -> torch.Tensor:
         return g.view(p.shape)
 
 
+def _rows(norm_dims: int, *ts: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Each of ts as the launchers read rows (:func:`_as_rows`); None stays None."""
+    return [None if t is None else _as_rows(t, norm_dims) for t in ts]
+
+
+def _grads(x, weight, bias, dx, dw, db):
+    """A backward launcher's (dx, d weight, d bias) in the shapes of x and the parameters."""
+    return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
+
+
 def rms_norm_fwd(x, norm_dims, weight, bias, opts):
     y, rstd = backend_for(x).rms_norm_fwd(
         _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), opts
@@ -76,30 +86,19 @@ def rms_norm_fwd(x, norm_dims, weight, bias, opts):
 
 
 def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
-    y, h, rstd = backend_for(x).add_rms_norm_fwd(
-        _as_rows(x, norm_dims),
-        _as_rows(residual, norm_dims),
-        param_vector(weight),
-        param_vector(bias),
-        opts,
-    )
+    rows = _as_rows(x, norm_dims), _as_rows(residual, norm_dims)
+    w, b = param_vector(weight), param_vector(bias)
+    y, h, rstd = backend_for(x).add_rms_norm_fwd(*rows, w, b, opts)
     return _shaped(y, x), _shaped(h, x), rstd
 
 
 def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dtype, need_wgrad):
-    dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
-    dx, dw, db = backend_for(x).rms_norm_bwd(
-        _as_rows(dy, norm_dims),
-        _as_rows(x, norm_dims),
-        param_vector(weight),
-        param_vector(bias),
-        _flat(rstd),
-        dr,
-        opts,
-        input_dtype,
-        need_wgrad,
+    dy2, x2, dr = _rows(norm_dims, dy, x, dresidual)
+    w, b = param_vector(weight), param_vector(bias)
+    grads = backend_for(x).rms_norm_bwd(
+        dy2, x2, w, b, _flat(rstd), dr, opts, input_dtype, need_wgrad
     )
-    return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
+    return _grads(x, weight, bias, *grads)
 
 
 def layer_norm_fwd(x, norm_dims, weight, bias, eps):
@@ -110,55 +109,32 @@ def layer_norm_fwd(x, norm_dims, weight, bias, eps):
 
 
 def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
-    dx, dw, db = backend_for(x).layer_norm_bwd(
-        _as_rows(dy, norm_dims),
-        _as_rows(x, norm_dims),
-        param_vector(weight),
-        param_vector(bias),
-        _flat(mean),
-        _flat(rstd),
-        need_weight_grad,
-    )
-    return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
+    dy2, x2 = _rows(norm_dims, dy, x)
+    w, b = param_vector(weight), param_vector(bias)
+    stats = _flat(mean), _flat(rstd)
+    grads = backend_for(x).layer_norm_bwd(dy2, x2, w, b, *stats, need_weight_grad)
+    return _grads(x, weight, bias, *grads)
 
 
 def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dtype, stats=True):
     """y in x's shape and the (M·G,) statistics (None where ``stats`` is false and the backend
     skips them). ``gating`` is a :class:`~rmsnorm.reference.GateOptions`."""
-    y, rstd = backend_for(x).gated_rms_norm_fwd(
-        _as_rows(x, norm_dims),
-        None if gate is None else _as_rows(gate, norm_dims),
-        param_vector(weight),
-        param_vector(bias),
-        opts,
-        gating,
-        stats,
-        input_dtype,
-    )
+    rows = _rows(norm_dims, x, gate)
+    w, b = param_vector(weight), param_vector(bias)
+    y, rstd = backend_for(x).gated_rms_norm_fwd(*rows, w, b, opts, gating, stats, input_dtype)
     return _shaped(y, x), rstd
 
 
 def gated_rms_norm_bwd(
     dy, x, gate, norm_dims, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_wgrad
 ):
-    dr = None if dresidual is None else _as_rows(dresidual, norm_dims)
-    z = None if gate is None else _as_rows(gate, norm_dims)
+    dy2, x2, z, dr = _rows(norm_dims, dy, x, gate, dresidual)
+    w, b, r = param_vector(weight), param_vector(bias), _flat(rstd)
     dx, dz, dw, db = backend_for(x).gated_rms_norm_bwd(
-        _as_rows(dy, norm_dims),
-        _as_rows(x, norm_dims),
-        z,
-        param_vector(weight),
-        param_vector(bias),
-        _flat(rstd),
-        dr,
-        opts,
-        gating,
-        input_dtype,
-        need_wgrad,
+        dy2, x2, z, w, b, r, dr, opts, gating, input_dtype, need_wgrad
     )
-    if gate is not None:
-        dz = _shaped(dz, x)
-    return _shaped(dx, x), dz, _param_grad(dw, weight), _param_grad(db, bias)
+    dx, dw, db = _grads(x, weight, bias, dx, dw, db)
+    return dx, dz if gate is None else _shaped(dz, x), dw, db
 
 
 def groups(x: torch.Tensor, norm_dims: int, group_size: int | None) -> int:

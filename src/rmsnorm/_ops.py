@@ -259,20 +259,8 @@ def _gated_rms_norm_bwd(dy, x, gate, norm_dims, weight, bias, rstd, dresidual, *
     _check_rms(op, opts, n)
     g = _check_gated(op, x, n, opts, gating)
     _check_stat(op, rstd, x, n // g, "rstd")
-    return _launch.gated_rms_norm_bwd(
-        dy,
-        x,
-        gate,
-        norm_dims,
-        weight,
-        bias,
-        rstd,
-        dresidual,
-        opts,
-        gating,
-        input_dtype,
-        need_weight_grad,
-    )
+    tensors = (dy, x, gate, norm_dims, weight, bias, rstd, dresidual)
+    return _launch.gated_rms_norm_bwd(*tensors, opts, gating, input_dtype, need_weight_grad)
 
 
 _IMPLS = {
@@ -379,21 +367,8 @@ def _rms_setup(ctx, inputs, output):
 def _rms_backward(ctx, dy, _drstd):
     x, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dw, db = _autograd.rms_norm_backward(
-        call,
-        dy,
-        None,
-        x,
-        ctx.norm_dims,
-        weight,
-        bias,
-        rstd,
-        ctx.opts,
-        x.dtype,
-        need[0],
-        need[2],
-        need[3],
-    )
+    args = (x, ctx.norm_dims, weight, bias, rstd, ctx.opts, x.dtype)
+    dx, dw, db = _autograd.rms_norm_backward(call, dy, None, *args, (need[0], need[2], need[3]))
     return dx, None, dw, db, *_NO_OPTION_GRADS
 
 
@@ -406,22 +381,9 @@ def _add_setup(ctx, inputs, output):
 def _add_backward(ctx, dy, dh, _drstd):
     h, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dinput, dresidual, dw, db = _autograd.add_rms_norm_backward(
-        call,
-        dy,
-        dh,
-        h,
-        ctx.norm_dims,
-        weight,
-        bias,
-        rstd,
-        ctx.opts,
-        ctx.input_dtype,
-        need[0],
-        need[1],
-        need[3],
-        need[4],
-    )
+    args = (h, ctx.norm_dims, weight, bias, rstd, ctx.opts, ctx.input_dtype)
+    grads = _autograd.add_rms_norm_backward(call, dy, dh, *args, (*need[:2], *need[3:5]))
+    dinput, dresidual, dw, db = grads
     return dinput, dresidual, None, dw, db, *_NO_OPTION_GRADS
 
 
@@ -434,9 +396,8 @@ def _ln_setup(ctx, inputs, output):
 def _ln_backward(ctx, dy, _dmean, _drstd):
     x, weight, bias, mean, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dw, db = _autograd.layer_norm_backward(
-        call, dy, x, ctx.norm_dims, weight, bias, mean, rstd, ctx.eps, need[0], need[2], need[3]
-    )
+    args = (x, ctx.norm_dims, weight, bias, mean, rstd, ctx.eps)
+    dx, dw, db = _autograd.layer_norm_backward(call, dy, *args, (need[0], need[2], need[3]))
     return dx, None, dw, db, None
 
 
@@ -451,23 +412,9 @@ def _gated_setup(ctx, inputs, output):
 def _gated_backward(ctx, dy, _drstd):
     x, gate, weight, bias, rstd = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dz, dw, db = _autograd.gated_rms_norm_backward(
-        call,
-        dy,
-        x,
-        gate,
-        ctx.norm_dims,
-        weight,
-        bias,
-        rstd,
-        ctx.opts,
-        ctx.gating,
-        ctx.input_dtype,
-        need[0],
-        need[1],
-        need[3],
-        need[4],
-    )
+    args = (x, gate, ctx.norm_dims, weight, bias, rstd, ctx.opts, ctx.gating, ctx.input_dtype)
+    grads = _autograd.gated_rms_norm_backward(call, dy, *args, (*need[:2], *need[3:5]))
+    dx, dz, dw, db = grads
     # None for norm_dims, the options, the gating arguments and input_dtype
     return dx, dz, None, dw, db, *_NO_OPTION_GRADS, *(None,) * _NGATE, None
 
