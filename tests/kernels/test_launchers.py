@@ -40,9 +40,15 @@ def backend(request):
 # The contract
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "module", ["rmsnorm.reference", "rmsnorm.kernels.cpu", "rmsnorm.kernels.cpu.launchers",
-               "rmsnorm.kernels.cpu.gated_launchers", "rmsnorm.kernels.triton"],
-)  # fmt: skip
+    "module",
+    [
+        "rmsnorm.reference",
+        "rmsnorm.kernels.cpu",
+        "rmsnorm.kernels.cpu.launchers",
+        "rmsnorm.kernels.cpu.gated_launchers",
+        "rmsnorm.kernels.triton",
+    ],
+)
 def test_every_backend_module_has_the_contracts_launchers(module):
     if module.startswith("rmsnorm.kernels.cpu.") and not _backend.cpu_kernels_available():
         pytest.skip("numba is not installed")
@@ -355,8 +361,11 @@ def test_parameters_are_read_with_their_stride(backend, dtype):
     m, n = 33, 96
     x, dy = randn(m, n, device=dev), randn(m, n, device=dev)
     base = randn(n, dtype=dtype, device=dev)
-    for layout, cast, off in (("strided", "gemma", 0.0), ("offset", "none", 1.0),
-                              ("expanded", "llama", 0.0)):  # fmt: skip
+    for layout, cast, off in (
+        ("strided", "gemma", 0.0),
+        ("offset", "none", 1.0),
+        ("expanded", "llama", 0.0),
+    ):
         w = param_layout(base, layout)
         b = w.flip(0) if layout != "expanded" else w
         wc, bc = w.contiguous(), b.contiguous()
@@ -487,9 +496,11 @@ GATED_FACTORS = {
     "params": ("contiguous", "strided", "expanded", "offset"),
 }
 _OTHER_INPUT = {
-    torch.float32: torch.bfloat16, torch.bfloat16: torch.float32,
-    torch.float16: torch.bfloat16, torch.float64: torch.float32,
-}  # fmt: skip
+    torch.float32: torch.bfloat16,
+    torch.bfloat16: torch.float32,
+    torch.float16: torch.bfloat16,
+    torch.float64: torch.float32,
+}
 GATED_CASES = pairwise(GATED_FACTORS, _rms_valid)
 
 
@@ -510,8 +521,9 @@ def _gated_inputs(c: dict, dev: str):
     x = relayout(randn(m, n, dtype=dt, device=dev, scale=2.0, shift=0.3), lay)
     z = None
     if c["gate"] != "none":
-        z = relayout(randn(m, n, dtype=_gate_dtype(c["gate_dtype"], dt), device=dev, scale=3.0),
-                     lay)  # fmt: skip
+        z = relayout(
+            randn(m, n, dtype=_gate_dtype(c["gate_dtype"], dt), device=dev, scale=3.0), lay
+        )
     wdt = _dtype(c["weight"], dt)
     w = None if wdt is None else randn(n, dtype=wdt, device=dev, shift=0.5)
     if w is not None and c["offset"]:
@@ -538,14 +550,21 @@ def test_gated_rms_norm(backend, case):
     if backend.bitwise and z is None:  # no gate: the spec's roundings, group by group
         gs = n // groups
         want = R.rms_norm_apply(
-            x.reshape(m, groups, gs), rstd.reshape(m, groups), None if w is None else
-            w.reshape(groups, gs), None if b is None else b.reshape(groups, gs), casting, offset,
+            x.reshape(m, groups, gs),
+            rstd.reshape(m, groups),
+            None if w is None else w.reshape(groups, gs),
+            None if b is None else b.reshape(groups, gs),
+            casting,
+            offset,
             x.dtype if in_dt is None else in_dt,
-        )  # fmt: skip
+        )
         assert torch.equal(y, want.reshape(m, n))
     dy = relayout(randn(m, n, dtype=y.dtype, device=dev), case["layout"])
-    dres = relayout(randn(m, n, dtype=x.dtype, device=dev), case["layout"]) if case[
-        "dresidual"] else None  # fmt: skip
+    dres = (
+        relayout(randn(m, n, dtype=x.dtype, device=dev), case["layout"])
+        if case["dresidual"]
+        else None
+    )
     rstd = exact[1].to(eager[1].dtype)
     in_dtype = x.dtype if in_dt is None else in_dt
     grad_args = (dy, x, z, w, b, rstd, dres, opts, gating, in_dtype, case["need_wgrad"])

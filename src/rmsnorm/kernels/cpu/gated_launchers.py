@@ -103,10 +103,16 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
     group_size, norm_before_gate, activation = gating
     in_dt = x.dtype if input_dtype is None else input_dtype
     key = (
-        x.dtype, None if gate is None else gate.dtype, None if weight is None else weight.dtype,
-        None if bias is None else bias.dtype, in_dt, casting_mode, eps_mode,
-        gate is not None and not norm_before_gate, activation,
-    )  # fmt: skip
+        x.dtype,
+        None if gate is None else gate.dtype,
+        None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype,
+        in_dt,
+        casting_mode,
+        eps_mode,
+        gate is not None and not norm_before_gate,
+        activation,
+    )
     out, flags = _fwd_plans.get(key) or _fwd_plan(key)
     n = x.shape[-1]
     m = x.numel() // n if n else 0
@@ -175,11 +181,19 @@ def gated_rms_norm_bwd(
     _, eps_mode, casting_mode, offset, k = opts
     group_size, norm_before_gate, activation = gating
     key = (
-        dy.dtype, x.dtype, None if gate is None else gate.dtype,
-        None if weight is None else weight.dtype, None if bias is None else bias.dtype,
-        None if dresidual is None else dresidual.dtype, input_dtype, casting_mode, eps_mode,
-        gate is not None and not norm_before_gate, activation, rstd.dtype,
-    )  # fmt: skip
+        dy.dtype,
+        x.dtype,
+        None if gate is None else gate.dtype,
+        None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype,
+        None if dresidual is None else dresidual.dtype,
+        input_dtype,
+        casting_mode,
+        eps_mode,
+        gate is not None and not norm_before_gate,
+        activation,
+        rstd.dtype,
+    )
     dxdt, flags = _bwd_plans.get(key) or _bwd_plan(key)
     if dxdt is None or not x.numel():
         L._to_reference("gated_rms_norm_bwd", dxdt is None)

@@ -212,9 +212,13 @@ def _rms_fwd(x, residual, weight, bias, opts):
         size_dtype = x.dtype if rdt is None or rdt.itemsize <= x.dtype.itemsize else rdt
         cfg = _config.choose("fwd", n, size_dtype, dev)
         option_flags = flag.flags(
-            res=rdt is not None, w=wdt is not None, b=bias is not None,
-            rms_eps=eps_mode == "rms", partial=k < n, cast=_CAST[casting_mode],
-        )  # fmt: skip
+            res=rdt is not None,
+            w=wdt is not None,
+            b=bias is not None,
+            rms_eps=eps_mode == "rms",
+            partial=k < n,
+            cast=_CAST[casting_mode],
+        )
         y_dtype = output_dtype(x.dtype, weight, casting_mode)
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc
 
@@ -314,17 +318,34 @@ def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_w
     dx = torch.empty_like(x)
     dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
     has_w, has_dres = weight is not None, dresidual is not None
-    key = ("bwd", n, k < n, x.dtype, input_dtype, has_w, has_dres, need_dw, need_db, eps_mode,
-           casting_mode, x.device)  # fmt: skip
+    key = (
+        "bwd",
+        n,
+        k < n,
+        x.dtype,
+        input_dtype,
+        has_w,
+        has_dres,
+        need_dw,
+        need_db,
+        eps_mode,
+        casting_mode,
+        x.device,
+    )
 
     def build():
         _check_mode(eps_mode, casting_mode)
         acc, acc_tl = _acc(x.dtype, input_dtype)
         cfg = _config.choose("bwd", n, x.dtype, x.device)
         option_flags = flag.flags(
-            res=has_dres, w=has_w, dw=need_dw, db=need_db, rms_eps=eps_mode == "rms",
-            partial=k < n, cast=_CAST[casting_mode],
-        )  # fmt: skip
+            res=has_dres,
+            w=has_w,
+            dw=need_dw,
+            db=need_db,
+            rms_eps=eps_mode == "rms",
+            partial=k < n,
+            cast=_CAST[casting_mode],
+        )
         extra = {"IN": _TL[input_dtype], "ACC": acc_tl}
         return cfg, _launches(cfg, option_flags, extra), acc, acc_tl
 
@@ -455,21 +476,38 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
     if gate is not None:
         gate, zs = _row_layout(gate, n)
     wdt = None if weight is None else weight.dtype
-    gating = _gating(gate, norm_before_gate, activation)
-    key = ("gated_fwd", n, g, k < g, x.dtype, None if gate is None else gate.dtype, in_dt, wdt,
-           bias is not None, eps_mode, casting_mode, gating, x.device)  # fmt: skip
+    gate_code = _gating(gate, norm_before_gate, activation)
+    key = (
+        "gated_fwd",
+        n,
+        g,
+        k < g,
+        x.dtype,
+        None if gate is None else gate.dtype,
+        in_dt,
+        wdt,
+        bias is not None,
+        eps_mode,
+        casting_mode,
+        gate_code,
+        x.device,
+    )
 
     def build():
         acc, acc_tl, cfg = _gated_setup("gated_fwd", x, in_dt, n, g, eps_mode, casting_mode)
         option_flags = flag.flags(
-            w=wdt is not None, b=bias is not None, rms_eps=eps_mode == "rms", partial=k < g,
-            cast=_CAST[casting_mode], loop=cfg.loop,
-        )  # fmt: skip
-        y_dtype = gated_output_dtype(in_dt, weight, casting_mode, gating % 4 == 1)
+            w=wdt is not None,
+            b=bias is not None,
+            rms_eps=eps_mode == "rms",
+            partial=k < g,
+            cast=_CAST[casting_mode],
+            loop=cfg.loop,
+        )
+        y_dtype = gated_output_dtype(in_dt, weight, casting_mode, gate_code % 4 == 1)
         norm_out = output_dtype(in_dt, weight, casting_mode)
         extra = {
             "BLOCK_M": cfg.block_m, "GP": 1 if cfg.loop else _pow2(n // g),
-            "BLOCK_G": cfg.block_n, "FLAGS": option_flags, "GATING": gating,
+            "BLOCK_G": cfg.block_n, "FLAGS": option_flags, "GATING": gate_code,
             "IN": _TL[in_dt], "OUT": _TL[norm_out], "ACC": acc_tl,
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
         }  # fmt: skip
@@ -513,20 +551,42 @@ def gated_rms_norm_bwd(
         dz = torch.empty_like(x, dtype=gate.dtype)
     dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
     has_w, has_b = weight is not None, bias is not None
-    gating = _gating(gate, norm_before_gate, activation)
-    key = ("gated_bwd", n, g, k < g, x.dtype, None if gate is None else gate.dtype, input_dtype,
-           None if weight is None else weight.dtype, has_b, dresidual is not None, need_dw,
-           need_db, eps_mode, casting_mode, gating, x.device)  # fmt: skip
+    gate_code = _gating(gate, norm_before_gate, activation)
+    key = (
+        "gated_bwd",
+        n,
+        g,
+        k < g,
+        x.dtype,
+        None if gate is None else gate.dtype,
+        input_dtype,
+        None if weight is None else weight.dtype,
+        has_b,
+        dresidual is not None,
+        need_dw,
+        need_db,
+        eps_mode,
+        casting_mode,
+        gate_code,
+        x.device,
+    )
 
     def build():
         acc, acc_tl, cfg = _gated_setup("gated_bwd", x, input_dtype, n, g, eps_mode, casting_mode)
         option_flags = flag.flags(
-            res=dresidual is not None, w=has_w, b=has_b, dw=need_dw, db=need_db,
-            rms_eps=eps_mode == "rms", partial=k < g, cast=_CAST[casting_mode], loop=cfg.loop,
-        )  # fmt: skip
+            res=dresidual is not None,
+            w=has_w,
+            b=has_b,
+            dw=need_dw,
+            db=need_db,
+            rms_eps=eps_mode == "rms",
+            partial=k < g,
+            cast=_CAST[casting_mode],
+            loop=cfg.loop,
+        )
         extra = {
             "BLOCK_M": cfg.block_m, "GP": 1 if cfg.loop else _pow2(n // g),
-            "BLOCK_G": cfg.block_n, "FLAGS": option_flags, "GATING": gating,
+            "BLOCK_G": cfg.block_n, "FLAGS": option_flags, "GATING": gate_code,
             "IN": _TL[input_dtype], "OUT": _TL[output_dtype(input_dtype, weight, casting_mode)],
             "ACC": acc_tl, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
         }  # fmt: skip
