@@ -489,7 +489,7 @@ def gated_rms_norm(x, gate, norm_dims, weight, bias, opts, gating, input_dtype):
         ]
     rows = _Rows(x, norm_dims, mesh_dims)
     index = rows.index()
-    group_size = gating[0]
+    group_size = gating.group_size
     g = rows.big_n if group_size is None else group_size
     if rows.n == 0 or _whole_groups(index, g):
         return _local_groups(rows, index, x, gate, weight, bias, opts, gating, input_dtype)
@@ -531,11 +531,10 @@ def _local_groups(rows, index, x, gate, weight, bias, opts, gating, input_dtype)
 
     from ._opcall import call
 
-    group_size, norm_before_gate, activation = gating
-    g = rows.big_n if group_size is None else group_size
+    g = rows.big_n if gating.group_size is None else gating.group_size
     xl = rows.local(x)
     zl = None if gate is None else rows.local(gate)
-    local_gating = (None if rows.n == g else g, norm_before_gate, activation)
+    local_gating = gating._replace(group_size=None if rows.n == g else g)
     y, _ = call.gated_rms_norm_fwd(
         xl, zl, 1, local_param(weight), local_param(bias), opts, local_gating, input_dtype
     )
