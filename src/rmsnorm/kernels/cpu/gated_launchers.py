@@ -103,16 +103,10 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
     group_size, norm_before_gate, activation = gating
     in_dt = x.dtype if input_dtype is None else input_dtype
     key = (
-        x.dtype,
-        None if gate is None else gate.dtype,
-        None if weight is None else weight.dtype,
-        None if bias is None else bias.dtype,
-        in_dt,
-        casting_mode,
-        eps_mode,
-        gate is not None and not norm_before_gate,
-        activation,
-    )
+        x.dtype, None if gate is None else gate.dtype, None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype, in_dt, casting_mode, eps_mode,
+        gate is not None and not norm_before_gate, activation,
+    )  # fmt: skip
     out, flags = _fwd_plans.get(key) or _fwd_plan(key)
     n = x.shape[-1]
     m = x.numel() // n if n else 0
@@ -181,19 +175,11 @@ def gated_rms_norm_bwd(
     _, eps_mode, casting_mode, offset, k = opts
     group_size, norm_before_gate, activation = gating
     key = (
-        dy.dtype,
-        x.dtype,
-        None if gate is None else gate.dtype,
-        None if weight is None else weight.dtype,
-        None if bias is None else bias.dtype,
-        None if dresidual is None else dresidual.dtype,
-        input_dtype,
-        casting_mode,
-        eps_mode,
-        gate is not None and not norm_before_gate,
-        activation,
-        rstd.dtype,
-    )
+        dy.dtype, x.dtype, None if gate is None else gate.dtype,
+        None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+        None if dresidual is None else dresidual.dtype, input_dtype, casting_mode, eps_mode,
+        gate is not None and not norm_before_gate, activation, rstd.dtype,
+    )  # fmt: skip
     dxdt, flags = _bwd_plans.get(key) or _bwd_plan(key)
     if dxdt is None or not x.numel():
         L._to_reference("gated_rms_norm_bwd", dxdt is None)

@@ -179,13 +179,9 @@ def rms_norm_fwd(x, weight, bias, opts, stats=True):
     """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`)."""
     eps, eps_mode, casting_mode, offset, k = opts
     key = (
-        x.dtype,
-        None if weight is None else weight.dtype,
-        None if bias is None else bias.dtype,
-        None,
-        casting_mode,
-        eps_mode,
-    )
+        x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+        None, casting_mode, eps_mode,
+    )  # fmt: skip
     out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
     n = x.shape[-1]
     m = x.numel() // n if n else 0
@@ -225,13 +221,9 @@ def add_rms_norm_fwd(x, residual, weight, bias, opts, stats=True):
     """Residual add + RMSNorm forward (:func:`rmsnorm.reference.add_rms_norm_fwd`)."""
     eps, eps_mode, casting_mode, offset, k = opts
     key = (
-        x.dtype,
-        None if weight is None else weight.dtype,
-        None if bias is None else bias.dtype,
-        residual.dtype,
-        casting_mode,
-        eps_mode,
-    )
+        x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+        residual.dtype, casting_mode, eps_mode,
+    )  # fmt: skip
     out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
     n = x.shape[-1]
     m = x.numel() // n if n else 0
@@ -312,16 +304,10 @@ def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_w
     """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
     _, eps_mode, casting_mode, offset, k = opts
     key = (
-        dy.dtype,
-        x.dtype,
-        None if weight is None else weight.dtype,
-        None if bias is None else bias.dtype,
-        None if dresidual is None else dresidual.dtype,
-        input_dtype,
-        casting_mode,
-        eps_mode,
-        rstd.dtype,
-    )
+        dy.dtype, x.dtype, None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype, None if dresidual is None else dresidual.dtype,
+        input_dtype, casting_mode, eps_mode, rstd.dtype,
+    )  # fmt: skip
     dxdt, flags = _rms_bwd_plans.get(key) or _rms_bwd_plan(key)
     if dxdt is None or not x.numel():
         _to_reference("rms_norm_bwd", dxdt is None)
@@ -376,13 +362,9 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
 def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
     """LayerNorm backward (:func:`rmsnorm.reference.layer_norm_bwd`)."""
     key = (
-        dy.dtype,
-        x.dtype,
-        None if weight is None else weight.dtype,
-        None if bias is None else bias.dtype,
-        mean.dtype,
-        rstd.dtype,
-    )
+        dy.dtype, x.dtype, None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype, mean.dtype, rstd.dtype,
+    )  # fmt: skip
     dxdt, flags = _ln_bwd_plans.get(key) or _ln_bwd_plan(key)
     if dxdt is None or not x.numel():
         _to_reference("layer_norm_bwd", dxdt is None)

@@ -62,6 +62,14 @@ def _check_mode(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"casting_mode must be one of {tuple(_CAST)}, got {casting_mode!r}")
 
 
+def _rms_flags(opts, size: int) -> int:
+    """The kernel flags of the RMS options (checked here): the ε form, a partial RMS (k below
+    ``size``, the row or the group) and the casting mode; OR-ed with a launch's other flags."""
+    _check_mode(opts.eps_mode, opts.casting_mode)
+    rms_eps, partial = opts.eps_mode == "rms", opts.k < size
+    return flag.flags(rms_eps=rms_eps, partial=partial, cast=_CAST[opts.casting_mode])
+
+
 def _unit_stride(t: torch.Tensor | None) -> torch.Tensor | None:
     """A (N,) or (M,) vector as the kernels read it, with unit stride. A strided, expanded
     (stride 0) or sliced weight is copied (N elements, nothing next to the M·N of a launch); a
@@ -206,19 +214,12 @@ def _rms_fwd(x, residual, weight, bias, opts):
     key = ("fwd", n, k < n, x.dtype, rdt, wdt, bias is not None, eps_mode, casting_mode, dev)
 
     def build():
-        _check_mode(eps_mode, casting_mode)
+        option_flags = _rms_flags(opts, n)
         acc, acc_tl = _acc(x.dtype) if rdt is None else _acc(x.dtype, rdt)
         # Registers hold the widest input's tile: an fp32 residual sizes the tile as fp32.
         size_dtype = x.dtype if rdt is None or rdt.itemsize <= x.dtype.itemsize else rdt
         cfg = _config.choose("fwd", n, size_dtype, dev)
-        option_flags = flag.flags(
-            res=rdt is not None,
-            w=wdt is not None,
-            b=bias is not None,
-            rms_eps=eps_mode == "rms",
-            partial=k < n,
-            cast=_CAST[casting_mode],
-        )
+        option_flags |= flag.flags(res=rdt is not None, w=wdt is not None, b=bias is not None)
         y_dtype = output_dtype(x.dtype, weight, casting_mode)
         return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc
 
@@ -319,33 +320,15 @@ def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_w
     dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
     has_w, has_dres = weight is not None, dresidual is not None
     key = (
-        "bwd",
-        n,
-        k < n,
-        x.dtype,
-        input_dtype,
-        has_w,
-        has_dres,
-        need_dw,
-        need_db,
-        eps_mode,
-        casting_mode,
-        x.device,
-    )
+        "bwd", n, k < n, x.dtype, input_dtype, has_w, has_dres, need_dw, need_db, eps_mode,
+        casting_mode, x.device,
+    )  # fmt: skip
 
     def build():
-        _check_mode(eps_mode, casting_mode)
+        option_flags = _rms_flags(opts, n)
         acc, acc_tl = _acc(x.dtype, input_dtype)
         cfg = _config.choose("bwd", n, x.dtype, x.device)
-        option_flags = flag.flags(
-            res=has_dres,
-            w=has_w,
-            dw=need_dw,
-            db=need_db,
-            rms_eps=eps_mode == "rms",
-            partial=k < n,
-            cast=_CAST[casting_mode],
-        )
+        option_flags |= flag.flags(res=has_dres, w=has_w, dw=need_dw, db=need_db)
         extra = {"IN": _TL[input_dtype], "ACC": acc_tl}
         return cfg, _launches(cfg, option_flags, extra), acc, acc_tl
 
@@ -444,10 +427,9 @@ def _quiet():
     return np.errstate(all="ignore")
 
 
-def _gated_setup(kernel, x, in_dtype, n, g, eps_mode, casting_mode):
-    """What a gated kernel's build starts from, forward and backward alike: the modes checked,
-    the accumulation dtype (torch's, triton's) and a launch config whose block holds a group."""
-    _check_mode(eps_mode, casting_mode)
+def _gated_setup(kernel, x, in_dtype, n, g):
+    """What a gated kernel's build starts from, forward and backward alike: the accumulation dtype
+    (torch's, triton's) and a launch config whose block holds a group."""
     acc, acc_tl = _acc(x.dtype, in_dtype)
     cfg = _config.choose_gated(kernel, n, g, x.dtype, x.device)
     if not cfg.loop and cfg.block_n < g:
@@ -478,31 +460,14 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
     wdt = None if weight is None else weight.dtype
     gate_code = _gating(gate, norm_before_gate, activation)
     key = (
-        "gated_fwd",
-        n,
-        g,
-        k < g,
-        x.dtype,
-        None if gate is None else gate.dtype,
-        in_dt,
-        wdt,
-        bias is not None,
-        eps_mode,
-        casting_mode,
-        gate_code,
-        x.device,
-    )
+        "gated_fwd", n, g, k < g, x.dtype, None if gate is None else gate.dtype, in_dt, wdt,
+        bias is not None, eps_mode, casting_mode, gate_code, x.device,
+    )  # fmt: skip
 
     def build():
-        acc, acc_tl, cfg = _gated_setup("gated_fwd", x, in_dt, n, g, eps_mode, casting_mode)
-        option_flags = flag.flags(
-            w=wdt is not None,
-            b=bias is not None,
-            rms_eps=eps_mode == "rms",
-            partial=k < g,
-            cast=_CAST[casting_mode],
-            loop=cfg.loop,
-        )
+        option_flags = _rms_flags(opts, g)
+        acc, acc_tl, cfg = _gated_setup("gated_fwd", x, in_dt, n, g)
+        option_flags |= flag.flags(w=wdt is not None, b=bias is not None, loop=cfg.loop)
         y_dtype = gated_output_dtype(in_dt, weight, casting_mode, gate_code % 4 == 1)
         norm_out = output_dtype(in_dt, weight, casting_mode)
         extra = {
@@ -553,36 +518,16 @@ def gated_rms_norm_bwd(
     has_w, has_b = weight is not None, bias is not None
     gate_code = _gating(gate, norm_before_gate, activation)
     key = (
-        "gated_bwd",
-        n,
-        g,
-        k < g,
-        x.dtype,
-        None if gate is None else gate.dtype,
-        input_dtype,
-        None if weight is None else weight.dtype,
-        has_b,
-        dresidual is not None,
-        need_dw,
-        need_db,
-        eps_mode,
-        casting_mode,
-        gate_code,
-        x.device,
-    )
+        "gated_bwd", n, g, k < g, x.dtype, None if gate is None else gate.dtype, input_dtype,
+        None if weight is None else weight.dtype, has_b, dresidual is not None, need_dw, need_db,
+        eps_mode, casting_mode, gate_code, x.device,
+    )  # fmt: skip
 
     def build():
-        acc, acc_tl, cfg = _gated_setup("gated_bwd", x, input_dtype, n, g, eps_mode, casting_mode)
-        option_flags = flag.flags(
-            res=dresidual is not None,
-            w=has_w,
-            b=has_b,
-            dw=need_dw,
-            db=need_db,
-            rms_eps=eps_mode == "rms",
-            partial=k < g,
-            cast=_CAST[casting_mode],
-            loop=cfg.loop,
+        option_flags = _rms_flags(opts, g)
+        acc, acc_tl, cfg = _gated_setup("gated_bwd", x, input_dtype, n, g)
+        option_flags |= flag.flags(
+            res=dresidual is not None, w=has_w, b=has_b, dw=need_dw, db=need_db, loop=cfg.loop
         )
         extra = {
             "BLOCK_M": cfg.block_m, "GP": 1 if cfg.loop else _pow2(n // g),
