@@ -8,17 +8,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..transformer import NORM_NAMES
 from .page import Page
 
 __all__ = ["report_page", "verdict_sentence", "centering_vs_iid"]
 
 TITLE = "When does RMSNorm equal LayerNorm? — the centering report"
-NORM_NAMES = {
-    "layernorm": "LayerNorm",
-    "rmsnorm": "RMSNorm",
-    "prmsnorm": "pRMSNorm",
-    "none": "no norm",
-}
 
 
 def _f(x, spec: str = ".3g") -> str:

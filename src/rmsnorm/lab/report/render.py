@@ -19,6 +19,7 @@ from ..outliers import iid_max_over_rms
 from ..simulation import cosine_by_layer, mean_histograms
 from ..simulation.render import decomposition_figure, iid_lines, seed_ratio_by_layer
 from ..stats import median
+from ..transformer import NORM_NAMES
 from .prose import report_page
 from .run import ReportConfig, ReportResults, run_report
 
@@ -37,7 +38,6 @@ __all__ = [
 ]
 
 NORM_COLORS = {"layernorm": "#1f77b4", "rmsnorm": "#d62728"}
-NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 STYLE_NAMES = {"--": "dashed", "-": "solid"}
 
 

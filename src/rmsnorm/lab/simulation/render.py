@@ -14,6 +14,7 @@ from ..figures import layer_ticks, legend_below, pyplot, save_figure
 from ..iid import iid_reference
 from ..io import write_json
 from ..stats import median
+from ..transformer import NORM_NAMES
 from .run import SimulationResult
 
 __all__ = [
@@ -30,18 +31,14 @@ __all__ = [
 
 STAGE_COLORS = {"init": "#1f77b4", "trained": "#d62728", "planted": "#ff7f0e"}
 
-NORM_NAMES = {
-    "layernorm": "LayerNorm",
-    "rmsnorm": "RMSNorm",
-    "prmsnorm": "pRMSNorm",
-    "none": "norm-free",
-}
+# The norms' names where they qualify "transformer" in a title: no norm is "norm-free".
+NORM_ADJECTIVES = {**NORM_NAMES, "none": "norm-free"}
 INPUT_NAMES = {"tokens": "random tokens", "gaussian": "Gaussian embeddings", "text": "text"}
 
 
 def _describe(cfg) -> str:
     text = (
-        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {NORM_NAMES[cfg.norm]} transformer, "
+        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {NORM_ADJECTIVES[cfg.norm]} transformer, "
         f"d = {cfg.d_model}, {INPUT_NAMES[cfg.resolved_inputs]}"
     )
     return text + (f", planted mean {cfg.planted_mean:g}" if cfg.planted_mean else "")
