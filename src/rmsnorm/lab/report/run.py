@@ -45,8 +45,8 @@ __all__ = [
 ]
 
 
-def _tiny_sim(**kw) -> SimulationConfig:
-    return SimulationConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16, batch=4, **kw)
+# The quick mode's model, for the simulation and the training alike.
+_TINY_MODEL = dict(n_layers=2, d_model=32, n_heads=2, seq_len=16)
 
 
 @dataclass
@@ -82,19 +82,10 @@ class ReportConfig:
     def quick(cls, **overrides) -> ReportConfig:
         """Tiny sizes: every section and file, in seconds (smoke tests, a first look)."""
         base = cls(
-            simulation=_tiny_sim(),
+            simulation=SimulationConfig(**_TINY_MODEL, batch=4),
             seeds=3,
             sweep=SweepConfig(seeds=3, widths=(16, 32), depths=(1, 2), batch=4),
-            training=TrainStudyConfig(
-                n_layers=2,
-                d_model=32,
-                n_heads=2,
-                seq_len=16,
-                steps=3,
-                train_batch=2,
-                eval_batch=4,
-                seeds=2,
-            ),
+            training=TrainStudyConfig(**_TINY_MODEL, steps=3, train_batch=2, eval_batch=4, seeds=2),
             planted_seeds=2,
             planted_batch=2,
             timing_shapes=(("64 × 128", 64, 128),),
