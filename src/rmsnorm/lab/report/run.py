@@ -31,7 +31,6 @@ from ..stats import (
 )
 from ..sweep import SweepConfig, SweepResult, run_sweep
 from ..trained import TrainStudy, TrainStudyConfig, run_training_study
-from ..transformer import TransformerConfig
 from .timing import SHAPES, time_norms
 
 __all__ = [
@@ -696,14 +695,9 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
     planted = None
     if cfg.planted_bias:
         t0 = time.perf_counter()
-        sc = cfg.simulation
-        base = TransformerConfig(
-            n_layers=sc.n_layers,
-            d_model=sc.d_model,
-            n_heads=sc.n_heads,
-            seq_len=sc.seq_len,
-            init_std=sc.init_std,
-        )
+        # The simulation's network, pre-LN whatever its position: the planted contrast's
+        # derivation (lab/planted.py) holds in pre-LN networks only.
+        base = replace(cfg.simulation.transformer_config(), norm_position="pre")
         with progress.task("planted mean inside a block", total=1) as advance:
             planted = planted_in_block(
                 cfg.planted_bias, cfg.planted_seeds, base=base, batch=cfg.planted_batch
