@@ -291,8 +291,10 @@ def _field(flags, f):
 
 
 # Row statistics are accumulated in float64 (they come out as the correctly rounded float32
-# values in practice) and may be reassociated, so LLVM vectorizes them; float32 sums in their place
-# measured no faster (docs/cpu.md). Nothing else is fastmath: the element-wise products round
+# values in practice) and may be reassociated, so LLVM vectorizes them; float32 sums in chunks
+# carried in float64 would save 0-21% of a row loop's time in cache and nothing from memory, and a
+# plain float32 sum fails the tolerance rule (docs/cpu.md, "What float64 statistics cost").
+# Nothing else is fastmath: the element-wise products round
 # exactly as torch's eager ops do. A row whose float64 sum is tiny (< _TINY) is summed again the
 # way torch sums it, squares (and x − μ) in float32, so that squares that underflow float32
 # (|x| ≲ 1e-19) do there what they do in torch: an all-tiny row then gets r = inf with eps = 0, as
