@@ -152,14 +152,38 @@ def info() -> None:
     """Versions of rmsnorm / torch / triton, the devices torch sees and the backend used on each."""
     from .info import environment
 
+    env = environment()
+    served = env.pop("served on cpu")
     table = Table(title="rmsnorm info", show_header=False)
-    for key, value in environment().items():
+    for key, value in env.items():
         if isinstance(value, dict):
             value = ", ".join(f"{k}: {v}" for k, v in value.items())
         elif isinstance(value, list):
             value = ", ".join(value)
         table.add_row(key, "not installed" if value is None else str(value))
     console.print(table)
+    # which path and backend serve a small CPU call: one row per function, one column per dtype,
+    # each reason for a hand-off to the reference said once below
+    calls = Table(title="served on cpu (a 2 × 8 call of each function): path · backend")
+    calls.add_column("function")
+    for dtype in served:
+        calls.add_column(dtype)
+    reasons: list[str] = []
+
+    def cell(text: str) -> str:
+        how, _, why = text.partition(" → reference: ")
+        short = how.replace(" path, ", " · ").removesuffix(" backend")
+        if not why:
+            return short
+        if why not in reasons:
+            reasons.append(why)
+        return f"{short} → reference ({reasons.index(why) + 1})"
+
+    for op in next((v for v in served.values() if isinstance(v, dict)), {}):
+        calls.add_row(op, *(cell(v[op]) if isinstance(v, dict) else v for v in served.values()))
+    console.print(calls)
+    for i, why in enumerate(reasons, 1):
+        console.print(f"({i}) the backend hands the call to the reference: {why}")
 
 
 @app.command()

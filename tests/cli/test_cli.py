@@ -58,6 +58,8 @@ def test_help_and_info_need_no_extra(tmp_path):
     assert rc == 0, err
     assert "rmsnorm info" in out and rmsnorm.__version__ in out
     assert "cpu: reference" in out  # numba blocked: the reference runs CPU tensors
+    # the served-calls table: a row per function, path · backend in each dtype's column
+    assert "served on cpu" in out and "launch · reference" in out
 
 
 @pytest.mark.parametrize(
