@@ -38,9 +38,9 @@ test-gpu: setup
 	  rc=$$?; test $$rc -eq 0 -o $$rc -eq 5
 
 # `rmsnorm bench` on the device torch sees (cuda, else cpu): <device>_bench.csv/.md/.png in
-# $(BENCH_OUT). BENCH_ARGS adds options, e.g. BENCH_ARGS=--quick.
+# $(BENCH_OUT), replacing those of an earlier run. BENCH_ARGS adds options, e.g. BENCH_ARGS=--quick.
 bench: setup
-	$(BIN)/rmsnorm bench --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(BIN)/rmsnorm bench --out $(BENCH_OUT) --overwrite $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)

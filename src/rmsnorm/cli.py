@@ -247,6 +247,10 @@ def bench(
             "gated_rms_norm, gated_rms_norm_grouped); default: every op of the plan."
         ),
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace the files of an earlier run in --out."),
+    ] = False,
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
     from ._progress import RichProgress
@@ -265,6 +269,7 @@ def bench(
                 latency=latency,
                 progress=progress,
                 ops=None if ops is None else [o.strip() for o in ops.split(",") if o.strip()],
+                overwrite=overwrite,
             )
     if not latency:  # the latency mode logs its own summary
         _log(summary(rows))
