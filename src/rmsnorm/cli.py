@@ -133,7 +133,19 @@ _LabThreads = Annotated[
 _TextFile = Annotated[
     Path | None, typer.Option(exists=True, dir_okay=False, help="A text file to run.")
 ]
-_Json = Annotated[Path | None, typer.Option("--json", help="Also write the results to this file.")]
+_Json = Annotated[
+    Path | None,
+    typer.Option("--json", help="Also write the results to this file (a new one, or --overwrite)."),
+]
+
+
+def _check_json_target(path: Path | None, overwrite: bool) -> None:
+    """Before any work: an existing --json file is replaced only with --overwrite."""
+    if path is not None and path.exists() and not overwrite:
+        raise typer.BadParameter(
+            f"{path} exists; pass --overwrite to replace it, or name another file",
+            param_hint="--json",
+        )
 
 
 @app.callback()
@@ -293,7 +305,7 @@ def convert(
         typer.Option(
             "--overwrite",
             help="Replace DESTINATION if it is a non-empty directory (once the new model is "
-            "complete).",
+            "complete), and an existing --json file.",
         ),
     ] = False,
     json_out: _Json = None,
@@ -316,8 +328,10 @@ def convert(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from ._files import write_text
     from .convert import ConversionError, convert_directory
 
+    _check_json_target(json_out, overwrite)
     columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
     # The error line comes after the spinner has stopped (the with blocks close inside out).
     with (
@@ -347,8 +361,7 @@ def convert(
     table.add_row("rmsnorm backend, torch threads", f"{report.backend}, {report.threads}")
     console.print(table)
     if json_out is not None:
-        with open(json_out, "w") as fh:
-            json.dump(report.to_dict(), fh, indent=2)
+        write_text(json.dumps(report.to_dict(), indent=2) + "\n", json_out)
 
 
 # --- centering lab: simulate / inspect / report ---
@@ -541,6 +554,9 @@ def inspect(
         int, typer.Option(callback=_non_negative, help="Seed of the random tokens.")
     ] = 0,
     json_out: _Json = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --json file.")
+    ] = False,
     channels: Annotated[
         bool,
         typer.Option(
@@ -556,6 +572,7 @@ def inspect(
     from .lab.inspection import inspect_source, render_outlier_table, render_table
     from .lab.io import write_json
 
+    _check_json_target(json_out, overwrite)
     _set_torch_threads(threads)
     if text_file is not None:
         text = text_file.read_text(errors="replace")
