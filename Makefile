@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 	$(BIN)/python -m rmsnorm warmup
 
 report: setup
-	$(BIN)/rmsnorm report --out $(OUT)
+	$(BIN)/rmsnorm report --out $(OUT) --overwrite
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --timeout 900 -q

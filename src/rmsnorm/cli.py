@@ -139,6 +139,23 @@ _Json = Annotated[
 ]
 
 
+_OverwriteOut = Annotated[
+    bool,
+    typer.Option("--overwrite", help="Replace the files of an earlier run in --out."),
+]
+
+
+def _check_out(out: Path, marker: str, overwrite: bool) -> None:
+    """Before any work: an --out that holds an earlier run's files (its ``marker`` file) is
+    written into only with --overwrite."""
+    if (out / marker).exists() and not overwrite:
+        raise typer.BadParameter(
+            f"{out} already holds {marker} and the other files of an earlier run; pass "
+            "--overwrite to replace them, or choose another --out",
+            param_hint="--out",
+        )
+
+
 def _check_json_target(path: Path | None, overwrite: bool) -> None:
     """Before any work: an existing --json file is replaced only with --overwrite."""
     if path is not None and path.exists() and not overwrite:
@@ -455,6 +472,7 @@ def simulate(
     ] = 0,
     train_batch: Annotated[int, typer.Option(callback=_positive, help="Training batch size.")] = 16,
     threads: _LabThreads = 1,
+    overwrite: _OverwriteOut = False,
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer, the
     token-shared part of μ, and over --seeds a verdict against i.i.d. Gaussian rows."""
@@ -462,6 +480,7 @@ def simulate(
     from .lab.simulation import SimulationConfig, write_seed_study, write_simulation
 
     _require("simulate", "matplotlib", "scipy")
+    _check_out(out, "simulation.json", overwrite)
     _set_torch_threads(threads)
     with _reported("simulate", ValueError, OSError):
         cfg = SimulationConfig(
@@ -640,12 +659,14 @@ def report(
         ),
     ] = False,
     threads: _LabThreads = 1,
+    overwrite: _OverwriteOut = False,
 ) -> None:
     """The main job: the centering report (report.md, self-contained report.html, report.json,
     figures), one progress line per stage."""
     from .lab.report import ReportConfig, build_report
 
     _require("report", "matplotlib", "scipy")
+    _check_out(out, "report.json", overwrite)
     _set_torch_threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
     with _reported("report", ValueError, OSError, ImportError):
