@@ -268,21 +268,21 @@ class _Function:
 
     @staticmethod
     def rms_norm(x, norm_dims, n, weight, bias, opts):
-        return _autograd.RMSNormFunction.apply(x, weight, bias, norm_dims, opts)
+        return _autograd.rms_norm_apply(x, weight, bias, norm_dims, opts)
 
     @staticmethod
     def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
-        return _autograd.AddRMSNormFunction.apply(x, residual, weight, bias, norm_dims, opts)
+        return _autograd.add_rms_norm_apply(x, residual, weight, bias, norm_dims, opts)
 
     @staticmethod
     def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
-        return _autograd.GatedRMSNormFunction.apply(
+        return _autograd.gated_rms_norm_apply(
             x, gate, weight, bias, norm_dims, opts, gating, in_dtype
         )
 
     @staticmethod
     def layer_norm(x, norm_dims, n, weight, bias, eps):
-        return _autograd.LayerNormFunction.apply(x, weight, bias, norm_dims, eps)
+        return _autograd.layer_norm_apply(x, weight, bias, norm_dims, eps)
 
 
 class _Op:

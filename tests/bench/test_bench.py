@@ -96,6 +96,39 @@ def test_make_row_and_writers(tmp_path):
     assert "rms_norm" in text and "torch" in text
 
 
+def test_writers_are_atomic_and_a_run_keeps_an_earlier_ones_files(tmp_path, monkeypatch):
+    """Every file is written under a temporary name and renamed (a failure leaves the old file
+    and no stray one); a run whose files exist in --out stops before timing anything unless
+    asked to overwrite, through the function and the command alike."""
+    from typer.testing import CliRunner
+
+    from rmsnorm.cli import app
+
+    row = ("rms_norm", "forward", "rmsnorm", torch.float32, 8, 1024, "eager", 0.01, 100.0)
+    rows = [bench.make_row(_meta(), *row)]
+    (tmp_path / "cpu_bench.md").write_text("earlier run\n")
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("timed before the check"))
+    with pytest.raises(FileExistsError, match="cpu_bench.md .*--overwrite"):
+        bench.run(device="cpu", out=tmp_path)
+    args = ["bench", "--device", "cpu", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "--overwrite" in result.output
+    assert (tmp_path / "cpu_bench.md").read_text() == "earlier run\n"
+
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: rows)
+    assert bench.run(device="cpu", out=tmp_path, overwrite=True, log=lambda m: None) == rows
+    assert "rms_norm" in (tmp_path / "cpu_bench.md").read_text()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(bench.rows.csv, "DictWriter", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        bench.write_csv(rows, tmp_path / "cpu_bench.csv")
+    assert "rms_norm" in (tmp_path / "cpu_bench.csv").read_text()  # the old file, whole
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no stray file
+
+
 def test_cpu_mode_dry_run(tmp_path):
     """The one run loop with the CPU configuration: plan, providers, interleaved timing and
     writers, at tiny shapes."""

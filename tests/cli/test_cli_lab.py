@@ -92,6 +92,18 @@ def test_report_quick_writes_files(runner, tmp_path):
     assert data["simulation"]["n_seeds"] == 4 and data["mode"] == "quick"
     assert not {"training", "swap", "planted", "sweep"} & set(data)
     assert "at initialization: median |μ|/σ ÷ i.i.d. median" in plain(result)
+    # a second run into the same folder stops before any work unless asked to overwrite
+    before = (tmp_path / "report.json").read_bytes()
+    again = runner.invoke(app, ["report", "--quick", "--out", str(tmp_path)])
+    assert again.exit_code != 0 and "--overwrite" in plain(again)
+    assert (tmp_path / "report.json").read_bytes() == before
+
+
+def test_simulate_keeps_an_earlier_run_unless_asked(runner, tmp_path):
+    (tmp_path / "simulation.json").write_text("{}\n")
+    result = runner.invoke(app, ["simulate", "--out", str(tmp_path), "--seeds", "1"])
+    assert result.exit_code != 0 and "--overwrite" in plain(result)
+    assert (tmp_path / "simulation.json").read_text() == "{}\n"
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,37 @@ def test_page_renders_escaped_tables():
     assert "&lt;b&gt;" in html and "<th>|μ|/σ</th>" in html
 
 
+def test_model_section_labels_gated_and_grouped_norms():
+    """The report's model table uses the inspection's kinds (RMS→z, z→RMS, /G) and says what
+    they mean below it, as `rmsnorm inspect` does."""
+    from rmsnorm.lab.report.prose import _model
+
+    def layer(name, kind, **extra):
+        stats = {"q50": 0.1, "q95": 0.2}
+        return {
+            "name": name,
+            "kind": kind,
+            "mu_over_sigma": stats,
+            "outliers": {},
+            "predicted_cosine": {"mean": 0.99},
+            "swap_max_abs_diff": 0.01,
+            "swap_rel_diff": 0.01,
+            **extra,
+        }
+
+    layers = [
+        layer("ln", "layernorm"),
+        layer("mixer.norm", "rmsnorm", gated_calls=1, gate="gate_then_norm", groups=2),
+        layer("attn.norm", "rmsnorm", gated_calls=1, gate="norm_then_gate", groups=1),
+    ]
+    j = {"model": {"model": "m", "norm_layers": 3, "inputs": "ids", "layers": layers}}
+    page = Page("t")
+    _model(page, j, {"model_layers": Path("m.png")})
+    md = page.markdown(Path("."))
+    assert "| LN |" in md and "| z→RMS/2 |" in md and "| RMS→z |" in md
+    assert "statistics and swap per group" in md and "swap LN(x)·act(z)" in md
+
+
 def test_figure_alt_text_keeps_its_brackets_inside(tmp_path):
     """A caption with brackets (E[μ²]) must not end the Markdown image's alt text early."""
     png = tmp_path / "f.png"

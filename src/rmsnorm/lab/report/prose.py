@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..inspection.render import kind_label, kind_notes
 from ..transformer import NORM_NAMES
 from .page import Page
 
@@ -934,7 +935,7 @@ def _model(page: Page, j: dict, figures: dict[str, Path]) -> None:
         [
             [
                 layer["name"],
-                layer["kind"],
+                kind_label(layer),
                 _f(layer["mu_over_sigma"]["q50"]),
                 _f(layer["mu_over_sigma"]["q95"]),
                 _f(layer["predicted_cosine"]["mean"], ".5f"),
@@ -951,6 +952,9 @@ def _model(page: Page, j: dict, figures: dict[str, Path]) -> None:
             for layer in inspected["layers"]
         ],
     )
+    notes = kind_notes(inspected["layers"])
+    if notes:  # gated and grouped norms, and layers without a swap
+        page.p("Kinds: LN, RMS; " + "; ".join(notes) + ".")
     page.figure(figures["model_layers"], f"Centering of the norm inputs of {inspected['model']}.")
 
 
