@@ -268,8 +268,9 @@ def seed_ratio_by_layer(study, path: Path) -> Path:
     cfg = study.config
     ax.set_title(
         f"How far the tokens are from centered, over {len(study.seeds)} seeds\n"
-        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {cfg.norm}, {cfg.activation}, "
-        f"d = {cfg.d_model}, {study.tokens_per_layer} random tokens per seed",
+        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {NORM_ADJECTIVES[cfg.norm]} "
+        f"transformer, {cfg.activation}, d = {cfg.d_model}, {study.tokens_per_layer} random "
+        "tokens per seed",
         fontsize=10,
     )
     ax.grid(alpha=0.3, which="both")
@@ -282,6 +283,8 @@ def decomposition_figure(study, sweep, path: Path) -> Path:
     for the default GELU network and the other activations of the sweep. Right: per seed, the
     last layer's token-shared offset m̄ against the part of it the MLPs wrote (the diagonal: all
     of it)."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12.5, 5.6), layout="constrained")
     studies = [("GELU (default)", study)]
@@ -341,6 +344,7 @@ def decomposition_figure(study, sweep, path: Path) -> Path:
     ax1.set_xlim(-lim, lim)
     ax1.set_ylim(-lim, lim)
     ax1.set_aspect("equal")
+    ax1.xaxis.set_major_locator(MaxNLocator(5))  # long tick labels of a square panel: fewer
     ax1.set_xlabel("part written by the MLPs, Σ mean(W₂·ā + b₂) (activation units)")
     ax1.set_ylabel(f"token-shared offset m̄ at {names[-1]} (activation units)")
     ax1.set_title("Where the last layer's offset comes from, one point per seed", fontsize=10)
@@ -350,7 +354,7 @@ def decomposition_figure(study, sweep, path: Path) -> Path:
     cfg = study.config
     fig.suptitle(
         f"The token-shared part of μ: {cfg.n_layers}-layer {cfg.norm_position}-norm "
-        f"{cfg.norm}, d = {cfg.d_model}, at initialization",
+        f"{NORM_ADJECTIVES[cfg.norm]} transformer, d = {cfg.d_model}, at initialization",
         fontsize=11,
     )
     return save_figure(fig, path)
