@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 	$(BIN)/python -m rmsnorm warmup
 
 report: setup
-	$(BIN)/rmsnorm report --out $(OUT)
+	$(BIN)/rmsnorm report --out $(OUT) --overwrite
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --timeout 900 -q
@@ -38,9 +38,9 @@ test-gpu: setup
 	  rc=$$?; test $$rc -eq 0 -o $$rc -eq 5
 
 # `rmsnorm bench` on the device torch sees (cuda, else cpu): <device>_bench.csv/.md/.png in
-# $(BENCH_OUT). BENCH_ARGS adds options, e.g. BENCH_ARGS=--quick.
+# $(BENCH_OUT), replacing those of an earlier run. BENCH_ARGS adds options, e.g. BENCH_ARGS=--quick.
 bench: setup
-	$(BIN)/rmsnorm bench --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(BIN)/rmsnorm bench --out $(BENCH_OUT) --overwrite $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -219,3 +219,20 @@ class GatedRMSNormFunction(torch.autograd.Function):
             _launch, dy, *args, ctx.input_dtype, ctx.needs_input_grad[:4]
         )
         return *grads, None, None, None, None
+
+
+# The eager path calls the classes' apply without ``autograd.Function.apply``'s Python wrapper,
+# which binds default arguments for a ``setup_context`` (these classes define none) and unwraps
+# functorch's dead wrappers (the eager path never runs under a functorch transform: the functional
+# API sends those calls to the spec): ~1.3 µs of a ~37 µs forward + backward at decoding sizes.
+# Where a torch lacks the C entry point, the wrapper serves.
+def _c_apply(fn_class: type[torch.autograd.Function]):
+    entry = getattr(torch._C, "_FunctionBase", None)
+    entry = entry.__dict__.get("apply") if entry is not None else None
+    return fn_class.apply if entry is None else entry.__get__(None, fn_class)
+
+
+rms_norm_apply = _c_apply(RMSNormFunction)
+add_rms_norm_apply = _c_apply(AddRMSNormFunction)
+layer_norm_apply = _c_apply(LayerNormFunction)
+gated_rms_norm_apply = _c_apply(GatedRMSNormFunction)

@@ -356,7 +356,7 @@ class _Rows:
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         for i in self.mesh_dims:
-            t = _AllReduce.apply(t, self.mesh, i)
+            t = _Collective.apply(t, "all_reduce", self.mesh, i)
         return t
 
     def index(self) -> torch.Tensor:
@@ -443,7 +443,7 @@ class _Rows:
         for i in self.mesh_dims:
             world = self.mesh.size(i)
             stats = torch.stack([count, mean, m2])  # (3, M)
-            parts = _AllGather.apply(stats, self.mesh, i).reshape(world, 3, self.m)
+            parts = _Collective.apply(stats, "all_gather", self.mesh, i).reshape(world, 3, self.m)
             count, mean, m2 = parts[0]
             for j in range(1, world):
                 count_j, mean_j, m2_j = parts[j]
@@ -580,53 +580,42 @@ class _ValueOf(torch.autograd.Function):
         return None, grad
 
 
-# The collectives as autograd functions, each the other's adjoint (torch registers these formulas
-# for its functional collectives only in recent versions): an all-reduce's backward all-reduces
-# the gradient; an all-gather's reduce-scatters it; a reduce-scatter's all-gathers it.
-def _funcol():
+# The collectives as one autograd function, each the adjoint of another (torch registers these
+# formulas for its functional collectives only in recent versions): an all-reduce's backward
+# all-reduces the gradient; an all-gather's reduce-scatters it; a reduce-scatter's all-gathers it.
+_ADJOINT = {
+    "all_reduce": "all_reduce",
+    "all_gather": "reduce_scatter",
+    "reduce_scatter": "all_gather",
+}
+
+
+def _collective(kind: str, t: torch.Tensor, mesh, dim: int) -> torch.Tensor:
+    """``kind`` of t over mesh dim ``dim``, summing; gathered and scattered along dim 0, in rank
+    order."""
     from torch.distributed import _functional_collectives as funcol
 
-    return funcol
-
-
-class _AllReduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, mesh, dim):
-        ctx.group = (mesh, dim)
-        funcol = _funcol()
-        return funcol.wait_tensor(funcol.all_reduce(t, "sum", (mesh, dim)))
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _AllReduce.apply(grad, *ctx.group), None, None
-
-
-class _AllGather(torch.autograd.Function):
-    """Concatenated along dim 0, in rank order."""
-
-    @staticmethod
-    def forward(ctx, t, mesh, dim):
-        ctx.group = (mesh, dim)
-        funcol = _funcol()
+    group = (mesh, dim)
+    if kind == "all_reduce":
+        out = funcol.all_reduce(t, "sum", group)
+    elif kind == "all_gather":
         gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-        return funcol.wait_tensor(gather(t.contiguous(), 0, (mesh, dim)))
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _ReduceScatter.apply(grad, *ctx.group), None, None
-
-
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, mesh, dim):
-        ctx.group = (mesh, dim)
-        funcol = _funcol()
+        out = gather(t.contiguous(), 0, group)
+    else:
         scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
-        return funcol.wait_tensor(scatter(t.contiguous(), "sum", 0, (mesh, dim)))
+        out = scatter(t.contiguous(), "sum", 0, group)
+    return funcol.wait_tensor(out)
+
+
+class _Collective(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, kind, mesh, dim):
+        ctx.adjoint = (_ADJOINT[kind], mesh, dim)
+        return _collective(kind, t, mesh, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return _AllGather.apply(grad, *ctx.group), None, None
+        return _Collective.apply(grad, *ctx.adjoint), None, None, None
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:

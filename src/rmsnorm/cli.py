@@ -133,7 +133,36 @@ _LabThreads = Annotated[
 _TextFile = Annotated[
     Path | None, typer.Option(exists=True, dir_okay=False, help="A text file to run.")
 ]
-_Json = Annotated[Path | None, typer.Option("--json", help="Also write the results to this file.")]
+_Json = Annotated[
+    Path | None,
+    typer.Option("--json", help="Also write the results to this file (a new one, or --overwrite)."),
+]
+
+
+_OverwriteOut = Annotated[
+    bool,
+    typer.Option("--overwrite", help="Replace the files of an earlier run in --out."),
+]
+
+
+def _check_out(out: Path, marker: str, overwrite: bool) -> None:
+    """Before any work: an --out that holds an earlier run's files (its ``marker`` file) is
+    written into only with --overwrite."""
+    if (out / marker).exists() and not overwrite:
+        raise typer.BadParameter(
+            f"{out} already holds {marker} and the other files of an earlier run; pass "
+            "--overwrite to replace them, or choose another --out",
+            param_hint="--out",
+        )
+
+
+def _check_json_target(path: Path | None, overwrite: bool) -> None:
+    """Before any work: an existing --json file is replaced only with --overwrite."""
+    if path is not None and path.exists() and not overwrite:
+        raise typer.BadParameter(
+            f"{path} exists; pass --overwrite to replace it, or name another file",
+            param_hint="--json",
+        )
 
 
 @app.callback()
@@ -152,14 +181,38 @@ def info() -> None:
     """Versions of rmsnorm / torch / triton, the devices torch sees and the backend used on each."""
     from .info import environment
 
+    env = environment()
+    served = env.pop("served on cpu")
     table = Table(title="rmsnorm info", show_header=False)
-    for key, value in environment().items():
+    for key, value in env.items():
         if isinstance(value, dict):
             value = ", ".join(f"{k}: {v}" for k, v in value.items())
         elif isinstance(value, list):
             value = ", ".join(value)
         table.add_row(key, "not installed" if value is None else str(value))
     console.print(table)
+    # which path and backend serve a small CPU call: one row per function, one column per dtype,
+    # each reason for a hand-off to the reference said once below
+    calls = Table(title="served on cpu (a 2 × 8 call of each function): path · backend")
+    calls.add_column("function")
+    for dtype in served:
+        calls.add_column(dtype)
+    reasons: list[str] = []
+
+    def cell(text: str) -> str:
+        how, _, why = text.partition(" → reference: ")
+        short = how.replace(" path, ", " · ").removesuffix(" backend")
+        if not why:
+            return short
+        if why not in reasons:
+            reasons.append(why)
+        return f"{short} → reference ({reasons.index(why) + 1})"
+
+    for op in next((v for v in served.values() if isinstance(v, dict)), {}):
+        calls.add_row(op, *(cell(v[op]) if isinstance(v, dict) else v for v in served.values()))
+    console.print(calls)
+    for i, why in enumerate(reasons, 1):
+        console.print(f"({i}) the backend hands the call to the reference: {why}")
 
 
 @app.command()
@@ -223,6 +276,10 @@ def bench(
             "gated_rms_norm, gated_rms_norm_grouped); default: every op of the plan."
         ),
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace the files of an earlier run in --out."),
+    ] = False,
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
     from ._progress import RichProgress
@@ -241,6 +298,7 @@ def bench(
                 latency=latency,
                 progress=progress,
                 ops=None if ops is None else [o.strip() for o in ops.split(",") if o.strip()],
+                overwrite=overwrite,
             )
     if not latency:  # the latency mode logs its own summary
         _log(summary(rows))
@@ -264,7 +322,7 @@ def convert(
         typer.Option(
             "--overwrite",
             help="Replace DESTINATION if it is a non-empty directory (once the new model is "
-            "complete).",
+            "complete), and an existing --json file.",
         ),
     ] = False,
     json_out: _Json = None,
@@ -287,8 +345,10 @@ def convert(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from ._files import write_text
     from .convert import ConversionError, convert_directory
 
+    _check_json_target(json_out, overwrite)
     columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
     # The error line comes after the spinner has stopped (the with blocks close inside out).
     with (
@@ -318,8 +378,7 @@ def convert(
     table.add_row("rmsnorm backend, torch threads", f"{report.backend}, {report.threads}")
     console.print(table)
     if json_out is not None:
-        with open(json_out, "w") as fh:
-            json.dump(report.to_dict(), fh, indent=2)
+        write_text(json.dumps(report.to_dict(), indent=2) + "\n", json_out)
 
 
 # --- centering lab: simulate / inspect / report ---
@@ -413,6 +472,7 @@ def simulate(
     ] = 0,
     train_batch: Annotated[int, typer.Option(callback=_positive, help="Training batch size.")] = 16,
     threads: _LabThreads = 1,
+    overwrite: _OverwriteOut = False,
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer, the
     token-shared part of μ, and over --seeds a verdict against i.i.d. Gaussian rows."""
@@ -420,6 +480,7 @@ def simulate(
     from .lab.simulation import SimulationConfig, write_seed_study, write_simulation
 
     _require("simulate", "matplotlib", "scipy")
+    _check_out(out, "simulation.json", overwrite)
     _set_torch_threads(threads)
     with _reported("simulate", ValueError, OSError):
         cfg = SimulationConfig(
@@ -512,6 +573,9 @@ def inspect(
         int, typer.Option(callback=_non_negative, help="Seed of the random tokens.")
     ] = 0,
     json_out: _Json = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --json file.")
+    ] = False,
     channels: Annotated[
         bool,
         typer.Option(
@@ -527,6 +591,7 @@ def inspect(
     from .lab.inspection import inspect_source, render_outlier_table, render_table
     from .lab.io import write_json
 
+    _check_json_target(json_out, overwrite)
     _set_torch_threads(threads)
     if text_file is not None:
         text = text_file.read_text(errors="replace")
@@ -594,12 +659,14 @@ def report(
         ),
     ] = False,
     threads: _LabThreads = 1,
+    overwrite: _OverwriteOut = False,
 ) -> None:
     """The main job: the centering report (report.md, self-contained report.html, report.json,
     figures), one progress line per stage."""
     from .lab.report import ReportConfig, build_report
 
     _require("report", "matplotlib", "scipy")
+    _check_out(out, "report.json", overwrite)
     _set_torch_threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
     with _reported("report", ValueError, OSError, ImportError):

@@ -268,21 +268,21 @@ class _Function:
 
     @staticmethod
     def rms_norm(x, norm_dims, n, weight, bias, opts):
-        return _autograd.RMSNormFunction.apply(x, weight, bias, norm_dims, opts)
+        return _autograd.rms_norm_apply(x, weight, bias, norm_dims, opts)
 
     @staticmethod
     def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
-        return _autograd.AddRMSNormFunction.apply(x, residual, weight, bias, norm_dims, opts)
+        return _autograd.add_rms_norm_apply(x, residual, weight, bias, norm_dims, opts)
 
     @staticmethod
     def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
-        return _autograd.GatedRMSNormFunction.apply(
+        return _autograd.gated_rms_norm_apply(
             x, gate, weight, bias, norm_dims, opts, gating, in_dtype
         )
 
     @staticmethod
     def layer_norm(x, norm_dims, n, weight, bias, eps):
-        return _autograd.LayerNormFunction.apply(x, weight, bias, norm_dims, eps)
+        return _autograd.layer_norm_apply(x, weight, bias, norm_dims, eps)
 
 
 class _Op:
@@ -438,16 +438,17 @@ def _rms_arguments(
     return norm_dims, n, _new(RMSOptions, (eps, eps_mode, casting_mode, offset, k))
 
 
-def _check_residual(input, residual) -> None:
-    """add_rms_norm's checks of input and residual: float tensors of one shape, on one device."""
-    _check_float_tensor(input, "input")
-    _check_float_tensor(residual, "residual")
-    if residual.shape != input.shape:
+def _check_like_input(t, name: str, input: torch.Tensor) -> None:
+    """The checks of a tensor read elementwise with input (add_rms_norm's residual,
+    gated_rms_norm's gate): a float tensor of input's shape, on its device."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in _FLOAT_SET:
+        _check_float_tensor(t, name)
+    if t.shape != input.shape:
         raise ValueError(
-            f"residual must have the shape of input {list(input.shape)}, got {list(residual.shape)}"
+            f"{name} must have the shape of input {list(input.shape)}, got {list(t.shape)}"
         )
-    if not (residual.is_cpu and input.is_cpu) and residual.device != input.device:
-        raise ValueError(f"residual is on {residual.device} but input is on {input.device}")
+    if not (t.is_cpu and input.is_cpu) and t.device != input.device:
+        raise ValueError(f"{name} is on {t.device} but input is on {input.device}")
 
 
 def _ln_arguments(input, normalized_shape, weight, bias, eps):
@@ -486,14 +487,7 @@ def _group_arguments(group_size: object, n: int, partial) -> tuple[int | None, i
 def _check_gating(gate, input, norm_before_gate, activation) -> None:
     """gate's checks (a float tensor of input's shape, on its device) and the gating options'."""
     if gate is not None:
-        if not isinstance(gate, torch.Tensor) or gate.dtype not in _FLOAT_SET:
-            _check_float_tensor(gate, "gate")
-        if gate.shape != input.shape:
-            raise ValueError(
-                f"gate must have the shape of input {list(input.shape)}, got {list(gate.shape)}"
-            )
-        if not (gate.is_cpu and input.is_cpu) and gate.device != input.device:
-            raise ValueError(f"gate is on {gate.device} but input is on {input.device}")
+        _check_like_input(gate, "gate", input)
     if type(norm_before_gate) is not bool:
         raise TypeError(f"norm_before_gate must be True or False, got {norm_before_gate!r}")
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
@@ -699,7 +693,9 @@ def add_rms_norm(
             partial=partial,
             group_size=group_size,
         )
-    _check_residual(input, residual)
+    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOAT_SET:
+        _check_float_tensor(input, "input")
+    _check_like_input(residual, "residual", input)
     norm_dims, n, opts = _rms_arguments(
         input, normalized_shape, weight, eps, eps_mode, casting_mode, offset, bias, partial
     )

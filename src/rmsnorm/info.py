@@ -131,8 +131,9 @@ def machine_description() -> str:
 
 def served_calls(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float64)):
     """Which path and backend serve a small CPU call of each function, per dtype, found by making
-    the calls with :func:`rmsnorm.set_debug` on: ``{"float32": "rms_norm: launch path, cpu
-    backend; ...", ...}``, a hand-off to the reference inside the backend named with its reason."""
+    the calls with :func:`rmsnorm.set_debug` on: ``{"float32": {"rms_norm": "launch path, cpu
+    backend", ...}, ...}``, a hand-off to the reference inside the backend named with its reason
+    (``"launch path, cpu backend → reference: a float64 tensor ..."``)."""
     from . import _calls, functional
 
     # The probe's calls are not the process's: its records and counts are put back afterwards.
@@ -153,14 +154,14 @@ def served_calls(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat1
                 found[str(dtype).removeprefix("torch.")] = f"none ({exc})"
                 continue
             calls = _calls.last_calls()
-            parts = []
+            per_op = {}
             for op in ("rms_norm", "add_rms_norm", "gated_rms_norm", "layer_norm"):
                 call = calls[op]
-                text = f"{op}: {call['path']} path, {call['backend']} backend"
-                if call["fallback"]:
-                    text += f" ({call['fallback']})"
-                parts.append(text)
-            found[str(dtype).removeprefix("torch.")] = "; ".join(parts)
+                text = f"{call['path']} path, {call['backend']} backend"
+                if call["fallback"]:  # "<backend> <launcher> → reference: <reason>"
+                    text += " → " + call["fallback"].split(" → ", 1)[1]
+                per_op[op] = text
+            found[str(dtype).removeprefix("torch.")] = per_op
     finally:
         _calls.recording = was
         _calls._last.clear()

@@ -40,14 +40,17 @@ def _meta():
 
 def test_make_row_and_writers(tmp_path):
     meta = _meta()
-    rows = [bench.make_row(meta, "copy", "forward", "torch", torch.bfloat16, 1, 2**20, "eager",
-                           0.001, 2000.0)]  # fmt: skip
+
+    def row(op, mode, provider, m, n, variant, ms, copy_gbps):
+        return bench.make_row(
+            meta, op, mode, provider, torch.bfloat16, m, n, variant, ms, copy_gbps
+        )
+
+    rows = [row("copy", "forward", "torch", 1, 2**20, "eager", 0.001, 2000.0)]
     for n in (1024, 4096, 16384):
         for prov, ms in (("rmsnorm", 0.5), ("torch", 1.0)):
-            rows.append(bench.make_row(meta, "rms_norm", "backward", prov, torch.bfloat16,
-                                       2**22 // n, n, "eager", ms, 4000.0))  # fmt: skip
-    rows.append(bench.make_row(meta, "rms_norm", "forward", "rmsnorm", torch.bfloat16, 1, 4096,
-                               "cuda_graph", 0.002, 100.0))  # fmt: skip
+            rows.append(row("rms_norm", "backward", prov, 2**22 // n, n, "eager", ms, 4000.0))
+    rows.append(row("rms_norm", "forward", "rmsnorm", 1, 4096, "cuda_graph", 0.002, 100.0))
     r = rows[1]
     assert r.bytes == 3 * 4096 * 1024 * 2
     assert r.gbps == pytest.approx(r.bytes / 0.5e-3 / 1e9)
@@ -60,9 +63,25 @@ def test_make_row_and_writers(tmp_path):
     assert tuple(read[0]) == bench.COLUMNS
     assert len(read) == len(rows)
     assert bench.COLUMNS == (
-        "device", "device_name", "torch", "triton", "commit", "timestamp", "op", "mode",
-        "provider", "dtype", "M", "N", "variant", "ms", "gbps", "copy_gbps", "pct_copy", "bytes",
-    )  # fmt: skip
+        "device",
+        "device_name",
+        "torch",
+        "triton",
+        "commit",
+        "timestamp",
+        "op",
+        "mode",
+        "provider",
+        "dtype",
+        "M",
+        "N",
+        "variant",
+        "ms",
+        "gbps",
+        "copy_gbps",
+        "pct_copy",
+        "bytes",
+    )
 
     bench.write_markdown(rows, tmp_path / "b.md")
     md = (tmp_path / "b.md").read_text()
@@ -75,6 +94,39 @@ def test_make_row_and_writers(tmp_path):
 
     text = bench.summary(rows)
     assert "rms_norm" in text and "torch" in text
+
+
+def test_writers_are_atomic_and_a_run_keeps_an_earlier_ones_files(tmp_path, monkeypatch):
+    """Every file is written under a temporary name and renamed (a failure leaves the old file
+    and no stray one); a run whose files exist in --out stops before timing anything unless
+    asked to overwrite, through the function and the command alike."""
+    from typer.testing import CliRunner
+
+    from rmsnorm.cli import app
+
+    row = ("rms_norm", "forward", "rmsnorm", torch.float32, 8, 1024, "eager", 0.01, 100.0)
+    rows = [bench.make_row(_meta(), *row)]
+    (tmp_path / "cpu_bench.md").write_text("earlier run\n")
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("timed before the check"))
+    with pytest.raises(FileExistsError, match="cpu_bench.md .*--overwrite"):
+        bench.run(device="cpu", out=tmp_path)
+    args = ["bench", "--device", "cpu", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "--overwrite" in result.output
+    assert (tmp_path / "cpu_bench.md").read_text() == "earlier run\n"
+
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: rows)
+    assert bench.run(device="cpu", out=tmp_path, overwrite=True, log=lambda m: None) == rows
+    assert "rms_norm" in (tmp_path / "cpu_bench.md").read_text()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(bench.rows.csv, "DictWriter", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        bench.write_csv(rows, tmp_path / "cpu_bench.csv")
+    assert "rms_norm" in (tmp_path / "cpu_bench.csv").read_text()  # the old file, whole
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no stray file
 
 
 def test_cpu_mode_dry_run(tmp_path):
@@ -90,8 +142,10 @@ def test_cpu_mode_dry_run(tmp_path):
         assert ("layer_norm", mode, "rmsnorm") in got and ("layer_norm", mode, "torch") in got
     assert ("rms_norm", "forward", "hf_llama_eager") in got
     assert ("add_rms_norm", "backward", "torch_add") in got
-    for op, hf in (("gated_rms_norm", "hf_qwen3_next_eager"),
-                   ("gated_rms_norm_grouped", "hf_mamba2_eager")):  # fmt: skip
+    for op, hf in (
+        ("gated_rms_norm", "hf_qwen3_next_eager"),
+        ("gated_rms_norm_grouped", "hf_mamba2_eager"),
+    ):
         for mode in ("forward", "backward", "forward_backward"):
             assert {(op, mode, "rmsnorm"), (op, mode, hf)} <= got
     assert {r.device for r in rows} == {"cpu"} and "cores" in rows[0].device_name
@@ -239,9 +293,13 @@ def test_interleaved_rotates_the_order_and_drops_failures():
 
     errors = []
     samples = interleaved(
-        {**fns, "x": broken}, rounds=3, min_run_time=0.0005, warmup=1, start=1,
+        {**fns, "x": broken},
+        rounds=3,
+        min_run_time=0.0005,
+        warmup=1,
+        start=1,
         on_error=lambda key, exc: errors.append((key, str(exc))),
-    )  # fmt: skip
+    )
     assert set(samples) == {"a", "b", "c"} and all(len(v) == 3 for v in samples.values())
     assert all(t > 0 for v in samples.values() for t in v)
     assert errors == [("x", "no kernel for this shape")]
@@ -266,8 +324,9 @@ def _lat_rows(device="cpu"):
     rows = []
 
     def add(op, prov, m, n, us, mode="forward", variant="eager"):
-        rows.append(bench.make_row(meta, op, mode, prov, torch.float32, m, n, variant, us * 1e-3,
-                                   0.0))  # fmt: skip
+        rows.append(
+            bench.make_row(meta, op, mode, prov, torch.float32, m, n, variant, us * 1e-3, 0.0)
+        )
 
     for m, n in ((1, 768), (128, 768)):  # 768 and 98304 elements: either side of 2^16
         add("rms_norm", "torch", m, n, 10.0)
@@ -303,8 +362,9 @@ def test_latency_judge_applies_the_targets():
     key = ("rms_norm", "rmsnorm", 1)
     small = next(v for v in judge(_lat_rows()) if (v.op, v.provider, v.M) == key)
     assert [(what, limit) for what, _, limit in small.checks] == [
-        ("÷ F.rms_norm", 1.0), ("÷ F.layer_norm", 2.0)
-    ]  # fmt: skip
+        ("÷ F.rms_norm", 1.0),
+        ("÷ F.layer_norm", 2.0),
+    ]
     assert small.checks[1][1] == pytest.approx(1.75)
 
 
@@ -314,13 +374,19 @@ def test_latency_judge_on_cuda_adds_liger_and_the_per_call_limits():
     meta = {**_meta(), "device": "cuda"}
 
     def row(prov, us, variant="eager", mode="forward", op="rms_norm"):
-        return bench.make_row(meta, op, mode, prov, torch.bfloat16, 1, 4096, variant, us * 1e-3,
-                              0.0)  # fmt: skip
+        return bench.make_row(
+            meta, op, mode, prov, torch.bfloat16, 1, 4096, variant, us * 1e-3, 0.0
+        )
 
-    rows = [row("torch", 30.0), row("liger", 15.0), row("rmsnorm", 12.0),
-            row("layer_norm_unused", 1.0, op="layer_norm"),
-            row("torch", 3.0, "cuda_graph"), row("rmsnorm", 2.5, "cuda_graph"),
-            row("torch", 5.0, "cuda_graph", op="layer_norm")]  # fmt: skip
+    rows = [
+        row("torch", 30.0),
+        row("liger", 15.0),
+        row("rmsnorm", 12.0),
+        row("layer_norm_unused", 1.0, op="layer_norm"),
+        row("torch", 3.0, "cuda_graph"),
+        row("rmsnorm", 2.5, "cuda_graph"),
+        row("torch", 5.0, "cuda_graph", op="layer_norm"),
+    ]
     v = {x.variant: x for x in judge(rows)}
     assert [c[0] for c in v["eager"].checks] == ["÷ F.rms_norm", "÷ Liger", "µs per call"]
     assert v["eager"].met  # 12 µs: under F.rms_norm, Liger and 20 µs
@@ -371,19 +437,36 @@ def test_latency_quick_run_through_the_cli(tmp_path, one_torch_thread):
     assert all(r.commit and r.torch == torch.__version__ and r.ms > 0 for r in rows)
     cells = {(r.M, r.N, r.dtype) for r in rows if r.op != "generate"}
     assert cells == {(m, 768, dt) for m in (1, 128) for dt in ("float32", "bfloat16")}
-    want = {("rms_norm", p) for p in ("rmsnorm", "rmsnorm_module", "hf_patched", "torch",
-                                      "hf_llama_eager", "torch_nn_rmsnorm")}  # fmt: skip
-    want |= {("layer_norm", "rmsnorm"), ("layer_norm", "torch"), ("add_rms_norm", "rmsnorm"),
-             ("add_rms_norm", "torch_add")}  # fmt: skip
+    want = {
+        ("rms_norm", p)
+        for p in (
+            "rmsnorm",
+            "rmsnorm_module",
+            "hf_patched",
+            "torch",
+            "hf_llama_eager",
+            "torch_nn_rmsnorm",
+        )
+    }
+    want |= {
+        ("layer_norm", "rmsnorm"),
+        ("layer_norm", "torch"),
+        ("add_rms_norm", "rmsnorm"),
+        ("add_rms_norm", "torch_add"),
+    }
     for cell in cells:
         for mode in ("forward", "forward_backward"):
-            got = {(r.op, r.provider) for r in rows if (r.M, r.N, r.dtype) == cell
-                   and r.mode == mode and r.op != "copy"}  # fmt: skip
+            got = {
+                (r.op, r.provider)
+                for r in rows
+                if (r.M, r.N, r.dtype) == cell and r.mode == mode and r.op != "copy"
+            }
             assert got == want, (cell, mode)
         assert [r.op for r in rows if (r.M, r.N, r.dtype) == cell].count("copy") == 1
     assert {(r.op, r.provider, r.N) for r in rows if r.op == "generate"} == {
-        ("generate", "hf_eager", 64), ("generate", "hf_patched", 64)
-    }  # fmt: skip
+        ("generate", "hf_eager", 64),
+        ("generate", "hf_patched", 64),
+    }
     leaf = {(r.M, r.N, r.dtype) for r in rows if r.mode == "forward_backward_leaf"}
     assert leaf == {(1, 768, dt) for dt in ("float32", "bfloat16")}  # below 2^16 elements only
     verdicts = latency.judge(rows)

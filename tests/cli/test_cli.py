@@ -58,6 +58,8 @@ def test_help_and_info_need_no_extra(tmp_path):
     assert rc == 0, err
     assert "rmsnorm info" in out and rmsnorm.__version__ in out
     assert "cpu: reference" in out  # numba blocked: the reference runs CPU tensors
+    # the served-calls table: a row per function, path · backend in each dtype's column
+    assert "served on cpu" in out and "launch · reference" in out
 
 
 @pytest.mark.parametrize(
@@ -256,3 +258,23 @@ def test_convert_writes_json(monkeypatch, tmp_path):
     result = CliRunner().invoke(app, ["convert", "a", "b", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["architecture"] == "gpt2"
+
+
+@pytest.mark.parametrize("command", [["convert", "a", "b"], ["inspect", "--model", "builtin"]])
+def test_an_existing_json_file_is_replaced_only_with_overwrite(monkeypatch, tmp_path, command):
+    """Refused before any work (nothing is converted or run), named with the option that allows
+    it; with --overwrite the file is replaced."""
+    import rmsnorm.convert as convert
+
+    report = convert.ConversionReport(
+        "gpt2", "a", "b", {"float32": 1e-7}, {"original": 0.01}, (2, 32), False, "cpu", 1
+    )
+    monkeypatch.setattr(convert, "convert_directory", lambda *a, **k: report)
+    out = tmp_path / "report.json"
+    out.write_text("an earlier result\n")
+    result = CliRunner().invoke(app, [*command, "--json", str(out)])
+    assert result.exit_code != 0 and "--overwrite" in result.output
+    assert out.read_text() == "an earlier result\n"
+    result = CliRunner().invoke(app, [*command, "--json", str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())

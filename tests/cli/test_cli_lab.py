@@ -40,10 +40,8 @@ def test_simulate_writes_files(runner, tmp_path):
 
 
 def test_simulate_over_seeds_gives_a_verdict(runner, tmp_path):
-    result = runner.invoke(
-        app, ["simulate", "--out", str(tmp_path), *TINY, "--seeds", "3", "--activation", "relu",
-              "--planted-bias", "0.05"],
-    )  # fmt: skip
+    options = ["--seeds", "3", "--activation", "relu", "--planted-bias", "0.05"]
+    result = runner.invoke(app, ["simulate", "--out", str(tmp_path), *TINY, *options])
     assert result.exit_code == 0, result.output
     text = plain(result)
     assert "median over 3 seeds" in text and "init, all layers:" in text and "interval" in text
@@ -85,11 +83,8 @@ def test_inspect_writes_json(runner, tmp_path):
 
 
 def test_report_quick_writes_files(runner, tmp_path):
-    result = runner.invoke(
-        app,
-        ["report", "--quick", "--train-steps", "0", "--planted-bias", "0", "--no-sweep",
-         "--seeds", "4", "--out", str(tmp_path)],
-    )  # fmt: skip
+    options = ["--quick", "--train-steps", "0", "--planted-bias", "0", "--no-sweep", "--seeds", "4"]
+    result = runner.invoke(app, ["report", *options, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     for name in ("report.md", "report.html", "report.json", "figures/sigma_mu_plane.png"):
         assert (tmp_path / name).stat().st_size > 0
@@ -97,6 +92,18 @@ def test_report_quick_writes_files(runner, tmp_path):
     assert data["simulation"]["n_seeds"] == 4 and data["mode"] == "quick"
     assert not {"training", "swap", "planted", "sweep"} & set(data)
     assert "at initialization: median |μ|/σ ÷ i.i.d. median" in plain(result)
+    # a second run into the same folder stops before any work unless asked to overwrite
+    before = (tmp_path / "report.json").read_bytes()
+    again = runner.invoke(app, ["report", "--quick", "--out", str(tmp_path)])
+    assert again.exit_code != 0 and "--overwrite" in plain(again)
+    assert (tmp_path / "report.json").read_bytes() == before
+
+
+def test_simulate_keeps_an_earlier_run_unless_asked(runner, tmp_path):
+    (tmp_path / "simulation.json").write_text("{}\n")
+    result = runner.invoke(app, ["simulate", "--out", str(tmp_path), "--seeds", "1"])
+    assert result.exit_code != 0 and "--overwrite" in plain(result)
+    assert (tmp_path / "simulation.json").read_text() == "{}\n"
 
 
 @pytest.mark.parametrize(

@@ -96,8 +96,10 @@ def test_served_calls_name_the_path_backend_and_a_hand_off_to_the_reference():
 
     served = info.served_calls((torch.float32, torch.float64))
     backend = _backend.describe("cpu")
-    assert f"rms_norm: launch path, {backend} backend" in served["float32"]
+    assert served["float32"]["rms_norm"] == f"launch path, {backend} backend"
+    assert set(served["float64"]) == {"rms_norm", "add_rms_norm", "gated_rms_norm", "layer_norm"}
     if backend == "cpu":  # the CPU kernels compute in float32: float64 goes to the reference
-        assert "cpu rms_norm_fwd → reference: a float64 tensor" in served["float64"]
-        assert "→ reference" not in served["float32"]
+        for op, text in served["float64"].items():
+            assert text.startswith("launch path, cpu backend → reference: a float64 tensor"), op
+        assert not any("→ reference" in text for text in served["float32"].values())
     assert not rmsnorm._calls.recording  # the probe leaves recording as it found it

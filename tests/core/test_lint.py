@@ -27,7 +27,7 @@ def test_ci_runs_lint_and_the_readmes_test_command():
         ("lint", "ruff check"),
         ("lint", "ruff format --check"),
         ("lint", "check_fmt_skip.py"),
-        ("bench", "rmsnorm bench --out benchmarks/results"),
+        ("bench", "rmsnorm bench --out benchmarks/results --overwrite"),
         ("test-gpu", "tests/kernels/test_triton_kernels.py"),
         ("test-gpu", "-m gpu tests"),
     ],

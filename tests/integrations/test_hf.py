@@ -32,10 +32,17 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VOCAB, BATCH, SEQ = 64, 2, 8
 _DEC = dict(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
-    bos_token_id=1, eos_token_id=2,
-)  # fmt: skip
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 @dataclass
@@ -132,19 +139,32 @@ CASES = {
 # Falcon-H1 either way). Each is two layers, one of them a linear-attention / Mamba layer, running
 # the pure-torch paths (no fla / mamba_ssm kernels here).
 _LINEAR = dict(
-    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
-    linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"],
-)  # fmt: skip
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    layer_types=["linear_attention", "full_attention"],
+)
 _SMALL_MOE = dict(
-    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
     shared_expert_intermediate_size=16,
-)  # fmt: skip
+)
 _MLA = dict(
-    moe_intermediate_size=16, num_experts=4, num_experts_per_token=2, kv_lora_rank=8,
-    qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=4, linear_head_dim=8, linear_num_heads=4,
-    layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
+    moe_intermediate_size=16,
+    num_experts=4,
+    num_experts_per_token=2,
+    kv_lora_rank=8,
+    qk_rope_head_dim=4,
+    v_head_dim=8,
+    qk_nope_head_dim=4,
+    linear_head_dim=8,
+    linear_num_heads=4,
+    layer_types=["linear_attention", "full_attention"],
+    mlp_layer_types=["dense", "sparse"],
     num_key_value_heads=4,
-)  # fmt: skip
+)
 _MAMBA = dict(
     mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=4
 )
@@ -828,18 +848,36 @@ MODELING = discovery.modeling_module_names()
 WIDTH = 24  # not a power of two
 EPS = 0.1  # large enough that where and how ε enters shows in the output
 _WIDTH_ARGS = frozenset(
-    {"hidden_size", "dim", "size", "c_in", "normalized_shape", "num_features", "d_model",
-     "hidden_dim", "embed_dim", "num_channels"}
-)  # fmt: skip
+    {
+        "hidden_size",
+        "dim",
+        "size",
+        "c_in",
+        "normalized_shape",
+        "num_features",
+        "d_model",
+        "hidden_dim",
+        "embed_dim",
+        "num_channels",
+    }
+)
 
 # Families users hit first (each raised "no normalization layer of a known class" with only the
 # table of 11 classes); skipped where the installed transformers predates the model.
 _FAMILIES = [
-    "qwen3_moe.Qwen3MoeRMSNorm", "deepseek_v3.DeepseekV3RMSNorm", "mistral3.Mistral3RMSNorm",
-    "gpt_oss.GptOssRMSNorm", "smollm3.SmolLM3RMSNorm", "granite.GraniteRMSNorm",
-    "llama4.Llama4TextRMSNorm", "qwen2_5_vl.Qwen2_5_VLRMSNorm", "glm4.Glm4RMSNorm",
-    "olmo3.Olmo3RMSNorm", "gemma3n.Gemma3nRMSNorm", "cohere.CohereLayerNorm",
-]  # fmt: skip
+    "qwen3_moe.Qwen3MoeRMSNorm",
+    "deepseek_v3.DeepseekV3RMSNorm",
+    "mistral3.Mistral3RMSNorm",
+    "gpt_oss.GptOssRMSNorm",
+    "smollm3.SmolLM3RMSNorm",
+    "granite.GraniteRMSNorm",
+    "llama4.Llama4TextRMSNorm",
+    "qwen2_5_vl.Qwen2_5_VLRMSNorm",
+    "glm4.Glm4RMSNorm",
+    "olmo3.Olmo3RMSNorm",
+    "gemma3n.Gemma3nRMSNorm",
+    "cohere.CohereLayerNorm",
+]
 
 
 def _import(name: str):

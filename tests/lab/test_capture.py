@@ -88,9 +88,13 @@ def test_norm_kind(module, kind):
 
 def test_counts_in_torch_models():
     model = nn.Sequential(
-        nn.Linear(8, 8), nn.LayerNorm(8), nn.ReLU(), T5StyleLayerNorm(8), nn.BatchNorm1d(8),
+        nn.Linear(8, 8),
+        nn.LayerNorm(8),
+        nn.ReLU(),
+        T5StyleLayerNorm(8),
+        nn.BatchNorm1d(8),
         nn.Sequential(rmsnorm.RMSNorm(8), MyLayerNorm(8)),
-    )  # fmt: skip
+    )
     kinds = [k for _, _, k in capture.find_norm_layers(model)]
     assert kinds == ["layernorm", "rmsnorm", "rmsnorm", "layernorm"]
     cfg = TransformerConfig(n_layers=3, d_model=32, n_heads=2, seq_len=8)
@@ -224,9 +228,13 @@ def randomized(module: nn.Module) -> nn.Module:
 )
 def test_gated_rms_norm(norm_before_gate, activation, group_size, call):
     norm = rmsnorm.GatedRMSNorm(
-        N, EPS, group_size=group_size, norm_before_gate=norm_before_gate,
-        activation=activation, dtype=torch.float64,
-    )  # fmt: skip
+        N,
+        EPS,
+        group_size=group_size,
+        norm_before_gate=norm_before_gate,
+        activation=activation,
+        dtype=torch.float64,
+    )
     model = Mixer(randomized(norm), call=call, dtype=torch.float64)
     layer = run(model)
     x, z, y = model.seen
@@ -420,10 +428,15 @@ def test_gating_first_with_an_activation_the_library_does_not_compute():
     hf.register(
         GeluRMSNormGated,
         hf.Convention(
-            "rms", "variance_epsilon", "llama", gate="optional", norm_before_gate=False,
-            activation_attr="activation", group_size_attr="group_size",
+            "rms",
+            "variance_epsilon",
+            "llama",
+            gate="optional",
+            norm_before_gate=False,
+            activation_attr="activation",
+            group_size_attr="group_size",
         ),
-    )  # fmt: skip
+    )
     layer = run(Mixer(GeluRMSNormGated(N)), torch.float32)
     assert "activation 'gelu'" in layer["swap_error"] and layer["tokens"] == 0
 
@@ -447,9 +460,11 @@ def _recording(model: nn.Module, suffix: str) -> dict:
 
 @pytest.mark.parametrize(
     "source, suffix, order, groups, tokens",
-    [("tiny-mamba2", "mixer.norm", GTN, 2, 2 * 16), ("tiny-qwen3-next", "linear_attn.norm", NTG,
-                                                    1, 2 * 16 * 4)],
-)  # fmt: skip
+    [
+        ("tiny-mamba2", "mixer.norm", GTN, 2, 2 * 16),
+        ("tiny-qwen3-next", "linear_attn.norm", NTG, 1, 2 * 16 * 4),
+    ],
+)
 def test_inspect_tiny_gated_models(source, suffix, order, groups, tokens):
     """Every gated layer measured, with the model's own gate, against a hand computation from
     what the layer saw (Qwen3-Next normalizes each of its 4 value heads as a row)."""

@@ -33,6 +33,37 @@ def test_page_renders_escaped_tables():
     assert "&lt;b&gt;" in html and "<th>|μ|/σ</th>" in html
 
 
+def test_model_section_labels_gated_and_grouped_norms():
+    """The report's model table uses the inspection's kinds (RMS→z, z→RMS, /G) and says what
+    they mean below it, as `rmsnorm inspect` does."""
+    from rmsnorm.lab.report.prose import _model
+
+    def layer(name, kind, **extra):
+        stats = {"q50": 0.1, "q95": 0.2}
+        return {
+            "name": name,
+            "kind": kind,
+            "mu_over_sigma": stats,
+            "outliers": {},
+            "predicted_cosine": {"mean": 0.99},
+            "swap_max_abs_diff": 0.01,
+            "swap_rel_diff": 0.01,
+            **extra,
+        }
+
+    layers = [
+        layer("ln", "layernorm"),
+        layer("mixer.norm", "rmsnorm", gated_calls=1, gate="gate_then_norm", groups=2),
+        layer("attn.norm", "rmsnorm", gated_calls=1, gate="norm_then_gate", groups=1),
+    ]
+    j = {"model": {"model": "m", "norm_layers": 3, "inputs": "ids", "layers": layers}}
+    page = Page("t")
+    _model(page, j, {"model_layers": Path("m.png")})
+    md = page.markdown(Path("."))
+    assert "| LN |" in md and "| z→RMS/2 |" in md and "| RMS→z |" in md
+    assert "statistics and swap per group" in md and "swap LN(x)·act(z)" in md
+
+
 def test_figure_alt_text_keeps_its_brackets_inside(tmp_path):
     """A caption with brackets (E[μ²]) must not end the Markdown image's alt text early."""
     png = tmp_path / "f.png"
@@ -111,10 +142,12 @@ def test_centering_paragraph_compares_like_with_like():
 
 @pytest.mark.parametrize(
     "ratios, words",
-    [([1.5, 1.6, 1.55, 1.45, 1.52, 1.48], "less centered than"),
-     ([0.5, 0.52, 0.49, 0.51], "more centered than"),
-     ([0.6, 1.6, 1.0], "we cannot tell")],
-)  # fmt: skip
+    [
+        ([1.5, 1.6, 1.55, 1.45, 1.52, 1.48], "less centered than"),
+        ([0.5, 0.52, 0.49, 0.51], "more centered than"),
+        ([0.6, 1.6, 1.0], "we cannot tell"),
+    ],
+)
 def test_centering_paragraph_states_what_the_seeds_support(ratios, words):
     text = centering_vs_iid(simulation_json(ratios))
     assert words in text and "within ±25% of 1" not in text
@@ -126,10 +159,19 @@ def test_centering_paragraph_states_what_the_seeds_support(ratios, words):
 # that exist, every number of report.md present in report.json, and the options.
 
 FIGURES = (
-    "sigma_mu_plane", "mean_histograms", "ratio_by_layer", "decomposition", "cosine_by_layer",
-    "divergence_curve", "blind_spot", "timing", "sweep", "trained_mu_sigma", "swap",
+    "sigma_mu_plane",
+    "mean_histograms",
+    "ratio_by_layer",
+    "decomposition",
+    "cosine_by_layer",
+    "divergence_curve",
+    "blind_spot",
+    "timing",
+    "sweep",
+    "trained_mu_sigma",
+    "swap",
     "model_layers",
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +218,12 @@ def test_report_json_holds_the_measurements(quick_report):
     sim = data["simulation"]
     assert sim["seed0"]["max_cosine_pred_vs_measured"] < 1e-9
     assert sim["n_seeds"] == 3 and len(sim["seeds"]["ratios"]) == 3
-    assert sim["verdict"]["verdict"] in ("as centered", "more centered", "less centered",
-                                         "cannot tell")  # fmt: skip
+    assert sim["verdict"]["verdict"] in (
+        "as centered",
+        "more centered",
+        "less centered",
+        "cannot tell",
+    )
     assert data["model"]["norm_layers"] == 25 and data["model"]["layers"][0]["outliers"]
     # the training: both kinds, the LayerNorm loss has no gradient along 𝟙, the RMSNorm loss has
     per = data["training"]["per_norm"]
@@ -192,8 +238,11 @@ def test_report_json_holds_the_measurements(quick_report):
     assert planted["layernorm"]["beyond_shift_max"] < 1e-12
     assert planted["rmsnorm"]["beyond_shift_last"]["min"] > 1e-3
     assert {r["impl"] for r in data["timing"]["results"]} == {
-        "rmsnorm.rms_norm", "rmsnorm.layer_norm", "torch F.rms_norm", "torch F.layer_norm"
-    }  # fmt: skip
+        "rmsnorm.rms_norm",
+        "rmsnorm.layer_norm",
+        "torch F.rms_norm",
+        "torch F.layer_norm",
+    }
     assert data["mode"] == "quick" and data["cores"] >= 1
     # The i.i.d. reference the report quotes is that of the statistic it is set against: |μ|/σ
     # (population σ, as row_stats computes it) of rows of the simulation's width, by Monte Carlo.

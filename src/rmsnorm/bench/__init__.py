@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import info
+from .._files import existing
 from . import rows
 from .rows import *  # noqa: F403 (re-exports rows.__all__: the row schema, devices, CSV)
 from .rows import Row, write_csv
@@ -33,6 +34,7 @@ def run(
     latency: bool = False,
     progress=None,
     ops: Sequence[str] | None = None,
+    overwrite: bool = False,
 ) -> list[Row]:
     """Run the benchmark for `device` ("cuda" or "cpu"), write ``<stem>_bench.{csv,md,png}``
     under `out` (stem ``gpu`` or ``cpu``), and return the rows. `quick` runs a handful of shapes;
@@ -41,7 +43,15 @@ def run(
     ``rmsnorm[...]``); `budget_s` bounds the run's wall time (items that do not fit are skipped and
     logged). `latency` times the per-call grid of :mod:`rmsnorm.bench.latency` instead and writes
     ``<stem>_latency.{csv,md,png}``; `progress` (an :mod:`rmsnorm._progress` object) shows the
-    advance of either mode."""
+    advance of either mode. Files of an earlier run in `out` are replaced only with `overwrite`
+    (FileExistsError before anything is timed otherwise); each file is written atomically."""
+    stem = ("gpu" if device == "cuda" else "cpu") + ("_latency" if latency else "_bench")
+    found = existing(Path(out) / f"{stem}{suffix}" for suffix in (".csv", ".md", ".png"))
+    if found and not overwrite:
+        raise FileExistsError(
+            f"{out} already holds {', '.join(p.name for p in found)} from an earlier run; pass "
+            "--overwrite to replace them, or choose another --out"
+        )
     if latency:
         return _run_latency(device, quick, out, budget_s, log, progress)
     rows = measure(

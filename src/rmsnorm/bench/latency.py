@@ -10,13 +10,13 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import rmsnorm
 
+from .._files import atomic_path, write_text
 from .._timing import sync
 from . import harness
 from .harness import Item, Setup, Timer
@@ -680,7 +680,7 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike, note: str = "")
     generate() per token; the copy bandwidth of the large cells. `note` (the machine's load, say)
     follows the description of the method."""
     if not rows:
-        Path(path).write_text("No measurements.\n")
+        write_text("No measurements.\n", path)
         return
     verdicts = judge(rows)
     by_key = {(v.op, v.provider, v.mode, v.variant, v.dtype, v.M, v.N): v for v in verdicts}
@@ -701,7 +701,7 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike, note: str = "")
         lines[-1] += "; ".join(
             f"{r.dtype} {r.M} × {r.N}: {_fmt_ms(r.ms)} ({r.gbps:.1f} GB/s)" for r in copies
         )
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_text("\n".join(lines) + "\n", path)
 
 
 def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
@@ -750,6 +750,7 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle(f"Per-call latency against the targets — {run_header(rows)}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return True

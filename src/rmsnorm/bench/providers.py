@@ -113,32 +113,34 @@ def providers_for(op: str, liger, compile: bool = True) -> dict[str, Callable]:
         if liger:
             p["liger"] = lambda x, r, w: liger[1].apply(x, r, w, EPS, 0.0, "gemma", False)
         return p
-    if op == "gated_rms_norm":
-        p = {
-            "rmsnorm": lambda x, z, w: rmsnorm.gated_rms_norm(
-                x, z, (x.shape[-1],), w, EPS, casting_mode="llama"
-            ),
-            "hf_qwen3_next_eager": hf_qwen3_next_gated,
-        }
+    if op in ("gated_rms_norm", "gated_rms_norm_grouped"):
+        # Each gated op's peer is the Hugging Face forward of the family whose convention it
+        # takes: Qwen3-Next (norm, then gate) and Mamba2 (gate, then norm, GROUPS groups).
+        if op == "gated_rms_norm":
+            peer, hf = "hf_qwen3_next_eager", hf_qwen3_next_gated
+
+            def ours(x, z, w):
+                return rmsnorm.gated_rms_norm(x, z, (x.shape[-1],), w, EPS, casting_mode="llama")
+
+        else:
+            peer, hf = "hf_mamba2_eager", hf_mamba2_gated
+
+            def ours(x, z, w):
+                n = x.shape[-1]
+                return rmsnorm.gated_rms_norm(
+                    x,
+                    z,
+                    (n,),
+                    w,
+                    EPS,
+                    group_size=n // GROUPS,
+                    norm_before_gate=False,
+                    casting_mode="llama",
+                )
+
+        p = {"rmsnorm": ours, peer: hf}
         if compile:
-            p["torch_compile_hf"] = _compile(hf_qwen3_next_gated)
-        return p
-    if op == "gated_rms_norm_grouped":
-        p = {
-            "rmsnorm": lambda x, z, w: rmsnorm.gated_rms_norm(
-                x,
-                z,
-                (x.shape[-1],),
-                w,
-                EPS,
-                group_size=x.shape[-1] // GROUPS,
-                norm_before_gate=False,
-                casting_mode="llama",
-            ),
-            "hf_mamba2_eager": hf_mamba2_gated,
-        }
-        if compile:
-            p["torch_compile_hf"] = _compile(hf_mamba2_gated)
+            p["torch_compile_hf"] = _compile(hf)
         return p
     if op == "layer_norm":
         p = {

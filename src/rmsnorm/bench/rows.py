@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from .. import _validate, info
+from .._files import atomic_path
 
 __all__ = [
     "COLUMNS",
@@ -167,7 +168,8 @@ def make_row(
 
 
 def write_csv(rows: Iterable[Row], path: str | os.PathLike) -> None:
-    with open(path, "w", newline="") as f:
+    """The rows as CSV into ``path``, atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in rows:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from .. import _validate
+from .._files import atomic_path, write_text
 from . import cpu, gpu, harness
 from .rows import DEVICES, OPS, Row, check_device, format_gbps, run_header
 
@@ -75,7 +75,7 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> None:
     """One table per op: a line per (mode, dtype, M, N, variant), a column per provider with
     GB/s and % of copy (µs per call for decoding sizes, M ≤ 128); the best cell in bold."""
     if not rows:
-        Path(path).write_text("No measurements.\n")
+        write_text("No measurements.\n", path)
         return
     groups = _groups(rows)
     copies = sorted(
@@ -122,7 +122,7 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> None:
                 )
                 row.append(f"**{text}**" if r is best else text)
             lines.append("| " + " | ".join(row) + " |")
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_text("\n".join(lines) + "\n", path)
 
 
 def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
@@ -163,7 +163,8 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
         ax.axis("off")
     fig.suptitle(f"Effective bandwidth vs copy — {run_header(rows)}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return True
 

@@ -53,11 +53,11 @@ import torch
 from torch import nn
 
 from .. import integrations
-from ..functional import gated_rms_norm, rms_norm
+from ..functional import rms_norm
 from ..integrations import hf
 from ..integrations.hf.conventions import ACT2FN_NAMES
 from ..integrations.hf.conventions import group_size as hf_group_size
-from ..modules import AddRMSNorm, GatedRMSNorm
+from ..modules import AddRMSNorm, GatedRMSNorm, RMSNorm
 from .outliers import OutlierAccumulator
 from .stats import row_stats, summarize
 
@@ -369,20 +369,12 @@ def _rms_library_call(module: nn.Module, form: _Form, v: torch.Tensor, n: int, g
     """The module's RMSNorm, without a gate, of v, through this library's functions with the
     module's own γ, β, ε, groups and conventions (AddRMSNorm's normalization of x + residual, the
     gated classes' normalization of x·act(z))."""
-    if form.source in ("gated", "residual"):
-        return gated_rms_norm(
-            v,
-            None,
-            module.normalized_shape,
-            module.weight,
-            module.eps,
-            group_size=module.group_size,
-            eps_mode=module.eps_mode,
-            casting_mode=module.casting_mode,
-            offset=module.offset,
-            bias=module.bias,
-            partial=module.partial,
-        )
+    # This library's modules: their own forward (the class's, not the instance's hooked call),
+    # which without a gate is the plain, grouped RMSNorm with all their options.
+    if form.source == "gated":
+        return GatedRMSNorm.forward(module, v)
+    if form.source == "residual":
+        return RMSNorm.forward(module, v)
     conv = form.conv  # a gated HF class: its patched forward's call, gate=None
     eps = conv.eps_of(module)
     return rms_norm(

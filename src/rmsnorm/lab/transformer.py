@@ -20,6 +20,8 @@ from ..modules import LayerNorm, RMSNorm
 from .capture import norm_kind
 
 NORMS = ("layernorm", "rmsnorm", "prmsnorm", "none")
+# How the lab's figures, pages and tables name each of the norms.
+NORM_NAMES = dict(zip(NORMS, ("LayerNorm", "RMSNorm", "pRMSNorm", "no norm"), strict=True))
 NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("gelu", "relu", "swiglu")
 

@@ -291,8 +291,10 @@ def _field(flags, f):
 
 
 # Row statistics are accumulated in float64 (they come out as the correctly rounded float32
-# values in practice) and may be reassociated, so LLVM vectorizes them; float32 sums in their place
-# measured no faster (docs/cpu.md). Nothing else is fastmath: the element-wise products round
+# values in practice) and may be reassociated, so LLVM vectorizes them; float32 sums in chunks
+# carried in float64 would save 0-21% of a row loop's time in cache and nothing from memory, and a
+# plain float32 sum fails the tolerance rule (docs/cpu.md, "What float64 statistics cost").
+# Nothing else is fastmath: the element-wise products round
 # exactly as torch's eager ops do. A row whose float64 sum is tiny (< _TINY) is summed again the
 # way torch sums it, squares (and x − μ) in float32, so that squares that underflow float32
 # (|x| ≲ 1e-19) do there what they do in torch: an all-tiny row then gets r = inf with eps = 0, as
@@ -711,7 +713,8 @@ def _bwd_block(A, blk, tx, tdy, tdx):
             _dx_rms(dys, xs_, s64, n, k, a, b, out)
         # d weight and d bias partials in float32, x̂ = (x − μ)·r rounded as the reference rounds it
         # (to the input dtype in "llama" mode). A separate pass over the cached row costs no more
-        # than fusing it into dx's (measured).
+        # than fusing it into dx's (measured); LayerNorm's two partials share one pass.
+        db_done = False
         if need_dw:
             if c_xhat == BF16 and norm == RMS_NORM:  # "llama": x̂ rounded as the forward did
                 for j in range(n):
@@ -726,13 +729,19 @@ def _bwd_block(A, blk, tx, tdy, tdx):
                 rs = r / _SCALE
                 for j in range(n):
                     pw[j] += dys[j] * ((xs_[j] * _SCALE - mu * _SCALE) * rs)
+            elif norm == LAYER_NORM and need_db:  # LayerNorm's usual case: both in one pass
+                for j in range(n):
+                    d = dys[j]
+                    pw[j] += d * ((xs_[j] - mu) * r)
+                    pb[j] += d
+                db_done = True
             elif norm == LAYER_NORM:
                 for j in range(n):
                     pw[j] += dys[j] * ((xs_[j] - mu) * r)
             else:
                 for j in range(n):
                     pw[j] += dys[j] * (xs_[j] * r)
-        if need_db:
+        if need_db and not db_done:
             for j in range(n):
                 pb[j] += dys[j]
         if not direct:

@@ -16,17 +16,12 @@ import torch
 from ..._validate import ArgumentError, divisible, non_negative_int, positive_int, positive_number
 from ..corpus import Corpus, stdlib_corpus, text_corpus
 from ..train import TrainConfig
-from ..transformer import NORMS, TransformerConfig
+from ..transformer import NORM_NAMES, NORMS, TransformerConfig
 
 VARIANTS = NORMS  # ("layernorm", "rmsnorm", "prmsnorm", "none")
 DEFAULT_VARIANTS = ("layernorm", "rmsnorm", "prmsnorm")
 BASELINE = "layernorm"
-LABELS = {
-    "layernorm": "LayerNorm",
-    "rmsnorm": "RMSNorm",
-    "prmsnorm": "pRMSNorm",
-    "none": "no norm",
-}
+LABELS = NORM_NAMES
 
 # Presets: the model, the schedule and the design (variants, seeds, learning rates, workers) for a
 # purpose; every field can be overridden.

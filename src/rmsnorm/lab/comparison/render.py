@@ -13,7 +13,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from ..io import jsonable
+from ..io import atomic_path, jsonable
 from .config import BASELINE, LABELS, MODEL_OPTIONS, PRESETS, TRAIN_OPTIONS, ArgumentError
 from .paired import ALPHA, POWER
 from .summary import (
@@ -858,12 +858,8 @@ def output_dir(out_dir: str | os.PathLike, overwrite: bool = True) -> Path:
 def _atomic_write(path: Path, write) -> None:
     """``write(tmp)`` into a temporary file beside ``path``, then rename it over ``path``: a
     reader never sees half a file, and an interrupted write leaves the old one."""
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
-    try:
+    with atomic_path(path) as tmp:
         write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 _NUMBER_ARRAY = re.compile(r"\[\s*(?:(?:-?[\d.eE+-]+|null),\s*)*(?:-?[\d.eE+-]+|null)\s*\]")

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..figures import pyplot, save_figure
 from .run import InspectResult
 
-__all__ = ["render_table", "render_outlier_table", "inspect_layers"]
+__all__ = ["render_table", "render_outlier_table", "inspect_layers", "kind_label", "kind_notes"]
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -18,7 +18,7 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
-def _kind(layer: dict) -> str:
+def kind_label(layer: dict) -> str:
     """LN or RMS; RMS→z (norm, then gate) or z→RMS (gate, then norm) where a gate entered; /G for
     G groups per row."""
     if layer["kind"] == "layernorm":
@@ -30,10 +30,11 @@ def _kind(layer: dict) -> str:
     return f"{label}/{groups}" if groups and groups > 1 else label
 
 
-def _caption(result: InspectResult) -> str:
-    classes = sorted({layer["class"] for layer in result.layers})
-    lines = [f"norm classes: {', '.join(classes)}; swap: LN→RMS or RMS→LN, same γ, β, ε"]
-    labels = {_kind(layer) for layer in result.layers}
+def kind_notes(layers: list[dict]) -> list[str]:
+    """What the gated (RMS→z, z→RMS) and grouped (/G) labels of :func:`kind_label` mean, for the
+    labels that occur among ``layers``, and why a layer has no swap."""
+    lines = []
+    labels = {kind_label(layer) for layer in layers}
     if any("z" in label for label in labels):
         lines.append(
             "RMS→z: y = RMS(x)·act(z), statistics of x, swap LN(x)·act(z); z→RMS: y = "
@@ -41,10 +42,16 @@ def _caption(result: InspectResult) -> str:
         )
     if any("/" in label for label in labels):
         lines.append("/G: G groups per row, each normalized alone: statistics and swap per group")
-    for layer in result.layers:
+    for layer in layers:
         if layer.get("swap_error"):
             lines.append(f"{layer['name']}: no swap ({layer['swap_error']})")
-    return "\n".join(lines)
+    return lines
+
+
+def _caption(result: InspectResult) -> str:
+    classes = sorted({layer["class"] for layer in result.layers})
+    lines = [f"norm classes: {', '.join(classes)}; swap: LN→RMS or RMS→LN, same γ, β, ε"]
+    return "\n".join(lines + kind_notes(result.layers))
 
 
 def render_table(result: InspectResult):
@@ -74,7 +81,7 @@ def render_table(result: InspectResult):
         r, cos = layer["mu_over_sigma"], layer["predicted_cosine"]
         table.add_row(
             layer["name"],
-            _kind(layer),
+            kind_label(layer),
             _fmt(r["q50"], ".3g"),
             _fmt(r["q95"], ".3g"),
             _fmt(layer["mean_energy_share"]["mean"], ".1e"),

@@ -8,17 +8,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..inspection.render import kind_label, kind_notes
+from ..transformer import NORM_NAMES
 from .page import Page
 
 __all__ = ["report_page", "verdict_sentence", "centering_vs_iid"]
 
 TITLE = "When does RMSNorm equal LayerNorm? — the centering report"
-NORM_NAMES = {
-    "layernorm": "LayerNorm",
-    "rmsnorm": "RMSNorm",
-    "prmsnorm": "pRMSNorm",
-    "none": "no norm",
-}
 
 
 def _f(x, spec: str = ".3g") -> str:
@@ -939,7 +935,7 @@ def _model(page: Page, j: dict, figures: dict[str, Path]) -> None:
         [
             [
                 layer["name"],
-                layer["kind"],
+                kind_label(layer),
                 _f(layer["mu_over_sigma"]["q50"]),
                 _f(layer["mu_over_sigma"]["q95"]),
                 _f(layer["predicted_cosine"]["mean"], ".5f"),
@@ -956,6 +952,9 @@ def _model(page: Page, j: dict, figures: dict[str, Path]) -> None:
             for layer in inspected["layers"]
         ],
     )
+    notes = kind_notes(inspected["layers"])
+    if notes:  # gated and grouped norms, and layers without a swap
+        page.p("Kinds: LN, RMS; " + "; ".join(notes) + ".")
     page.figure(figures["model_layers"], f"Centering of the norm inputs of {inspected['model']}.")
 
 

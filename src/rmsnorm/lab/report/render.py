@@ -17,8 +17,9 @@ from ..inspection import inspect_layers
 from ..io import write_json, write_text
 from ..outliers import iid_max_over_rms
 from ..simulation import cosine_by_layer, mean_histograms
-from ..simulation.render import decomposition_figure, seed_ratio_by_layer
+from ..simulation.render import decomposition_figure, iid_lines, seed_ratio_by_layer
 from ..stats import median
+from ..transformer import NORM_NAMES
 from .prose import report_page
 from .run import ReportConfig, ReportResults, run_report
 
@@ -37,7 +38,6 @@ __all__ = [
 ]
 
 NORM_COLORS = {"layernorm": "#1f77b4", "rmsnorm": "#d62728"}
-NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 STYLE_NAMES = {"--": "dashed", "-": "solid"}
 
 
@@ -196,14 +196,7 @@ def trained_mu_sigma(training, path: Path) -> Path:
         layer_ticks(ax, names, short=True)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
-    ref = iid_reference(training.config.d_model)
-    axes[2].axhline(
-        ref.median,
-        color="gray",
-        ls=":",
-        lw=1.6,
-        label=f"i.i.d. Gaussian rows, d = {training.config.d_model}: median",
-    )
+    iid_lines(axes[2], iid_reference(training.config.d_model), band=False)
     axes[0].set_title("σ: the spread of each token's entries", fontsize=10)
     axes[1].set_title("|μ|: each token's mean", fontsize=10)
     axes[2].set_title("their ratio", fontsize=10)

@@ -31,7 +31,6 @@ from ..stats import (
 )
 from ..sweep import SweepConfig, SweepResult, run_sweep
 from ..trained import TrainStudy, TrainStudyConfig, run_training_study
-from ..transformer import TransformerConfig
 from .timing import SHAPES, time_norms
 
 __all__ = [
@@ -45,8 +44,8 @@ __all__ = [
 ]
 
 
-def _tiny_sim(**kw) -> SimulationConfig:
-    return SimulationConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16, batch=4, **kw)
+# The quick mode's model, for the simulation and the training alike.
+_TINY_MODEL = dict(n_layers=2, d_model=32, n_heads=2, seq_len=16)
 
 
 @dataclass
@@ -82,19 +81,10 @@ class ReportConfig:
     def quick(cls, **overrides) -> ReportConfig:
         """Tiny sizes: every section and file, in seconds (smoke tests, a first look)."""
         base = cls(
-            simulation=_tiny_sim(),
+            simulation=SimulationConfig(**_TINY_MODEL, batch=4),
             seeds=3,
             sweep=SweepConfig(seeds=3, widths=(16, 32), depths=(1, 2), batch=4),
-            training=TrainStudyConfig(
-                n_layers=2,
-                d_model=32,
-                n_heads=2,
-                seq_len=16,
-                steps=3,
-                train_batch=2,
-                eval_batch=4,
-                seeds=2,
-            ),
+            training=TrainStudyConfig(**_TINY_MODEL, steps=3, train_batch=2, eval_batch=4, seeds=2),
             planted_seeds=2,
             planted_batch=2,
             timing_shapes=(("64 × 128", 64, 128),),
@@ -705,14 +695,9 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
     planted = None
     if cfg.planted_bias:
         t0 = time.perf_counter()
-        sc = cfg.simulation
-        base = TransformerConfig(
-            n_layers=sc.n_layers,
-            d_model=sc.d_model,
-            n_heads=sc.n_heads,
-            seq_len=sc.seq_len,
-            init_std=sc.init_std,
-        )
+        # The simulation's network, pre-LN whatever its position: the planted contrast's
+        # derivation (lab/planted.py) holds in pre-LN networks only.
+        base = replace(cfg.simulation.transformer_config(), norm_position="pre")
         with progress.task("planted mean inside a block", total=1) as advance:
             planted = planted_in_block(
                 cfg.planted_bias, cfg.planted_seeds, base=base, batch=cfg.planted_batch

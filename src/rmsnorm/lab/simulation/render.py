@@ -14,10 +14,12 @@ from ..figures import layer_ticks, legend_below, pyplot, save_figure
 from ..iid import iid_reference
 from ..io import write_json
 from ..stats import median
+from ..transformer import NORM_NAMES
 from .run import SimulationResult
 
 __all__ = [
     "seed_ratio_by_layer",
+    "iid_lines",
     "decomposition_figure",
     "write_seed_study",
     "mean_histograms",
@@ -29,18 +31,14 @@ __all__ = [
 
 STAGE_COLORS = {"init": "#1f77b4", "trained": "#d62728", "planted": "#ff7f0e"}
 
-NORM_NAMES = {
-    "layernorm": "LayerNorm",
-    "rmsnorm": "RMSNorm",
-    "prmsnorm": "pRMSNorm",
-    "none": "norm-free",
-}
+# The norms' names where they qualify "transformer" in a title: no norm is "norm-free".
+NORM_ADJECTIVES = {**NORM_NAMES, "none": "norm-free"}
 INPUT_NAMES = {"tokens": "random tokens", "gaussian": "Gaussian embeddings", "text": "text"}
 
 
 def _describe(cfg) -> str:
     text = (
-        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {NORM_NAMES[cfg.norm]} transformer, "
+        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {NORM_ADJECTIVES[cfg.norm]} transformer, "
         f"d = {cfg.d_model}, {INPUT_NAMES[cfg.resolved_inputs]}"
     )
     return text + (f", planted mean {cfg.planted_mean:g}" if cfg.planted_mean else "")
@@ -113,6 +111,18 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
 IID_LABEL = "i.i.d. Gaussian rows"
 
 
+def iid_lines(ax, ref, band: bool = True) -> None:
+    """|μ|/σ of rows of ``ref.d`` i.i.d. Gaussian entries (``ref``: an
+    :class:`~rmsnorm.lab.iid.IIDReference`) as grey lines on ``ax``: its median, dotted, and with
+    ``band`` its 5% and 95% points, dash-dotted; labelled with their values."""
+    median_label = f"{IID_LABEL}, d = {ref.d}: median {ref.median:.3g}"
+    ax.axhline(ref.median, color="gray", ls=":", lw=1.6, label=median_label)
+    if band:
+        band_label = f"{IID_LABEL}: 5% and 95% ({ref.q05:.3g}, {ref.q95:.3g})"
+        ax.axhline(ref.q05, color="gray", ls="-.", lw=1.0, label=band_label)
+        ax.axhline(ref.q95, color="gray", ls="-.", lw=1.0)
+
+
 def ratio_by_layer_figure(result, extra: dict | None = None):
     """The figure of :func:`ratio_by_layer`, not yet saved (a matplotlib Figure)."""
     plt = pyplot()
@@ -130,13 +140,7 @@ def ratio_by_layer_figure(result, extra: dict | None = None):
         ax.plot(x, q[2], color=c, marker="o", ms=3, label=f"{name}: median")
     # The same statistics of rows of d i.i.d. Gaussian entries: median against median, band
     # against band (not the i.i.d. mean, which is about 1.2× the median).
-    d = result.config.d_model
-    ref = iid_reference(d)
-    median_label = f"{IID_LABEL}, d = {d}: median {ref.median:.3f}"
-    band_label = f"{IID_LABEL}, d = {d}: 5% and 95% ({ref.q05:.2g}, {ref.q95:.3f})"
-    ax.axhline(ref.median, color="gray", ls=":", lw=1.5, label=median_label)
-    ax.axhline(ref.q05, color="gray", ls="-.", lw=1.0, label=band_label)
-    ax.axhline(ref.q95, color="gray", ls="-.", lw=1.0)
+    iid_lines(ax, iid_reference(result.config.d_model))
     ax.axhline(1.0, color="black", lw=0.8, ls="--", label="|μ| = σ (cos = 0.707)")
     ax.set_yscale("log")
     ax.set_xticks(range(len(result.layer_names)))
@@ -257,31 +261,16 @@ def seed_ratio_by_layer(study, path: Path) -> Path:
         label=f"min–max of the per-seed medians ({len(study.seeds)} seeds)",
     )
     ax.plot(x, band["median"], color="#0b3d91", marker="o", ms=4, lw=2, label="median over seeds")
-    ref = study.reference
-    d = study.config.d_model
-    ax.axhline(
-        ref.median,
-        color="gray",
-        ls=":",
-        lw=1.6,
-        label=f"i.i.d. Gaussian rows, d = {d}: median {ref.median:.4f}",
-    )
-    ax.axhline(
-        ref.q05,
-        color="gray",
-        ls="-.",
-        lw=1.0,
-        label=f"i.i.d. Gaussian rows: 5% and 95% ({ref.q05:.4f}, {ref.q95:.3f})",
-    )
-    ax.axhline(ref.q95, color="gray", ls="-.", lw=1.0)
+    iid_lines(ax, study.reference)
     ax.set_yscale("log")
     layer_ticks(ax, names)
     ax.set_ylabel("|μ| / σ per token (dimensionless, log scale)")
     cfg = study.config
     ax.set_title(
         f"How far the tokens are from centered, over {len(study.seeds)} seeds\n"
-        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {cfg.norm}, {cfg.activation}, d = {d}, "
-        f"{study.tokens_per_layer} random tokens per seed",
+        f"{cfg.n_layers}-layer {cfg.norm_position}-norm {NORM_ADJECTIVES[cfg.norm]} "
+        f"transformer, {cfg.activation}, d = {cfg.d_model}, {study.tokens_per_layer} random "
+        "tokens per seed",
         fontsize=10,
     )
     ax.grid(alpha=0.3, which="both")
@@ -294,6 +283,8 @@ def decomposition_figure(study, sweep, path: Path) -> Path:
     for the default GELU network and the other activations of the sweep. Right: per seed, the
     last layer's token-shared offset m̄ against the part of it the MLPs wrote (the diagonal: all
     of it)."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12.5, 5.6), layout="constrained")
     studies = [("GELU (default)", study)]
@@ -353,6 +344,7 @@ def decomposition_figure(study, sweep, path: Path) -> Path:
     ax1.set_xlim(-lim, lim)
     ax1.set_ylim(-lim, lim)
     ax1.set_aspect("equal")
+    ax1.xaxis.set_major_locator(MaxNLocator(5))  # long tick labels of a square panel: fewer
     ax1.set_xlabel("part written by the MLPs, Σ mean(W₂·ā + b₂) (activation units)")
     ax1.set_ylabel(f"token-shared offset m̄ at {names[-1]} (activation units)")
     ax1.set_title("Where the last layer's offset comes from, one point per seed", fontsize=10)
@@ -362,7 +354,7 @@ def decomposition_figure(study, sweep, path: Path) -> Path:
     cfg = study.config
     fig.suptitle(
         f"The token-shared part of μ: {cfg.n_layers}-layer {cfg.norm_position}-norm "
-        f"{cfg.norm}, d = {cfg.d_model}, at initialization",
+        f"{NORM_ADJECTIVES[cfg.norm]} transformer, d = {cfg.d_model}, at initialization",
         fontsize=11,
     )
     return save_figure(fig, path)
