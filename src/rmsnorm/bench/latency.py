@@ -16,11 +16,11 @@ import torch.nn.functional as F
 
 import rmsnorm
 
-from .._files import atomic_path, write_text
+from .._files import write_text
 from .._timing import sync
 from . import harness
 from .harness import Item, Setup, Timer
-from .rows import Row, check_device, machine, make_row, run_header
+from .rows import Row, check_device, machine, make_row, run_header, save_plot
 
 __all__ = [
     "MS",
@@ -748,9 +748,4 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
         ax.set_title(_PASS_TITLE[mode] + (", CUDA graph" if variant == "cuda_graph" else ""))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"Per-call latency against the targets — {run_header(rows)}", fontsize=9)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return True
+    return save_plot(fig, f"Per-call latency against the targets — {run_header(rows)}", path)

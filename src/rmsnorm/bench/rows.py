@@ -176,6 +176,19 @@ def write_csv(rows: Iterable[Row], path: str | os.PathLike) -> None:
             w.writerow(asdict(r))
 
 
+def save_plot(fig, title: str, path: str | os.PathLike) -> bool:
+    """Finish a benchmark figure (its title, a tight layout), write it atomically and close it;
+    returns True, what the plot writers return once a plot is written."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def read_csv(path: str | os.PathLike) -> list[Row]:
     """Rows back from :func:`write_csv`."""
     types = {f.name: f.type for f in fields(Row)}

@@ -9,9 +9,9 @@ import os
 from collections.abc import Callable, Sequence
 
 from .. import _validate
-from .._files import atomic_path, write_text
+from .._files import write_text
 from . import cpu, gpu, harness
-from .rows import DEVICES, OPS, Row, check_device, format_gbps, run_header
+from .rows import DEVICES, OPS, Row, check_device, format_gbps, run_header, save_plot
 
 __all__ = ["PLAN_OPS", "measure", "write_markdown", "write_plot", "summary"]
 
@@ -161,12 +161,7 @@ def write_plot(rows: Sequence[Row], path: str | os.PathLike) -> bool:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(f"Effective bandwidth vs copy — {run_header(rows)}", fontsize=9)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return True
+    return save_plot(fig, f"Effective bandwidth vs copy — {run_header(rows)}", path)
 
 
 def summary(rows: Sequence[Row], provider: str = "rmsnorm") -> str:
