@@ -1,0 +1,164 @@
+"""Where a CPU forward + backward call spends its time against ATen's fused LayerNorm, at the sizes
+where the per-call targets are missed (2^16–2^17 elements).
+
+    PYTHONPATH=src python benchmarks/cpu_call_overhead.py [--rounds 7]
+
+Two tables, every provider of a table taking turns in each round (medians over the rounds):
+
+1. *The autograd floor*, one torch thread, process CPU time per call at 1 × 768 fp32: forward +
+   ``torch.autograd.grad`` of ``F.layer_norm`` (ATen's C++ autograd node), of a Python
+   ``autograd.Function`` that computes nothing (the floor of any Python-level op with a backward),
+   of ``rmsnorm.rms_norm``, and this library's two CPU launchers alone.
+2. *Two threads against one*, wall time per call of the forward and backward launchers against
+   ATen's ``native_layer_norm`` and its backward at 128 × 768, 64 × 1024, 1024 × 128 and
+   8192 × 128 fp32, each at one and at two torch threads (glibc keeps freed memory, as
+   ``rmsnorm bench`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import rmsnorm
+from rmsnorm import _autograd
+from rmsnorm.bench.cpu import keep_freed_memory
+from rmsnorm.kernels import cpu
+from rmsnorm.reference import RMSOptions
+
+
+class _Nothing(torch.autograd.Function):
+    """Saves its inputs and returns fresh tensors: the cost of the autograd machinery alone."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x.new_empty(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        return dy.new_empty(dy.shape), w.new_empty(w.shape)
+
+
+def _cpu_us(fn, reps: int) -> float:
+    """CPU time per call: the best of three blocks of `reps` calls (a block the scheduler or a
+    page fault interrupts only reads longer)."""
+    for _ in range(reps // 10 + 1):
+        fn()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.thread_time_ns()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.thread_time_ns() - t0) / reps / 1e3)
+    return best
+
+
+def _wall_us(fn, threads: int, budget: float = 0.02) -> float:
+    torch.set_num_threads(threads)
+    for _ in range(5):
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    reps = max(5, int(budget / max(time.perf_counter() - t0, 1e-7)))
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter_ns()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.perf_counter_ns() - t0) / reps / 1e3)
+    return best
+
+
+def floor_table(rounds: int) -> list[str]:
+    torch.set_num_threads(1)
+    n = 768
+    x = torch.randn(1, n, requires_grad=True)
+    w = torch.ones(n, requires_grad=True)
+    b = torch.zeros(n, requires_grad=True)
+    dy = torch.randn(1, n)
+    xd, wd = x.detach(), w.detach()
+    opts = RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
+    _, rstd = cpu.rms_norm_fwd(xd, wd, None, opts)
+    nothing = _autograd._c_apply(_Nothing)
+    cases = {
+        "F.layer_norm, forward + autograd.grad": lambda: torch.autograd.grad(
+            F.layer_norm(x, (n,), w, b, 1e-6), (x, w, b), dy
+        ),
+        "an empty Python autograd.Function, the same": lambda: torch.autograd.grad(
+            nothing(x, w), (x, w), dy
+        ),
+        "rmsnorm.rms_norm, the same": lambda: torch.autograd.grad(
+            rmsnorm.rms_norm(x, n, w, 1e-6), (x, w), dy
+        ),
+        "the two CPU launchers alone": lambda: (
+            cpu.rms_norm_fwd(xd, wd, None, opts),
+            cpu.rms_norm_bwd(dy, xd, wd, None, rstd, None, opts, torch.float32),
+        ),
+        "F.layer_norm forward alone (no grad)": lambda: F.layer_norm(xd, (n,), wd, None, 1e-6),
+    }
+    runs: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(rounds):
+        for k, fn in cases.items():
+            runs[k].append(_cpu_us(fn, 500))
+    rows = ["| call, 1 × 768 fp32, one thread | µs (CPU time) |", "|---|---|"]
+    rows += [f"| {k} | {statistics.median(v):.1f} |" for k, v in runs.items()]
+    return rows
+
+
+def _launch_calls(m: int, n: int) -> dict:
+    """The forward and backward launchers and ATen's LayerNorm pair on one (M, N) fp32 input."""
+    x, dy = torch.randn(m, n), torch.randn(m, n)
+    w, b = torch.rand(n) + 0.5, torch.randn(n)
+    opts = RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
+    _, rstd = cpu.rms_norm_fwd(x, w, None, opts)
+    _, mean, rs = torch.native_layer_norm(x, (n,), w, b, 1e-6)
+    mask = [True, True, True]
+    backward = torch.ops.aten.native_layer_norm_backward
+    return {
+        "ours fwd": lambda: cpu.rms_norm_fwd(x, w, None, opts),
+        "aten fwd": lambda: torch.native_layer_norm(x, (n,), w, b, 1e-6),
+        "ours bwd": lambda: cpu.rms_norm_bwd(dy, x, w, None, rstd, None, opts, x.dtype),
+        "aten bwd": lambda: backward(dy, x, (n,), mean, rs, w, b, mask),
+    }
+
+
+def threads_table(rounds: int) -> list[str]:
+    rows = [
+        "| fp32 M × N | ours fwd 1 → 2 threads | ATen fwd | ours bwd | ATen bwd |",
+        "|---|---|---|---|---|",
+    ]
+    for m, n in ((128, 768), (64, 1024), (1024, 128), (8192, 128)):
+        fns = _launch_calls(m, n)
+        runs: dict[tuple, list[float]] = {(k, t): [] for k in fns for t in (1, 2)}
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                for t in (1, 2):
+                    runs[k, t].append(_wall_us(fn, t))
+        cells = []
+        for k in fns:
+            one, two = statistics.median(runs[k, 1]), statistics.median(runs[k, 2])
+            cells.append(f"{one:.1f} → {two:.1f} µs ({one / two:.2f}×)")
+        rows.append(f"| {m} × {n} | " + " | ".join(cells) + " |")
+    torch.set_num_threads(2)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of turns (medians)")
+    args = parser.parse_args()
+    keep_freed_memory()
+    print("## The autograd floor\n")
+    print("\n".join(floor_table(args.rounds)))
+    print("\n## Two threads against one (wall time, medians)\n")
+    print("\n".join(threads_table(args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
