@@ -14,7 +14,8 @@
 # 3. runs the split-layout contention test alone (split rows on two streams beside a matmul loop):
 #    a deadlock ends at its timeout and is reported as one;
 # 4. times eager and CUDA-graph calls at decoding shapes (benchmarks/gpu_decode.py);
-# 5. runs the benchmark (time-boxed; VARIANTS=1 adds the forced-layout sweep);
+# 5. runs the benchmark (time-boxed; VARIANTS=1 adds the forced-layout sweep), replacing the
+#    gpu_bench.* of an earlier run in $OUT;
 # 6. prints the summary table and the test results last.
 # $OUT gets env.txt, contention.txt, decode.txt, summary.txt, gpu_bench.{csv,md,png} and
 # logs.tgz (every log). About 5–6 minutes on an H200; each step has its own timeout, so the whole
@@ -103,7 +104,7 @@ timeout "$DECODE_TIMEOUT" "$PY" benchmarks/gpu_decode.py --out "$LOG/decode.json
 stamp "decode timing done"
 
 # 5. The benchmark (one process; kernels now mostly load from the caches).
-timeout $((BENCH_BUDGET + 60)) "$PY" -m rmsnorm bench --device cuda --out "$OUT" "${variants[@]}" \
+timeout $((BENCH_BUDGET + 60)) "$PY" -m rmsnorm bench --device cuda --out "$OUT" --overwrite "${variants[@]}" \
   --budget "$BENCH_BUDGET" >"$LOG/bench.log" 2>&1
 bench_rc=$?
 stamp "benchmark exit code $bench_rc (log: bench.log)"
