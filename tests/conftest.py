@@ -70,3 +70,17 @@ def comparison_run(tmp_path_factory):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return out, json.loads((out / OUTPUT_FILES["json"]).read_text()), result.output
+
+
+@pytest.fixture
+def logged_subclass():
+    """A tensor subclass whose __torch_function__ records each function's name: (class, names)."""
+    seen: list[str] = []
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    return Logged, seen

@@ -313,14 +313,8 @@ def test_fx_symbolic_trace_of_models_holding_the_modules():
     torch.testing.assert_close(gm(x), net(x))
 
 
-def test_torch_function_subclasses_see_the_function():
-    seen = []
-
-    class Logged(torch.Tensor):
-        @classmethod
-        def __torch_function__(cls, func, types, args=(), kwargs=None):
-            seen.append(getattr(func, "__name__", str(func)))
-            return super().__torch_function__(func, types, args, kwargs or {})
+def test_torch_function_subclasses_see_the_function(logged_subclass):
+    Logged, seen = logged_subclass
 
     x = torch.randn(3, 8).as_subclass(Logged)
     y = rmsnorm.rms_norm(x, 8)

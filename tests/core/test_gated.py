@@ -284,14 +284,8 @@ def test_jit_trace_and_fx_symbolic_trace():
     torch.testing.assert_close(gm(x, z), Net()(x, z))
 
 
-def test_torch_function_subclasses_see_the_function():
-    seen = []
-
-    class Logged(torch.Tensor):
-        @classmethod
-        def __torch_function__(cls, func, types, args=(), kwargs=None):
-            seen.append(getattr(func, "__name__", str(func)))
-            return super().__torch_function__(func, types, args, kwargs or {})
+def test_torch_function_subclasses_see_the_function(logged_subclass):
+    Logged, seen = logged_subclass
 
     x, z = torch.randn(3, N), torch.randn(3, N)
     y = rmsnorm.gated_rms_norm(x, z.as_subclass(Logged), N)  # the gate alone is enough

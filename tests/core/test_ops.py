@@ -237,7 +237,9 @@ def test_fast_path_matches_the_op_and_steps_aside_for_modes_and_autograd():
         assert rmsnorm.rms_norm(x, 16, w).grad_fn is None
 
 
-def test_compiled_training_runs_the_backward_ops():
+def _recording_backend():
+    """A torch.compile backend (AOT autograd) that keeps the forward and backward graphs' code:
+    (backend, {"fw": code, "bw": code})."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -251,7 +253,11 @@ def test_compiled_training_runs_the_backward_ops():
         return compiler
 
     torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+    return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")), code
+
+
+def test_compiled_training_runs_the_backward_ops():
+    backend, code = _recording_backend()
     x, w = _t(4, 16, grad=True), _t(16, grad=True)
     fn = torch.compile(
         lambda x, w: (
@@ -374,20 +380,7 @@ def test_gated_fast_path_matches_the_op():
 
 
 def test_compiled_gated_training_runs_the_gated_backward_op():
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    code = {}
-
-    def keep(name):
-        def compiler(gm, example_inputs):
-            code[name] = gm.code
-            return make_boxed_func(gm)
-
-        return compiler
-
-    torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+    backend, code = _recording_backend()
     x, z, w = _t(4, 24, grad=True), _t(4, 24, grad=True), _t(24, grad=True)
     fn = torch.compile(
         lambda x, z, w: rmsnorm.gated_rms_norm(x, z, 24, w, group_size=8, norm_before_gate=False),
