@@ -198,7 +198,9 @@ def _calls(
 def _schedule(probe_s: float, quick: bool) -> tuple[int, float, int]:
     """(rounds, min_run_time, warm-up calls) for a cell whose F.rms_norm call took `probe_s`.
 
-    Launch-bound cells get three interleaved rounds of ≥ 30 ms of calls (hundreds of calls each).
+    Launch-bound cells get five interleaved rounds of ≥ 30 ms of calls (hundreds of calls each):
+    a tiny call's time moves by ~25% between rounds on a shared machine, the median of five by
+    less.
     Past 0.2 s a call (8192 × 4096 forward + backward: 0.3–4 s on two cores, the slowest peers
     the most), one round and no separate warm-up: ``blocked_autorange`` times one call to choose
     its block size and discards it, which warms up, then times one more — two calls per provider
@@ -206,7 +208,7 @@ def _schedule(probe_s: float, quick: bool) -> tuple[int, float, int]:
     if quick:
         return 1, 0.002, 1
     if probe_s < 1e-3:
-        return 3, 0.03, 1
+        return 5, 0.03, 1
     if probe_s < 20e-3:
         return 2, 0.08, 1
     if probe_s < 0.2:
@@ -570,7 +572,7 @@ def _intro(device: str, note: str) -> list[str]:
     how = (
         "Median time per call, measured with `torch.utils.benchmark`'s `blocked_autorange` at the "
         "process's torch thread count, every provider of a cell taking turns in each round "
-        "(three rounds for calls under 1 ms, two up to 0.2 s, one above), so a change in the "
+        "(five rounds for calls under 1 ms, two up to 0.2 s, one above), so a change in the "
         "machine's load hits all alike; default options, ε = 1e-6, random inputs, "
         "`F.layer_norm` with weight and bias (as `nn.LayerNorm`); on the CPU, glibc's malloc "
         "keeps freed memory for every provider alike (as the throughput mode), so that large "
