@@ -8,7 +8,9 @@ Two tables, every provider of a table taking turns in each round (medians over t
 1. *The autograd floor*, one torch thread, process CPU time per call at 1 × 768 fp32: forward +
    ``torch.autograd.grad`` of ``F.layer_norm`` (ATen's C++ autograd node), of a Python
    ``autograd.Function`` that computes nothing (the floor of any Python-level op with a backward),
-   of ``rmsnorm.rms_norm``, and this library's two CPU launchers alone.
+   of the same written as a C++ ``torch::autograd::Function`` (compiled here with
+   ``torch.utils.cpp_extension.load_inline`` where a C++ compiler is found; the floor a compiled
+   extension would have), of ``rmsnorm.rms_norm``, and this library's two CPU launchers alone.
 2. *Two threads against one*, wall time per call of the forward and backward launchers against
    ATen's ``native_layer_norm`` and its backward at 128 × 768, 64 × 1024, 1024 × 128 and
    8192 × 128 fp32, each at one and at two torch threads (glibc keeps freed memory, as
@@ -18,7 +20,10 @@ Two tables, every provider of a table taking turns in each round (medians over t
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
+import tempfile
 import time
 
 import torch
@@ -43,6 +48,45 @@ class _Nothing(torch.autograd.Function):
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         return dy.new_empty(dy.shape), w.new_empty(w.shape)
+
+
+_CXX_NOTHING = r"""
+#include <torch/extension.h>
+using namespace torch::autograd;
+struct Nothing : public Function<Nothing> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor w) {
+    ctx->save_for_backward({x, w});
+    return torch::empty_like(x);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
+    auto s = ctx->get_saved_variables();
+    return {torch::empty_like(g[0]), torch::empty_like(s[1])};
+  }
+};
+torch::Tensor nothing(torch::Tensor x, torch::Tensor w) { return Nothing::apply(x, w); }
+"""
+
+
+def _cxx_nothing():
+    """The C++ ``_Nothing`` (compiled into a temporary folder, ~20-60 s), or None without a C++
+    compiler or where the build fails."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return None
+    from torch.utils.cpp_extension import load_inline
+
+    try:
+        with tempfile.TemporaryDirectory() as build:
+            mod = load_inline(
+                "rmsnorm_bench_nothing",
+                cpp_sources=[_CXX_NOTHING],
+                functions=["nothing"],
+                extra_cflags=["-O2"],
+                build_directory=build,
+            )
+    except Exception as e:  # noqa: BLE001 - a benchmark row, not a requirement
+        print(f"(no C++ row: the build failed: {e})")
+        return None
+    return mod.nothing
 
 
 def _cpu_us(fn, reps: int) -> float:
@@ -86,12 +130,22 @@ def floor_table(rounds: int) -> list[str]:
     opts = RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
     _, rstd = cpu.rms_norm_fwd(xd, wd, None, opts)
     nothing = _autograd._c_apply(_Nothing)
+    cxx = _cxx_nothing()
     cases = {
         "F.layer_norm, forward + autograd.grad": lambda: torch.autograd.grad(
             F.layer_norm(x, (n,), w, b, 1e-6), (x, w, b), dy
         ),
         "an empty Python autograd.Function, the same": lambda: torch.autograd.grad(
             nothing(x, w), (x, w), dy
+        ),
+        **(
+            {}
+            if cxx is None
+            else {
+                "the same empty Function in C++, the same": lambda: torch.autograd.grad(
+                    cxx(x, w), (x, w), dy
+                )
+            }
         ),
         "rmsnorm.rms_norm, the same": lambda: torch.autograd.grad(
             rmsnorm.rms_norm(x, n, w, 1e-6), (x, w), dy
