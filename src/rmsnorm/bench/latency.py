@@ -199,8 +199,8 @@ def _schedule(probe_s: float, quick: bool) -> tuple[int, float, int]:
     """(rounds, min_run_time, warm-up calls) for a cell whose F.rms_norm call took `probe_s`.
 
     Launch-bound cells get five interleaved rounds of ≥ 30 ms of calls (hundreds of calls each):
-    a tiny call's time moves by ~25% between rounds on a shared machine, the median of five by
-    less.
+    on a shared machine one round of a tiny call can be disturbed, and a median of three would
+    follow it more often than a median of five.
     Past 0.2 s a call (8192 × 4096 forward + backward: 0.3–4 s on two cores, the slowest peers
     the most), one round and no separate warm-up: ``blocked_autorange`` times one call to choose
     its block size and discards it, which warms up, then times one more — two calls per provider
