@@ -148,14 +148,19 @@ def _f32_to_f16(typingctx, f):
 
 # ----------------------------------------------------------------------------------------------
 # Row helpers. A row is n elements at an address; `t` arguments are float32 scratch rows private to
-# one thread (they stay in L1/L2: extra passes over them are cheap).
+# one thread (they stay in L1/L2: extra passes over them are cheap). Those without fastmath flags
+# are inlined into their callers (numba's `inline="always"`, at its IR level): the calls of
+# compiled functions with array arguments that a row made cost ~12 ns together, 30% of a
+# 128-element row's forward (1024 × 128 float32 RMSNorm forward on one thread: 40 µs with the
+# calls, 28 µs inlined). The float64 reductions stay calls: inlined at numba's IR level they would
+# lose their own fastmath flags, which let LLVM vectorize them.
 # ----------------------------------------------------------------------------------------------
-@njit
+@njit(inline="always")
 def _esize(code):
     return 4 if code == F32 else 2
 
 
-@njit
+@njit(inline="always")
 def _load_row(addr, n, code, t):
     """The row as float32: a view of the input for float32, else converted into t."""
     if code == F32:
@@ -170,7 +175,7 @@ def _load_row(addr, n, code, t):
     return t[:n]
 
 
-@njit
+@njit(inline="always")
 def _add_row(addr, n, code, t):
     """t += the row (float32 sum)."""
     if code == F32:
@@ -187,7 +192,7 @@ def _add_row(addr, n, code, t):
             t[j] = t[j] + _f16_to_f32(src16[j])
 
 
-@njit
+@njit(inline="always")
 def _round_row(t, n, code):
     """Round t in place to the dtype `code` (what a torch op in that dtype does to its result)."""
     if code == BF16:
@@ -198,7 +203,7 @@ def _round_row(t, n, code):
             t[j] = _f16_to_f32(_f32_to_f16(t[j]))
 
 
-@njit
+@njit(inline="always")
 def _round(v, code):
     if code == BF16:
         return _bf16_to_f32(_f32_to_bf16(v))
@@ -207,7 +212,7 @@ def _round(v, code):
     return v
 
 
-@njit
+@njit(inline="always")
 def _store_row(t, addr, n, code):
     """Write the float32 row t to the row at addr, converting to the dtype `code`."""
     if code == F32:
@@ -285,7 +290,7 @@ def _param_rows(n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_round
     return sp, bpp, buf
 
 
-@njit
+@njit(inline="always")
 def _field(flags, f):
     return (flags >> f[0]) & ((1 << f[1]) - 1)
 
@@ -321,14 +326,14 @@ def _sum_squares32(x, k):
     return acc
 
 
-@njit
+@njit(inline="always")
 def _sum_squares(x, k):
     """Σ_{j<k} x_j² in float64 (float32 squares for a tiny row, see above)."""
     ss = _sum_squares64(x, k)
     return _sum_squares32(x, k) if ss < _TINY else ss
 
 
-@njit
+@njit(inline="always")
 def _rstd(ss, k, eps, rms_eps):
     """RMSNorm's r from Σx² of k elements: 1/√(ms + ε), or 1/(√ms + ε) where ε goes on the RMS."""
     ms = ss / k
@@ -361,7 +366,7 @@ def _deviations32(x, n, mu):
     return acc
 
 
-@njit
+@njit(inline="always")
 def _moments(x, n, c, s1, s2):
     """(μ in float32, σ²) of the row from :func:`_shifted_sums` about c = x[0]; σ² of a tiny row
     (see above) again from float32 deviations about that μ."""
@@ -403,7 +408,7 @@ def _load_bf16_shifted_sums(src, t, n):
     return c, s1, s2
 
 
-@njit
+@njit(inline="always")
 def _normalize(xs, mu, r, s, b, has_b, norm, out):
     """out = ((x − μ)·r)·s (+ β) in float32, rounded per op as torch's eager float32 ops are
     (RMSNorm has no μ to subtract; both forms have the same rounding points). A LayerNorm row with
@@ -430,7 +435,7 @@ def _normalize(xs, mu, r, s, b, has_b, norm, out):
             out[j] = (xs[j] * r) * s[j]
 
 
-@njit
+@njit(inline="always")
 def _normalize_bf16(xs, mu, r, s, b, has_b, norm, out16):
     """As :func:`_normalize`, converted to bfloat16 bits in the same loop."""
     n = out16.shape[0]
@@ -561,7 +566,7 @@ _DY, _DYS, _DR, _DRS, _DX, _PW, _PB = range(16, 23)
 _WORDS = 24
 
 
-@njit
+@njit(inline="always")
 def _row(base, n, i):
     """Scratch row i of n float32s at base, a view without an owner: such arrays are passed between
     functions without reference counting (atomic increments: ~15 ns a row measured)."""
