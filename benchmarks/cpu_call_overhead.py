@@ -89,34 +89,34 @@ def _cxx_nothing():
     return mod.nothing
 
 
-def _cpu_us(fn, reps: int) -> float:
-    """CPU time per call: the best of three blocks of `reps` calls (a block the scheduler or a
-    page fault interrupts only reads longer)."""
-    for _ in range(reps // 10 + 1):
-        fn()
+def _best_us(fn, reps: int, clock) -> float:
+    """µs per call on `clock` (ns): the best of three blocks of `reps` calls (a block the scheduler
+    or a page fault interrupts only reads longer)."""
     best = float("inf")
     for _ in range(3):
-        t0 = time.thread_time_ns()
+        t0 = clock()
         for _ in range(reps):
             fn()
-        best = min(best, (time.thread_time_ns() - t0) / reps / 1e3)
+        best = min(best, (clock() - t0) / reps / 1e3)
     return best
 
 
+def _cpu_us(fn, reps: int) -> float:
+    """This thread's CPU time per call, after reps // 10 + 1 warm-up calls."""
+    for _ in range(reps // 10 + 1):
+        fn()
+    return _best_us(fn, reps, time.thread_time_ns)
+
+
 def _wall_us(fn, threads: int, budget: float = 0.02) -> float:
+    """Wall time per call at `threads` torch threads, in blocks of ~`budget` seconds."""
     torch.set_num_threads(threads)
     for _ in range(5):
         fn()
     t0 = time.perf_counter()
     fn()
     reps = max(5, int(budget / max(time.perf_counter() - t0, 1e-7)))
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter_ns()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter_ns() - t0) / reps / 1e3)
-    return best
+    return _best_us(fn, reps, time.perf_counter_ns)
 
 
 def floor_table(rounds: int) -> list[str]:
