@@ -149,11 +149,12 @@ def _f32_to_f16(typingctx, f):
 # ----------------------------------------------------------------------------------------------
 # Row helpers. A row is n elements at an address; `t` arguments are float32 scratch rows private to
 # one thread (they stay in L1/L2: extra passes over them are cheap). Those without fastmath flags
-# are inlined into their callers (numba's `inline="always"`, at its IR level): the calls of
-# compiled functions with array arguments that a row made cost ~12 ns together, 30% of a
-# 128-element row's forward (1024 × 128 float32 RMSNorm forward on one thread: 40 µs with the
-# calls, 28 µs inlined). The float64 reductions stay calls: inlined at numba's IR level they would
-# lose their own fastmath flags, which let LLVM vectorize them.
+# are inlined into their callers (numba's `inline="always"`, at its IR level): calls of compiled
+# functions with array arguments, several a row, were about a third of a 128-element row's forward
+# (1024 × 128 float32 RMSNorm forward: 1.01× F.rms_norm's time with the calls, 0.65× inlined, in
+# the latency grids of benchmarks/results/CPU_NOTES.md). The float64 reductions stay calls:
+# inlined at numba's IR level they would lose their own fastmath flags, which let LLVM vectorize
+# them.
 # ----------------------------------------------------------------------------------------------
 @njit(inline="always")
 def _esize(code):
