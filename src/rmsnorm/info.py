@@ -18,6 +18,7 @@ __all__ = [
     "package_version",
     "cpu_model",
     "cpu_cores",
+    "cpu_vector_unit",
     "gpu_name",
     "source_commit",
     "load_average",
@@ -53,6 +54,16 @@ def cpu_model() -> str:
 def cpu_cores() -> int | None:
     """Logical cores of the machine (None where the OS does not say)."""
     return os.cpu_count()
+
+
+def cpu_vector_unit() -> str:
+    """The widest vector instruction set torch's CPU kernels use here (``"AVX512"``, ``"AVX2"``,
+    ``"SVE256"``, ``"DEFAULT"``...): the CPU kernels are compiled for the host too, so two machines
+    with one model name but different vector units time differently."""
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):  # a torch without the query
+        return "unknown"
 
 
 def gpu_name(index: int = 0) -> str | None:
@@ -120,10 +131,12 @@ def describe_backend(device_type: str) -> str:
 
 
 def machine_description() -> str:
-    """One line for a timing's caption: the CPU model, logical cores and torch threads, and the
-    GPU when torch sees one."""
+    """One line for a timing's caption: the CPU model, logical cores, vector unit and torch
+    threads, and the GPU when torch sees one."""
     threads = torch.get_num_threads()
-    text = f"{cpu_model()}, {cpu_cores()} logical cores, {threads} torch thread"
+    text = (
+        f"{cpu_model()}, {cpu_cores()} logical cores, {cpu_vector_unit()}, {threads} torch thread"
+    )
     text += "s" * (threads > 1)
     gpu = gpu_name()
     return text + (f"; GPU {gpu}" if gpu else "")
@@ -189,7 +202,8 @@ def environment() -> dict:
         "triton": package_version("triton"),
         "numba": package_version("numba"),
         "transformers": package_version("transformers"),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        "machine": f"{platform.machine()} ({cpu_vector_unit()}), {torch.get_num_threads()} torch "
+        "threads",
         "devices": devices,
         "backend in force": _backend.current(),
         "backend per device": backends,

@@ -70,6 +70,9 @@ def test_cpu_and_machine_description():
             assert model == names[0]
     text = info.machine_description()
     assert text.startswith(f"{model}, {info.cpu_cores()} logical cores")
+    # the vector unit: hosts of one model name with and without AVX-512 time differently
+    unit = info.cpu_vector_unit()
+    assert unit == torch.backends.cpu.get_cpu_capability() and f", {unit}," in text
     assert f"{torch.get_num_threads()} torch thread" in text
     assert ("GPU" in text) == torch.cuda.is_available()
 

@@ -178,7 +178,7 @@ def test_results_hold_every_run_and_timing(comparison_run):
             assert len(r["val_windows"]) == 4 * 8  # final_eval_batches × batch (tiny preset)
             assert r["final_val_loss"] == pytest.approx(sum(r["val_windows"]) / 32, rel=1e-5)
             assert r["final_val_loss_select"] is not None
-    for key in ("cpu", "cpu_cores", "torch", "commit", "backend", "workers"):
+    for key in ("cpu", "cpu_cores", "cpu_vector_unit", "torch", "commit", "backend", "workers"):
         assert key in results["machine"]
     cases = results["norm_timing"]["cases"]
     assert {"layernorm", "rmsnorm", "prmsnorm", "torch_layer_norm", "torch_rms_norm"} <= set(cases)

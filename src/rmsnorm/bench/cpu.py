@@ -46,8 +46,9 @@ def keep_freed_memory() -> bool:
 
 
 def cpu_name() -> str:
-    """'<model name>, <n> cores' (:mod:`rmsnorm.info`)."""
-    return f"{info.cpu_model()}, {info.cpu_cores()} cores"
+    """'<model name>, <n> cores, <vector unit>' (:mod:`rmsnorm.info`): one model name covers hosts
+    with and without AVX-512, which time differently."""
+    return f"{info.cpu_model()}, {info.cpu_cores()} cores, {info.cpu_vector_unit()}"
 
 
 def _numba_version() -> str:

@@ -79,10 +79,12 @@ def _norm_timing_cases(model_cfg: TransformerConfig, variants: Sequence[str], ba
 
 
 def machine_info(device: str, threads: int | None = None) -> dict:
-    """What the timings depend on: CPU model and cores, threads, GPU, versions, backend, commit."""
+    """What the timings depend on: CPU model, cores and vector unit, threads, GPU, versions,
+    backend, commit."""
     facts = {
         "cpu": info.cpu_model(),
         "cpu_cores": info.cpu_cores(),
+        "cpu_vector_unit": info.cpu_vector_unit(),
         "torch_threads": torch.get_num_threads() if threads is None else threads,
         "gpu": info.gpu_name() if device == "cuda" else None,
         "platform": platform.platform(),
