@@ -82,7 +82,7 @@ def _load_gated() -> ModuleType:
 
 
 def warmup() -> dict:
-    """Load the CPU kernels now: from numba's on-disk cache, or by compiling them (~1 min, once per
+    """Load the CPU kernels now: from numba's on-disk cache, or by compiling them (1–2 min, once per
     machine and numba version; ``rmsnorm warmup`` and ``make setup`` do this), so that the first op
     does not wait. Returns ``{"available", "compiled", "cached_in", "seconds"}``: whether the
     kernels run here, whether this process compiled them, their cache directory (None where none

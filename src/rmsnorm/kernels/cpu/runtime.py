@@ -552,11 +552,11 @@ def load(what: str, *registries: Entries) -> dict:
             log.warning(
                 "rmsnorm: no writable cache directory for the CPU kernels (the package directory, "
                 "NUMBA_CACHE_DIR and the user cache are read-only), so this process compiles them "
-                "(~30 s) and no later process can reuse them; set NUMBA_CACHE_DIR to a writable "
+                "(30–60 s) and no later process can reuse them; set NUMBA_CACHE_DIR to a writable "
                 "directory to keep them"
             )
     elif any(cached is False for cached, _ in states):
-        log.warning("rmsnorm: compiling %s (once, ~30 s; cached in %s)", what, where)
+        log.warning("rmsnorm: compiling %s (once, 30–60 s; cached in %s)", what, where)
     t0 = time.perf_counter()
     misses = sum(r.compile_all() for r in registries)
     seconds = time.perf_counter() - t0
