@@ -243,6 +243,15 @@ def _scale(weight: torch.Tensor | None, offset: float, dtype: torch.dtype) -> to
     return w + offset if offset != 0.0 else w
 
 
+def _affine(y, weight, bias, offset: float, dtype: torch.dtype) -> torch.Tensor:
+    """y ⊙ (offset + γ) + β, each product and sum rounded to ``dtype`` (an absent γ or β: no
+    product or sum)."""
+    s = _scale(weight, offset, dtype)
+    if s is not None:
+        y = y * s
+    return y if bias is None else y + bias.to(dtype)
+
+
 def rms_norm_apply(
     x: torch.Tensor,  # (*, N), any float dtype
     rstd: torch.Tensor,  # (*), compute dtype
@@ -258,31 +267,15 @@ def rms_norm_apply(
     out_dtype = output_dtype(in_dtype, weight, casting_mode)
     if casting_mode == "gemma":
         # statistics and the weight product in fp32; one cast at the end.
-        y = x.to(cd) * rstd[..., None]
-        s = _scale(weight, offset, cd)
-        if s is not None:
-            y = y * s
-        if bias is not None:
-            y = y + bias.to(cd)
-        return y.to(out_dtype)
+        return _affine(x.to(cd) * rstd[..., None], weight, bias, offset, cd).to(out_dtype)
     if casting_mode == "llama":
         # normalize in fp32, cast to the input dtype, then × weight in promote(input, weight).
         y = (x.to(cd) * rstd[..., None]).to(in_dtype).to(out_dtype)
-        s = _scale(weight, offset, out_dtype)
-        if s is not None:
-            y = y * s
-        if bias is not None:
-            y = y + bias.to(out_dtype)
-        return y
+        return _affine(y, weight, bias, offset, out_dtype)
     if casting_mode == "none":
         # rstd rounded to the input dtype; x·rstd and × weight each rounded in the input dtype.
         y = x.to(in_dtype) * rstd.to(in_dtype)[..., None]
-        s = _scale(weight, offset, in_dtype)
-        if s is not None:
-            y = y * s
-        if bias is not None:
-            y = y + bias.to(in_dtype)
-        return y
+        return _affine(y, weight, bias, offset, in_dtype)
     raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
 
@@ -653,28 +646,54 @@ def param_vector(p: torch.Tensor | None) -> torch.Tensor | None:
     return p if p is None or p.dim() == 1 else p.reshape(-1)
 
 
-def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    eps: float | None = None,
-    *,
-    eps_mode: str = "mean_square",
-    casting_mode: str = "gemma",
-    offset: float = 0.0,
-    bias: torch.Tensor | None = None,
-    partial: float | None = None,
-    group_size: int | None = None,
-) -> torch.Tensor:
-    """RMSNorm over the last dim of ``x`` (see :func:`rms_norm_fwd`), each group of ``group_size``
-    elements on its own (:func:`gated_rms_norm_fwd`) when given; ``eps=None`` is
-    :func:`default_eps`."""
+# The keywords of the friendly RMS forms, with rmsnorm.rms_norm's defaults (gated_rms_norm's
+# norm_before_gate and activation besides).
+_RMS_KEYWORDS = dict(
+    group_size=None,
+    eps_mode="mean_square",
+    casting_mode="gemma",
+    offset=0.0,
+    bias=None,
+    partial=None,
+)
+_GATE_KEYWORDS = dict(norm_before_gate=True, activation="silu")
+
+
+def _friendly(fn: str, x: torch.Tensor, eps: float | None, keywords: dict, gated: bool = False):
+    """(opts, bias, gating) of a friendly form's call on x: ``keywords`` over the defaults,
+    ``gating`` None for an ungrouped, ungated call; an unknown keyword is a TypeError."""
+    allowed = {**_RMS_KEYWORDS, **_GATE_KEYWORDS} if gated else _RMS_KEYWORDS
+    unknown = keywords.keys() - allowed.keys()
+    if unknown:
+        raise TypeError(f"{fn}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    kw = {**allowed, **keywords}
+    group_size = kw["group_size"]
     g = x.shape[-1] if group_size is None else group_size
-    opts = _options(x, g, eps, eps_mode, casting_mode, offset, partial)
-    if group_size is None:
+    eps = default_eps(x.dtype) if eps is None else eps
+    opts = RMSOptions(
+        eps, kw["eps_mode"], kw["casting_mode"], kw["offset"], partial_size(g, kw["partial"])
+    )
+    gating = None
+    if group_size is not None or gated:
+        group_count(x.shape[-1], g)
+        gating = GateOptions(
+            group_size, kw.get("norm_before_gate", True), kw.get("activation", "silu")
+        )
+    return opts, kw["bias"], gating
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = None, **options
+) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` (see :func:`rms_norm_fwd`); ``options`` are the keywords
+    of :func:`rmsnorm.rms_norm` (``eps_mode``, ``casting_mode``, ``offset``, ``bias``,
+    ``partial``, ``group_size``) with its defaults. With ``group_size`` each group of that many
+    elements is normalized on its own (:func:`gated_rms_norm_fwd`); ``eps=None`` is
+    :func:`default_eps`."""
+    opts, bias, gating = _friendly("rms_norm", x, eps, options)
+    if gating is None:
         y, _ = rms_norm_fwd(row_matrix(x), weight, bias, opts)
     else:
-        group_count(x.shape[-1], g)
-        gating = GateOptions(group_size, True, "silu")
         y, _ = gated_rms_norm_fwd(row_matrix(x), None, weight, bias, opts, gating)
     return y.reshape(x.shape)
 
@@ -684,21 +703,13 @@ def add_rms_norm(
     residual: torch.Tensor,
     weight: torch.Tensor | None = None,
     eps: float | None = None,
-    *,
-    eps_mode: str = "mean_square",
-    casting_mode: str = "gemma",
-    offset: float = 0.0,
-    bias: torch.Tensor | None = None,
-    partial: float | None = None,
-    group_size: int | None = None,
+    **options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual) over the last dim (see :func:`add_rms_norm_fwd`),
-    grouped as :func:`rms_norm` when ``group_size`` is given."""
-    g = x.shape[-1] if group_size is None else group_size
-    opts = _options(x, g, eps, eps_mode, casting_mode, offset, partial)
-    if group_size is not None:
+    with the keywords and grouping of :func:`rms_norm`."""
+    opts, bias, gating = _friendly("add_rms_norm", x, eps, options)
+    if gating is not None:
         h = residual_sum(x, residual)
-        gating = GateOptions(group_size, True, "silu")
         y, _ = gated_rms_norm_fwd(row_matrix(h), None, weight, bias, opts, gating, True, x.dtype)
         return y.reshape(x.shape), h
     y, h, _ = add_rms_norm_fwd(row_matrix(x), row_matrix(residual), weight, bias, opts)
@@ -710,30 +721,14 @@ def gated_rms_norm(
     gate: torch.Tensor | None,
     weight: torch.Tensor | None = None,
     eps: float | None = None,
-    *,
-    group_size: int | None = None,
-    norm_before_gate: bool = True,
-    activation: str = "silu",
-    eps_mode: str = "mean_square",
-    casting_mode: str = "gemma",
-    offset: float = 0.0,
-    bias: torch.Tensor | None = None,
-    partial: float | None = None,
+    **options,
 ) -> torch.Tensor:
-    """Grouped and gated RMSNorm over the last dim of ``x`` (see :func:`gated_rms_norm_fwd`);
-    ``partial`` takes the first ⌊p·g⌋ elements of each group of g."""
-    g = x.shape[-1] if group_size is None else group_size
-    group_count(x.shape[-1], g)
-    opts = _options(x, g, eps, eps_mode, casting_mode, offset, partial)
-    gating = GateOptions(group_size, norm_before_gate, activation)
+    """Grouped and gated RMSNorm over the last dim of ``x`` (see :func:`gated_rms_norm_fwd`):
+    the keywords of :func:`rms_norm` and ``norm_before_gate`` (default True) and ``activation``
+    (default ``"silu"``); ``partial`` takes the first ⌊p·g⌋ elements of each group of g."""
+    opts, bias, gating = _friendly("gated_rms_norm", x, eps, options, gated=True)
     y, _ = gated_rms_norm_fwd(row_matrix(x), row_matrix(gate), weight, bias, opts, gating)
     return y.reshape(x.shape)
-
-
-def _options(x, g, eps, eps_mode, casting_mode, offset, partial) -> RMSOptions:
-    """The options of a call of the friendly forms on x, with groups (or rows) of g elements."""
-    eps = default_eps(x.dtype) if eps is None else eps
-    return RMSOptions(eps, eps_mode, casting_mode, offset, partial_size(g, partial))
 
 
 def residual_sum(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
