@@ -45,6 +45,19 @@ ShapeLike = int | Sequence[int] | torch.Size
 
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 _has_torch_function = torch._C._has_torch_function_variadic
+
+
+def _torch_function(fn, relevant: tuple, params: dict):
+    """``handle_torch_function`` for the public function ``fn`` from its parameters
+    (``locals()`` at its top): positional ones passed by position, keyword-only ones by keyword,
+    as its signature has them (what a ``__torch_function__`` override then sees)."""
+    code = fn.__code__
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    args = [params[name] for name in names[: code.co_argcount]]
+    kwargs = {name: params[name] for name in names[code.co_argcount :]}
+    return handle_torch_function(fn, relevant, *args, **kwargs)
+
+
 _functorch_active = torch._C._are_functorch_transforms_active
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
@@ -600,20 +613,7 @@ def rms_norm(
         True
     """
     if _has_torch_function(input, weight, bias):
-        return handle_torch_function(
-            rms_norm,
-            (input, weight, bias),
-            input,
-            normalized_shape,
-            weight,
-            eps,
-            eps_mode=eps_mode,
-            casting_mode=casting_mode,
-            offset=offset,
-            bias=bias,
-            partial=partial,
-            group_size=group_size,
-        )
+        return _torch_function(rms_norm, (input, weight, bias), locals())
     if not isinstance(input, torch.Tensor):
         _check_float_tensor(input, "input")
     norm_dims, n, opts = _rms_arguments(
@@ -678,21 +678,7 @@ def add_rms_norm(
         True
     """
     if _has_torch_function(input, residual, weight, bias):
-        return handle_torch_function(
-            add_rms_norm,
-            (input, residual, weight, bias),
-            input,
-            residual,
-            normalized_shape,
-            weight,
-            eps,
-            eps_mode=eps_mode,
-            casting_mode=casting_mode,
-            offset=offset,
-            bias=bias,
-            partial=partial,
-            group_size=group_size,
-        )
+        return _torch_function(add_rms_norm, (input, residual, weight, bias), locals())
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOAT_SET:
         _check_float_tensor(input, "input")
     _check_like_input(residual, "residual", input)
@@ -784,23 +770,7 @@ def gated_rms_norm(
         True
     """
     if _has_torch_function(input, gate, weight, bias):
-        return handle_torch_function(
-            gated_rms_norm,
-            (input, gate, weight, bias),
-            input,
-            gate,
-            normalized_shape,
-            weight,
-            eps,
-            group_size=group_size,
-            norm_before_gate=norm_before_gate,
-            activation=activation,
-            eps_mode=eps_mode,
-            casting_mode=casting_mode,
-            offset=offset,
-            bias=bias,
-            partial=partial,
-        )
+        return _torch_function(gated_rms_norm, (input, gate, weight, bias), locals())
     # gated_rms_norm's checks: those of rms_norm, the gate's and the gating options', and the
     # groups' (the options' k is then that of a group)
     if not isinstance(input, torch.Tensor):
@@ -868,9 +838,7 @@ def layer_norm(
         True
     """
     if _has_torch_function(input, weight, bias):
-        return handle_torch_function(
-            layer_norm, (input, weight, bias), input, normalized_shape, weight, bias, eps
-        )
+        return _torch_function(layer_norm, (input, weight, bias), locals())
     if not isinstance(input, torch.Tensor):
         _check_float_tensor(input, "input")
     norm_dims, n, eps = _ln_arguments(input, normalized_shape, weight, bias, eps)
