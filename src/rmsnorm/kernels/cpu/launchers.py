@@ -175,6 +175,49 @@ def _ln_fwd_plan(key: tuple) -> tuple:
 # ----------------------------------------------------------------------------------------------
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
+def _fwd(x, residual, weight, bias, out, k, eps, offset, flags, stats, layer_norm=False):
+    """The forward kernel's call for the three forward launchers: (y, h, mean, rstd) with h None
+    without a residual, mean None for RMSNorm, and the statistics None where ``stats`` is false
+    (the kernel then writes them to scratch)."""
+    n = x.shape[-1]
+    m = x.numel() // n
+    if x.is_contiguous():  # (the common case, inline: a decoding-size call is mostly this code)
+        xs = n
+    else:
+        x, xs = _row_layout(x, n)
+    rp = rs = hp = mp = wp = ws = bp = bs = 0
+    h = mean = rstd = None
+    if residual is not None:
+        residual, rs = _row_layout(residual, n)
+        h = torch.empty_like(x, dtype=residual.dtype)
+        rp, hp = residual.data_ptr(), h.data_ptr()
+    if weight is not None:
+        wp, ws = weight.data_ptr(), weight.stride(0)
+    if bias is not None:
+        bp, bs = bias.data_ptr(), bias.stride(0)
+    y = torch.empty_like(x) if out is x.dtype else torch.empty_like(x, dtype=out)
+    if stats:
+        rstd = _F32_CPU.new_empty(m)
+        sp = rstd.data_ptr()
+        if layer_norm:
+            mean = _F32_CPU.new_empty(m)
+            mp = mean.data_ptr()
+    else:
+        sp = _scratch(2 * m)
+        mp = sp + 4 * m if layer_norm else 0
+    if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
+        _forward(
+            0, x.data_ptr(), xs, rp, rs, hp, y.data_ptr(), wp, ws, bp, bs, mp, sp, m, n, k,
+            float(eps), float(offset), flags,
+        )  # fmt: skip
+    else:
+        _shared(
+            _forward, x.data_ptr(), xs, rp, rs, hp, y.data_ptr(), wp, ws, bp, bs, mp, sp, m, n,
+            k, float(eps), float(offset), flags,
+        )  # fmt: skip
+    return y, h, mean, rstd
+
+
 def rms_norm_fwd(x, weight, bias, opts, stats=True):
     """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`)."""
     eps, eps_mode, casting_mode, offset, k = opts
@@ -183,37 +226,10 @@ def rms_norm_fwd(x, weight, bias, opts, stats=True):
         None, casting_mode, eps_mode,
     )  # fmt: skip
     out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
-    n = x.shape[-1]
-    m = x.numel() // n if n else 0
-    if out is None or not m:
+    if out is None or not x.numel():
         _to_reference("rms_norm_fwd", out is None)
         return ref.rms_norm_fwd(x, weight, bias, opts)
-    if x.is_contiguous():
-        xs = n
-    else:
-        x, xs = _row_layout(x, n)
-    wp = ws = bp = bs = 0
-    if weight is not None:
-        wp, ws = weight.data_ptr(), weight.stride(0)
-    if bias is not None:
-        bp, bs = bias.data_ptr(), bias.stride(0)
-    y = torch.empty_like(x) if out is x.dtype else torch.empty_like(x, dtype=out)
-    if stats:
-        rstd = _F32_CPU.new_empty(m)
-        rp = rstd.data_ptr()
-    else:
-        rstd = None
-        rp = _scratch(m)
-    if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
-        _forward(
-            0, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rp, m, n, k,
-            float(eps), float(offset), flags,
-        )  # fmt: skip
-    else:
-        _shared(
-            _forward, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, 0, rp, m, n,
-            k, float(eps), float(offset), flags,
-        )  # fmt: skip
+    y, _, _, rstd = _fwd(x, None, weight, bias, out, k, eps, offset, flags, stats)
     return y, rstd
 
 
@@ -225,29 +241,10 @@ def add_rms_norm_fwd(x, residual, weight, bias, opts, stats=True):
         residual.dtype, casting_mode, eps_mode,
     )  # fmt: skip
     out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
-    n = x.shape[-1]
-    m = x.numel() // n if n else 0
-    if out is None or not m:
+    if out is None or not x.numel():
         _to_reference("add_rms_norm_fwd", out is None)
         return ref.add_rms_norm_fwd(x, residual, weight, bias, opts)
-    x, xs = _row_layout(x, n)
-    residual, rs = _row_layout(residual, n)
-    wp = ws = bp = bs = 0
-    if weight is not None:
-        wp, ws = weight.data_ptr(), weight.stride(0)
-    if bias is not None:
-        bp, bs = bias.data_ptr(), bias.stride(0)
-    y = torch.empty_like(x, dtype=out)
-    h = torch.empty_like(x, dtype=residual.dtype)
-    rstd = _F32_CPU.new_empty(m) if stats else None
-    args = (
-        x.data_ptr(), xs, residual.data_ptr(), rs, h.data_ptr(), y.data_ptr(), wp, ws, bp, bs, 0,
-        rstd.data_ptr() if stats else _scratch(m), m, n, k, float(eps), float(offset), flags,
-    )  # fmt: skip
-    if m * n < PARALLEL_MIN:
-        _forward(0, *args)
-    else:
-        _shared(_forward, *args)
+    y, h, _, rstd = _fwd(x, residual, weight, bias, out, k, eps, offset, flags, stats)
     return y, h, rstd
 
 
@@ -324,38 +321,10 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
     """LayerNorm forward (:func:`rmsnorm.reference.layer_norm_fwd`)."""
     key = (x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
     out, flags = _ln_fwd_plans.get(key) or _ln_fwd_plan(key)
-    n = x.shape[-1]
-    m = x.numel() // n if n else 0
-    if out is None or not m:
+    if out is None or not x.numel():
         _to_reference("layer_norm_fwd", out is None)
         return ref.layer_norm_fwd(x, weight, bias, eps)
-    if x.is_contiguous():
-        xs = n
-    else:
-        x, xs = _row_layout(x, n)
-    wp = ws = bp = bs = 0
-    if weight is not None:
-        wp, ws = weight.data_ptr(), weight.stride(0)
-    if bias is not None:
-        bp, bs = bias.data_ptr(), bias.stride(0)
-    y = torch.empty_like(x)
-    if stats:
-        mean, rstd = _F32_CPU.new_empty(m), _F32_CPU.new_empty(m)
-        mp, rp = mean.data_ptr(), rstd.data_ptr()
-    else:
-        mean = rstd = None
-        mp = _scratch(2 * m)
-        rp = mp + 4 * m
-    if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
-        _forward(
-            0, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n, n,
-            float(eps), 0.0, flags,
-        )  # fmt: skip
-    else:
-        _shared(
-            _forward, x.data_ptr(), xs, 0, 0, 0, y.data_ptr(), wp, ws, bp, bs, mp, rp, m, n,
-            n, float(eps), 0.0, flags,
-        )  # fmt: skip
+    y, _, mean, rstd = _fwd(x, None, weight, bias, out, x.shape[-1], eps, 0.0, flags, stats, True)
     return y, mean, rstd
 
 
