@@ -14,7 +14,7 @@ from numba.extending import intrinsic
 from . import kernels as K
 from . import runtime as rt
 from .kernels import BF16, F16, F32, F64
-from .runtime import bits_f64, f64_bits, ptr_f32, ptr_f64, ptr_i64, ptr_u16
+from .runtime import bits_f64, f64_bits, ptr_f32, ptr_i64, ptr_u16
 from .runtime import njit as _njit
 
 # Bit fields of the kernels' `flags` (shift, width), built once per combination by the launchers
@@ -115,29 +115,12 @@ def _silu32(z):
 
 
 @_njit
-def _store(t, addr, n, code):
-    """Write the float32 row t to the row at addr in the dtype `code` (float64 widened exactly)."""
-    if code == F64:
-        dst = carray(ptr_f64(addr), n)
-        for j in range(n):
-            dst[j] = np.float64(t[j])
-    else:
-        K._store_row(t, addr, n, code)
-
-
-@_njit
 def _gate_row(addr, n, code, t):
-    """The gate row as float32 in t (never a view of the input: the activation rewrites it)."""
+    """The gate row as float32 in t (copied for float32 too: the activation rewrites it)."""
+    row = K._load_row(addr, n, code, t)
     if code == F32:
-        src = carray(ptr_f32(addr), n)
         for j in range(n):
-            t[j] = src[j]
-    elif code == F64:
-        src64 = carray(ptr_f64(addr), n)
-        for j in range(n):
-            t[j] = np.float32(src64[j])
-    else:
-        K._load_row(addr, n, code, t)
+            t[j] = row[j]
 
 
 @_njit
@@ -627,7 +610,7 @@ def _bwd_block(args, blk, scratch):
             K._add_row(drb + i * drs, n, dr_code, tdx)
         K._store_row(tdx, dxb + i * n * K._esize(x_code), n, x_code)
         if has_gate:
-            _store(tn, dzb + i * n * dze, n, dz_code)
+            K._store_row(tn, dzb + i * n * dze, n, dz_code)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -163,9 +163,15 @@ def _esize(code):
 
 @njit(inline="always")
 def _load_row(addr, n, code, t):
-    """The row as float32: a view of the input for float32, else converted into t."""
+    """The row as float32: a view of the input for float32, else converted into t (float64
+    rounded to nearest)."""
     if code == F32:
         return carray(ptr_f32(addr), n)
+    if code == F64:
+        src64 = carray(ptr_f64(addr), n)
+        for j in range(n):
+            t[j] = np.float32(src64[j])
+        return t[:n]
     src = carray(ptr_u16(addr), n)
     if code == BF16:
         for j in range(n):
@@ -215,11 +221,16 @@ def _round(v, code):
 
 @njit(inline="always")
 def _store_row(t, addr, n, code):
-    """Write the float32 row t to the row at addr, converting to the dtype `code`."""
+    """Write the float32 row t to the row at addr, converting to the dtype `code` (float64
+    widened exactly)."""
     if code == F32:
         dst = carray(ptr_f32(addr), n)
         for j in range(n):
             dst[j] = t[j]
+    elif code == F64:
+        dst64 = carray(ptr_f64(addr), n)
+        for j in range(n):
+            dst64[j] = np.float64(t[j])
     elif code == BF16:
         dst16 = carray(ptr_u16(addr), n)
         for j in range(n):
