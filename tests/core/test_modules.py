@@ -135,3 +135,45 @@ def test_modes_agree_in_float32():
     outs = [rmsnorm.rms_norm(x, 64, w, 1e-6, casting_mode=m) for m in ref.CASTING_MODES]
     for o in outs[1:]:
         torch.testing.assert_close(o, outs[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: rmsnorm.RMSNorm(8, bias=True),
+    lambda: rmsnorm.GatedRMSNorm(8, bias=True),
+    lambda: rmsnorm.LayerNorm(8),
+], ids=["RMSNorm", "GatedRMSNorm", "LayerNorm"])  # fmt: skip
+def test_forward_reads_parameters_wherever_torch_puts_them(make):
+    # The forwards read parameters from the module's parameter dict, not through
+    # nn.Module.__getattr__: a parametrization, torch.func.functional_call and a plain tensor put
+    # in a parameter's place must still be what the forward uses.
+    from torch.nn.utils import parametrize
+
+    x = torch.randn(3, 8)
+
+    def expected(norm, weight, bias):
+        if isinstance(norm, rmsnorm.LayerNorm):
+            return F.layer_norm(x, (8,), weight, bias, norm.eps)
+        return ref.rms_norm(x, weight, norm.eps, bias=bias)
+
+    norm = make()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.normal_()
+    w, b = norm.weight.detach().clone(), norm.bias.detach().clone()
+    torch.testing.assert_close(norm(x), expected(norm, w, b))
+
+    w2, b2 = torch.rand(8) + 0.5, torch.randn(8)
+    out = torch.func.functional_call(norm, {"weight": w2, "bias": b2}, (x,))
+    torch.testing.assert_close(out, expected(norm, w2, b2))
+    torch.testing.assert_close(norm(x), expected(norm, w, b))  # and back
+
+    class Double(torch.nn.Module):
+        def forward(self, p):
+            return 2 * p
+
+    parametrize.register_parametrization(norm, "weight", Double())
+    torch.testing.assert_close(norm(x), expected(norm, 2 * w, b))
+
+    del norm.bias
+    norm.bias = b2  # a plain tensor attribute where the parameter was
+    torch.testing.assert_close(norm(x), expected(norm, 2 * w, b2))

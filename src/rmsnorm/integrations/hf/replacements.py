@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ...functional import gated_rms_norm, layer_norm, rms_norm
+from ...modules import _parameter
 from .conventions import ACT2FN_NAMES, Convention, group_size
 
 __all__ = ["forward_for", "is_replacement", "patched_class", "base_of", "rebuild_patched"]
@@ -30,15 +31,15 @@ def forward_for(conv: Convention):
             return layer_norm(
                 input,
                 getattr(self, shape_attr) if shape_attr else input.shape[-1],
-                self.weight if with_weight else None,
-                self.bias if with_bias else None,
+                _parameter(self, "weight") if with_weight else None,
+                _parameter(self, "bias") if with_bias else None,
                 conv.eps_of(self),
             )
 
     elif conv.cast_to_weight:
 
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-            return _t5_norm(hidden_states, self.weight, conv.eps_of(self))
+            return _t5_norm(hidden_states, _parameter(self, "weight"), conv.eps_of(self))
 
     elif conv.gate is not None:
         forward = _gated_forward(conv)
@@ -49,15 +50,22 @@ def forward_for(conv: Convention):
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
             n = hidden_states.shape[-1]
             eps = getattr(self, eps_attr)
-            return rms_norm(hidden_states, n, self.weight, eps, casting_mode=casting, offset=offset)
+            return rms_norm(
+                hidden_states,
+                n,
+                _parameter(self, "weight"),
+                eps,
+                casting_mode=casting,
+                offset=offset,
+            )
 
     elif not conv.extended:
         flag, with_weight, with_bias = conv.weight_flag, conv.weight, conv.bias
 
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
             use_weight = getattr(self, flag) if flag else with_weight
-            weight = self.weight if use_weight else None
-            bias = self.bias if with_bias else None
+            weight = _parameter(self, "weight") if use_weight else None
+            bias = _parameter(self, "bias") if with_bias else None
             n, eps = hidden_states.shape[-1], conv.eps_of(self)
             return rms_norm(
                 hidden_states, n, weight, eps, casting_mode=casting, offset=offset, bias=bias
@@ -128,7 +136,7 @@ def _gated_forward(conv: Convention):
             hidden_states,
             gate,
             n,
-            self.weight,
+            _parameter(self, "weight"),
             conv.eps_of(self),
             group_size=group_size(self, conv, n),
             norm_before_gate=getattr(self, order_attr) if order_attr else order,
@@ -154,8 +162,10 @@ def _extended_forward(conv: Convention):
                 f"which this library does not do in {hidden_states.dtype} (unpatch the class)"
             )
         n = hidden_states.shape[-1]
-        weight = self.weight if (getattr(self, flag) if flag else with_weight) else None
-        bias = self.bias if with_bias else None
+        weight = (
+            _parameter(self, "weight") if (getattr(self, flag) if flag else with_weight) else None
+        )
+        bias = _parameter(self, "bias") if with_bias else None
         scale_offset = offset
         if in_weight_dtype:  # offset + γ rounded in γ's dtype, as the class sums it
             weight, scale_offset = offset + weight, 0.0
