@@ -29,9 +29,10 @@ __all__ = ["RMSNorm", "AddRMSNorm", "GatedRMSNorm", "LayerNorm"]
 
 def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
     """``getattr(module, name)`` for a parameter, read from the module's parameter dict where it
-    is registered there (None included): ``nn.Module.__getattr__`` costs about as much per lookup
-    as a tenth of a decoding-size norm call. Anything else under that name (a parametrization's
-    property, a data-parallel replica's tensor, a plain attribute) is read as an attribute."""
+    is registered there (None included): ``nn.Module.__getattr__`` is the larger part of a
+    module's cost over the function on a decoding-size call. Anything else under that name (a
+    parametrization's property, a data-parallel replica's tensor, a plain attribute) is read as
+    an attribute."""
     params = module._parameters
     return params[name] if name in params else getattr(module, name)
 
