@@ -45,6 +45,13 @@ ShapeLike = int | Sequence[int] | torch.Size
 
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 _has_torch_function = torch._C._has_torch_function_variadic
+_functorch_active = torch._C._are_functorch_transforms_active
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_tracing = torch._C._get_tracing_state
+_is_compiling = torch.compiler.is_compiling
+_fwAD = torch.autograd.forward_ad
+_default_eps = {dt: default_eps(dt) for dt in _FLOAT_DTYPES}
 
 
 def _torch_function(fn, relevant: tuple, params: dict):
@@ -57,14 +64,6 @@ def _torch_function(fn, relevant: tuple, params: dict):
     kwargs = {name: params[name] for name in names[code.co_argcount :]}
     return handle_torch_function(fn, relevant, *args, **kwargs)
 
-
-_functorch_active = torch._C._are_functorch_transforms_active
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_function_modes = torch._C._is_torch_function_mode_enabled
-_tracing = torch._C._get_tracing_state
-_is_compiling = torch.compiler.is_compiling
-_fwAD = torch.autograd.forward_ad
-_default_eps = {dt: default_eps(dt) for dt in _FLOAT_DTYPES}
 
 _new = tuple.__new__  # RMSOptions from a checked tuple, without the NamedTuple's keyword parsing
 

@@ -666,7 +666,7 @@ def _friendly(fn: str, x: torch.Tensor, eps: float | None, keywords: dict, gated
     unknown = keywords.keys() - allowed.keys()
     if unknown:
         raise TypeError(f"{fn}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
-    kw = {**allowed, **keywords}
+    kw = {**_RMS_KEYWORDS, **_GATE_KEYWORDS, **keywords}
     group_size = kw["group_size"]
     g = x.shape[-1] if group_size is None else group_size
     eps = default_eps(x.dtype) if eps is None else eps
@@ -676,9 +676,7 @@ def _friendly(fn: str, x: torch.Tensor, eps: float | None, keywords: dict, gated
     gating = None
     if group_size is not None or gated:
         group_count(x.shape[-1], g)
-        gating = GateOptions(
-            group_size, kw.get("norm_before_gate", True), kw.get("activation", "silu")
-        )
+        gating = GateOptions(group_size, kw["norm_before_gate"], kw["activation"])
     return opts, kw["bias"], gating
 
 
