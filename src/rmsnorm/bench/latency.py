@@ -404,9 +404,10 @@ def _generate(meta, device, hidden, layers, heads, quick, log) -> list[Row]:
         return lambda: model.generate(ids, attention_mask=mask, **kw)
 
     # A call (32 tokens) takes ~0.03 s (hidden 64) to ~0.3 s (hidden 512 × 8 layers) on two
-    # idle cores, of which the 17 norm calls are a small part: on a shared machine, three samples
-    # of 0.1 s read the patched ÷ unpatched ratio anywhere in 0.94-1.07x for the same code over
-    # four runs, and nine samples of ≥ 0.3 s 0.90x and 0.97x. Nine it is (~30 s a run).
+    # idle cores, of which the norm calls (17 a token in the larger model) are a small part. On a
+    # shared machine, three samples of 0.1 s read the patched ÷ unpatched ratio anywhere in
+    # 0.94-1.07x for the same code over four runs, nine samples of ≥ 0.3 s 0.90x and 0.97x.
+    # Nine it is (~30 s a run).
     rounds, min_run_time = (1, 0.002) if quick else GENERATE_ROUNDS
     with torch.no_grad():
         per_call = harness.time_interleaved(
@@ -665,8 +666,8 @@ def _generate_table(verdicts, cells) -> list[str]:
         "A randomly initialised `LlamaForCausalLM` in float32 (vocabulary 1024, MLP 4× hidden), a "
         f"prompt of {GENERATE_PROMPT} tokens, greedy decoding of a fixed number of new tokens "
         f"({GENERATE_TOKENS} in a full run); time per call ÷ new tokens (the prompt's forward "
-        f"included), the two models timed in turns ({GENERATE_ROUNDS[0]} samples of at least "
-        f"{GENERATE_ROUNDS[1]} s of calls each, medians)."
+        f"included), the two models timed in turns (in a full run, medians of {GENERATE_ROUNDS[0]} "
+        f"samples of at least {GENERATE_ROUNDS[1]} s of calls each)."
     )
     lines += ["", "| hidden | layers | unpatched | hf.patch | ratio | target ≤ 1× |"]
     lines.append("|---|---|---|---|---|---|")
