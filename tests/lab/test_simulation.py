@@ -89,6 +89,44 @@ def test_bad_config(kwargs, match):
         SimulationConfig(**kwargs)
 
 
+def test_the_model_of_a_study_config_is_built_from_its_shared_fields():
+    """SimulationConfig and TrainStudyConfig describe their model by the TransformerConfig fields
+    they share; the rest (vocab, ε, bias...) stay TransformerConfig's defaults."""
+    cfg = SimulationConfig(
+        n_layers=3,
+        d_model=48,
+        n_heads=3,
+        seq_len=20,
+        norm="rmsnorm",
+        norm_position="post",
+        init_std=0.05,
+        activation="swiglu",
+    )
+    model = cfg.transformer_config()
+    shared = ("n_layers", "d_model", "n_heads", "seq_len", "norm", "norm_position")
+    assert [getattr(model, f) for f in shared] == [3, 48, 3, 20, "rmsnorm", "post"]
+    assert (model.init_std, model.activation) == (0.05, "swiglu")
+    assert (model.eps, model.bias, model.vocab_size) == (1e-5, True, 256)
+    over = TransformerConfig.of(cfg, norm="layernorm", eps=1e-6)
+    assert (over.norm, over.eps, over.d_model) == ("layernorm", 1e-6, 48)
+    with pytest.raises(ValueError, match="must be divisible by n_heads"):
+        TransformerConfig.of(cfg, n_heads=5)
+
+
+def test_save_figure_titles_and_closes_the_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rmsnorm.lab.figures import TITLE_SIZE, pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    path = save_figure(fig, tmp_path / "sub" / "f.png", "A title")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert fig.get_suptitle() == "A title" and fig._suptitle.get_fontsize() == TITLE_SIZE
+    assert not plt.fignum_exists(fig.number)
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == ["f.png"]  # no temporary left
+
+
 def test_missing_text_file():
     with pytest.raises(FileNotFoundError, match="text: no such file"):
         SimulationConfig(text="/nonexistent/corpus.txt")

@@ -239,6 +239,16 @@ def test_measure_state_against_a_hand_computation():
         assert out["grad_ones_share"][i] == pytest.approx(share)
 
 
+def test_train_study_models_share_the_config_shape_and_differ_by_norm():
+    cfg = TrainStudyConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16)
+    ln, rms = cfg.model_config("layernorm"), cfg.model_config("rmsnorm")
+    assert (ln.norm, rms.norm) == ("layernorm", "rmsnorm")
+    assert {k: v for k, v in ln.to_dict().items() if k != "norm"} == {
+        k: v for k, v in rms.to_dict().items() if k != "norm"
+    }
+    assert (ln.n_layers, ln.d_model, ln.n_heads, ln.seq_len) == (2, 32, 2, 16)
+
+
 def test_train_study_config_checks():
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         TrainStudyConfig(steps=0)

@@ -8,6 +8,7 @@ from pathlib import Path
 __all__ = ["DPI", "pyplot", "save_figure", "legend_below", "layer_ticks"]
 
 DPI = 110
+TITLE_SIZE = 11  # a figure's title; panel titles are 10
 
 
 def pyplot():
@@ -20,12 +21,14 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path, title: str | None = None) -> Path:
     """Write ``fig`` as a PNG at :data:`DPI` (creating the folder, atomically), close it, return
-    the path."""
+    the path; ``title``, where given, is the figure's title in the lab's title size."""
     from .io import atomic_path
 
     path = Path(path)
+    if title is not None:
+        fig.suptitle(title, fontsize=TITLE_SIZE)
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=DPI, format="png")

@@ -63,13 +63,7 @@ class TrainStudyConfig:
         return self.warmup if self.warmup is not None else max(1, min(20, self.steps // 10))
 
     def model_config(self, norm: str) -> TransformerConfig:
-        return TransformerConfig(
-            n_layers=self.n_layers,
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            seq_len=self.seq_len,
-            norm=norm,
-        )
+        return TransformerConfig.of(self, norm=norm)
 
     def to_dict(self) -> dict:
         out = asdict(self)

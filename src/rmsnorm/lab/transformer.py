@@ -9,7 +9,7 @@ embedding and after every block, which is what the lab measures.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +63,13 @@ class TransformerConfig:
             raise ValueError(f"partial must be in (0, 1], got {self.partial!r}")
         if not (isinstance(self.init_std, (int, float)) and 0 < self.init_std < math.inf):
             raise ValueError(f"init_std must be a finite number > 0, got {self.init_std!r}")
+
+    @classmethod
+    def of(cls, config, **overrides) -> TransformerConfig:
+        """The architecture a study's ``config`` describes: its fields that are also this class's
+        (the same names mean the same things throughout the lab), then ``overrides``."""
+        shared = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
+        return cls(**{**shared, **overrides})
 
     def to_dict(self) -> dict:
         return asdict(self)

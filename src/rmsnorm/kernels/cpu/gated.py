@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import carray, types
-from numba.extending import intrinsic
 
 from . import kernels as K
 from . import runtime as rt
@@ -37,19 +36,13 @@ _DY, _DYS, _DR, _DRS, _DX, _DZ, _PW, _PB, _SN, _BN = range(15, 25)
 _WORDS = 32
 
 
-@intrinsic
-def _pow2(typingctx, kd):
+@rt.lowered(types.float32(types.float32))
+def _pow2(b, kd):
     """2^n as a float32 from kd = n + 1.5·2^23 (n in its low mantissa bits, |n| ≤ 127): the bits
     (n + 127) << 23, in 32-bit integer lanes."""
-    if kd != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        bits = builder.add(builder.bitcast(args[0], i32), ir.Constant(i32, 127))
-        return builder.bitcast(builder.shl(bits, ir.Constant(i32, 23)), ir.FloatType())
-
-    return types.float32(types.float32), codegen
+    i32 = ir.IntType(32)
+    bits = b.add(b.bitcast(kd, i32), ir.Constant(i32, 127))
+    return b.bitcast(b.shl(bits, ir.Constant(i32, 23)), ir.FloatType())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,12 +202,7 @@ def _apply(v, r, s, b, has_b, cast, c_in, c_out, out):
     mode's parameter dtype."""
     g = out.shape[0]
     if cast == GEMMA:
-        if has_b:
-            for j in range(g):
-                out[j] = (v[j] * r) * s[j] + b[j]
-        else:
-            for j in range(g):
-                out[j] = (v[j] * r) * s[j]
+        K.scale_row(v, r, s, b, has_b, out)
         return
     if cast == LLAMA:
         rr, c_mul, c_last = r, c_in, c_out

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import carray, types
-from numba.extending import intrinsic
 
 from . import runtime as rt
 from .runtime import bits_f64, f64_bits, njit, ptr_f32, ptr_f64, ptr_i64, ptr_u16
@@ -67,83 +66,58 @@ def _c(v: int) -> ir.Constant:
 # Bit conversions, written as LLVM IR so that every step is a 32-bit integer or float op that the
 # loop vectorizer turns into AVX2 / NEON lanes (numba would widen integer arithmetic to 64 bits).
 # ----------------------------------------------------------------------------------------------
-@intrinsic
-def _bf16_to_f32(typingctx, h):
+@rt.lowered(types.float32(types.uint16))
+def _bf16_to_f32(b, h):
     """bfloat16 bits -> float32 (exact: the bits are the high half of the float32)."""
-    if h != types.uint16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(builder.shl(builder.zext(args[0], _I32), _c(16)), _F32)
-
-    return types.float32(types.uint16), codegen
+    return b.bitcast(b.shl(b.zext(h, _I32), _c(16)), _F32)
 
 
-@intrinsic
-def _f32_to_bf16(typingctx, f):
+@rt.lowered(types.uint16(types.float32))
+def _f32_to_bf16(b, f):
     """float32 -> bfloat16 bits, round to nearest even as ``c10::BFloat16``; NaN -> 0x7FC0."""
-    if f != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        (x,) = args
-        # NaN is replaced by the quiet NaN before rounding (which leaves 0x7FC00000 as 0x7FC0):
-        # a blend of 32-bit lanes, cheaper than blending the 16-bit results (measured 10%)
-        u = builder.bitcast(x, _I32)
-        u = builder.select(builder.fcmp_unordered("uno", x, x), _c(0x7FC00000), u)
-        lsb = builder.and_(builder.lshr(u, _c(16)), _c(1))
-        r = builder.lshr(builder.add(builder.add(u, _c(0x7FFF)), lsb), _c(16))
-        return builder.trunc(r, _I16)
-
-    return types.uint16(types.float32), codegen
+    # NaN is replaced by the quiet NaN before rounding (which leaves 0x7FC00000 as 0x7FC0):
+    # a blend of 32-bit lanes, cheaper than blending the 16-bit results (measured 10%)
+    u = b.bitcast(f, _I32)
+    u = b.select(b.fcmp_unordered("uno", f, f), _c(0x7FC00000), u)
+    lsb = b.and_(b.lshr(u, _c(16)), _c(1))
+    r = b.lshr(b.add(b.add(u, _c(0x7FFF)), lsb), _c(16))
+    return b.trunc(r, _I16)
 
 
-@intrinsic
-def _f16_to_f32(typingctx, h):
+@rt.lowered(types.float32(types.uint16))
+def _f16_to_f32(b, h):
     """float16 bits -> float32, exact for normals, subnormals, ±inf and NaN (payload kept)."""
-    if h != types.uint16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        h32 = builder.zext(args[0], _I32)
-        sign = builder.shl(builder.and_(h32, _c(0x8000)), _c(16))
-        em = builder.and_(h32, _c(0x7FFF))  # exponent and mantissa
-        shifted = builder.shl(em, _c(13))
-        normal = builder.add(shifted, _c((127 - 15) << 23))  # rebias the exponent
-        infnan = builder.or_(shifted, _c(0x7F800000))
-        # subnormal (and zero): em · 2^-24, exact in float32
-        sub = builder.fmul(builder.uitofp(em, _F32), ir.Constant(_F32, 2.0**-24))
-        sub = builder.bitcast(sub, _I32)
-        r = builder.select(builder.icmp_unsigned(">=", em, _c(0x7C00)), infnan, normal)
-        r = builder.select(builder.icmp_unsigned("<", em, _c(0x0400)), sub, r)
-        return builder.bitcast(builder.or_(r, sign), _F32)
-
-    return types.float32(types.uint16), codegen
+    h32 = b.zext(h, _I32)
+    sign = b.shl(b.and_(h32, _c(0x8000)), _c(16))
+    em = b.and_(h32, _c(0x7FFF))  # exponent and mantissa
+    shifted = b.shl(em, _c(13))
+    normal = b.add(shifted, _c((127 - 15) << 23))  # rebias the exponent
+    infnan = b.or_(shifted, _c(0x7F800000))
+    # subnormal (and zero): em · 2^-24, exact in float32
+    sub = b.fmul(b.uitofp(em, _F32), ir.Constant(_F32, 2.0**-24))
+    sub = b.bitcast(sub, _I32)
+    r = b.select(b.icmp_unsigned(">=", em, _c(0x7C00)), infnan, normal)
+    r = b.select(b.icmp_unsigned("<", em, _c(0x0400)), sub, r)
+    return b.bitcast(b.or_(r, sign), _F32)
 
 
-@intrinsic
-def _f32_to_f16(typingctx, f):
+@rt.lowered(types.uint16(types.float32))
+def _f32_to_f16(b, f):
     """float32 -> float16 bits, round to nearest even (IEEE, as ``c10::Half``): overflow -> ±inf,
     NaN -> ±0x7E00, subnormals rounded by the float adder (|x| + 0.5 has a 2^-24 ulp)."""
-    if f != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        u = builder.bitcast(args[0], _I32)
-        sign = builder.and_(builder.lshr(u, _c(16)), _c(0x8000))
-        a = builder.and_(u, _c(0x7FFFFFFF))
-        big = builder.select(builder.icmp_unsigned(">", a, _c(0x7F800000)), _c(0x7E00), _c(0x7C00))
-        sub = builder.fadd(builder.bitcast(a, _F32), ir.Constant(_F32, 0.5))
-        sub = builder.sub(builder.bitcast(sub, _I32), _c(0x3F000000))
-        odd = builder.and_(builder.lshr(a, _c(13)), _c(1))
-        # rebias (15 - 127 << 23, mod 2^32), add 0xFFF + odd: round to nearest even, carry into the
-        # exponent (65520 and up become inf, as they should)
-        normal = builder.lshr(builder.add(builder.add(a, _c(0xC8000FFF)), odd), _c(13))
-        r = builder.select(builder.icmp_unsigned("<", a, _c(0x38800000)), sub, normal)
-        r = builder.select(builder.icmp_unsigned(">=", a, _c(0x47800000)), big, r)
-        return builder.trunc(builder.or_(r, sign), _I16)
-
-    return types.uint16(types.float32), codegen
+    u = b.bitcast(f, _I32)
+    sign = b.and_(b.lshr(u, _c(16)), _c(0x8000))
+    a = b.and_(u, _c(0x7FFFFFFF))
+    big = b.select(b.icmp_unsigned(">", a, _c(0x7F800000)), _c(0x7E00), _c(0x7C00))
+    sub = b.fadd(b.bitcast(a, _F32), ir.Constant(_F32, 0.5))
+    sub = b.sub(b.bitcast(sub, _I32), _c(0x3F000000))
+    odd = b.and_(b.lshr(a, _c(13)), _c(1))
+    # rebias (15 - 127 << 23, mod 2^32), add 0xFFF + odd: round to nearest even, carry into the
+    # exponent (65520 and up become inf, as they should)
+    normal = b.lshr(b.add(b.add(a, _c(0xC8000FFF)), odd), _c(13))
+    r = b.select(b.icmp_unsigned("<", a, _c(0x38800000)), sub, normal)
+    r = b.select(b.icmp_unsigned(">=", a, _c(0x47800000)), big, r)
+    return b.trunc(b.or_(r, sign), _I16)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -439,12 +413,20 @@ def _normalize(xs, mu, r, s, b, has_b, norm, out):
         else:
             for j in range(n):
                 out[j] = ((xs[j] - mu) * r) * s[j]
-    elif has_b:
-        for j in range(n):
-            out[j] = (xs[j] * r) * s[j] + b[j]
     else:
-        for j in range(n):
-            out[j] = (xs[j] * r) * s[j]
+        scale_row(xs, r, s, b, has_b, out)
+
+
+@njit(inline="always")
+def scale_row(v, r, s, b, has_b, out):
+    """out = (v·r)·s (+ β) in float32: the RMSNorm row's last step (the grouped and gated kernels'
+    too), one loop per case so that each vectorizes."""
+    if has_b:
+        for j in range(out.shape[0]):
+            out[j] = (v[j] * r) * s[j] + b[j]
+    else:
+        for j in range(out.shape[0]):
+            out[j] = (v[j] * r) * s[j]
 
 
 @njit(inline="always")

@@ -78,6 +78,24 @@ def _kernel_dtypes(*dtypes: torch.dtype | None, params: tuple = ()) -> bool:
     )
 
 
+def _fwd_flags(xdt, ydt, wdt, bdt, norm: int, **fields) -> int:
+    """The forward kernel's flags for these dtypes and norm, with RMSNorm's further ``fields``."""
+    return K.pack(
+        x=(K.FX, _CODES[xdt]), y=(K.FY, _CODES[ydt]), norm=(K.FNORM, norm),
+        w=(K.FW, _pc(wdt)), has_w=(K.FHAS_W, wdt is not None),
+        b=(K.FB, _pc(bdt)), has_b=(K.FHAS_B, bdt is not None), **fields,
+    )  # fmt: skip
+
+
+def _bwd_flags(dydt, xdt, wdt, bdt, norm: int, **fields) -> int:
+    """The backward kernel's flags for these dtypes and norm, with RMSNorm's further ``fields``."""
+    return K.pack(
+        dy=(K.BDY, _CODES[dydt]), x=(K.BX, _CODES[xdt]), norm=(K.BNORM, norm),
+        w=(K.BW, _pc(wdt)), has_w=(K.BHAS_W, wdt is not None), dw=(K.BDW, _pc(wdt)),
+        db=(K.BDB, _pc(bdt)), **fields,
+    )  # fmt: skip
+
+
 def _rms_fwd_plan(key: tuple) -> tuple:
     xdt, wdt, bdt, rdt, casting_mode, eps_mode = key
     _check_modes(eps_mode, casting_mode)
@@ -95,13 +113,11 @@ def _rms_fwd_plan(key: tuple) -> tuple:
             "none": (cin,) * 4,
         }[casting_mode]
         param = {"gemma": K.F32, "llama": cout, "none": cin}[casting_mode]
-        flags = K.pack(
-            x=(K.FX, cin), r=(K.FR, _CODES[rdt] if rdt else 0), y=(K.FY, cout),
-            res=(K.FHAS_RES, rdt is not None), norm=(K.FNORM, K.RMS_NORM),
+        flags = _fwd_flags(
+            xdt, out, wdt, bdt, K.RMS_NORM,
+            r=(K.FR, _CODES[rdt] if rdt else 0), res=(K.FHAS_RES, rdt is not None),
             eps=(K.FEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
             pre=(K.FC_PRE, pre), cr=(K.FC_R, r), mul=(K.FC_MUL, mul), out=(K.FC_OUT, last),
-            w=(K.FW, _pc(wdt)), has_w=(K.FHAS_W, wdt is not None),
-            b=(K.FB, _pc(bdt)), has_b=(K.FHAS_B, bdt is not None),
             param=(K.FC_PARAM, param),
         )  # fmt: skip
         plan = (out, flags)
@@ -115,13 +131,11 @@ def _rms_bwd_plan(key: tuple) -> tuple:
     plan = _REFERENCE
     stats_ok = sdt == _F32
     if stats_ok and _kernel_dtypes(dydt, xdt, drdt, input_dtype, params=(wdt, bdt)):
-        flags = K.pack(
-            dy=(K.BDY, _CODES[dydt]), x=(K.BX, _CODES[xdt]),
+        flags = _bwd_flags(
+            dydt, xdt, wdt, bdt, K.RMS_NORM,
             dr=(K.BDR, _CODES[drdt] if drdt else 0), has_dr=(K.BHAS_DR, drdt is not None),
-            norm=(K.BNORM, K.RMS_NORM), eps=(K.BEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
+            eps=(K.BEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
             xhat=(K.BC_XHAT, _CODES[input_dtype] if casting_mode == "llama" else K.F32),
-            w=(K.BW, _pc(wdt)), has_w=(K.BHAS_W, wdt is not None), dw=(K.BDW, _pc(wdt)),
-            db=(K.BDB, _pc(bdt)),
         )  # fmt: skip
         plan = (xdt, flags)
     _rms_bwd_plans[key] = plan
@@ -134,6 +148,15 @@ def _row_layout(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     if t.dim() == 2 and (t.stride(1) == 1 or n == 1):
         return t, t.stride(0)
     return (t if t.is_contiguous() else t.contiguous()), n
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """(x, its row stride, n, m): x's m rows of n as the kernels read them."""
+    n = x.shape[-1]
+    if x.is_contiguous():  # (the common case first: a decoding-size call is mostly such code)
+        return x, n, n, x.numel() // n
+    x, xs = _row_layout(x, n)
+    return x, xs, n, x.numel() // n
 
 
 _scratch_rows = torch.empty(1024, dtype=_F32)
@@ -159,19 +182,15 @@ def _ln_fwd_plan(key: tuple) -> tuple:
     xdt, wdt, bdt = key
     plan = _REFERENCE
     if _kernel_dtypes(xdt, params=(wdt, bdt)):
-        cx = _CODES[xdt]
-        flags = K.pack(
-            x=(K.FX, cx), y=(K.FY, cx), norm=(K.FNORM, K.LAYER_NORM),
-            w=(K.FW, _pc(wdt)), has_w=(K.FHAS_W, wdt is not None),
-            b=(K.FB, _pc(bdt)), has_b=(K.FHAS_B, bdt is not None),
-        )  # fmt: skip
+        flags = _fwd_flags(xdt, xdt, wdt, bdt, K.LAYER_NORM)
         plan = (xdt, flags)
     _ln_fwd_plans[key] = plan
     return plan
 
 
-# The launchers below are written flat, without helper calls: at decoding sizes each Python-level
-# step (~0.05-0.2 µs) is a visible part of the call.
+# The launchers below are written nearly flat (one helper call for x's rows; two more in the
+# backward, for the parameter gradients): at decoding sizes each Python-level step (~0.05-0.2 µs)
+# is a visible part of the call.
 # ----------------------------------------------------------------------------------------------
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
@@ -179,12 +198,7 @@ def _fwd(x, residual, weight, bias, out, k, eps, offset, flags, stats, layer_nor
     """The forward kernel's call for the three forward launchers: (y, h, mean, rstd) with h None
     without a residual, mean None for RMSNorm, and the statistics None where ``stats`` is false
     (the kernel then writes them to scratch)."""
-    n = x.shape[-1]
-    m = x.numel() // n
-    if x.is_contiguous():  # (the common case, inline: a decoding-size call is mostly this code)
-        xs = n
-    else:
-        x, xs = _row_layout(x, n)
+    x, xs, n, m = _rows(x)
     rp = rs = hp = mp = wp = ws = bp = bs = 0
     h = mean = rstd = None
     if residual is not None:
@@ -248,19 +262,20 @@ def add_rms_norm_fwd(x, residual, weight, bias, opts, stats=True):
     return y, h, rstd
 
 
+def _param_grad(param, need: bool, n: int) -> tuple[torch.Tensor, int]:
+    """(the n-element gradient of param, in its dtype, and its address) where it is wanted; (an
+    empty float32 tensor, 0) where not."""
+    if need and param is not None:
+        grad = param.new_empty(n)
+        return grad, grad.data_ptr()
+    return _F32_CPU.new_empty(0), 0
+
+
 def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weight_grad):
     """The backward kernel's call: (dx, dw, db) with empty float32 tensors for absent gradients."""
-    n = x.shape[-1]
-    m = x.numel() // n
-    if x.is_contiguous():  # (the common case, inline: a decoding-size call is mostly this code)
-        xs = n
-    else:
-        x, xs = _row_layout(x, n)
-    if dy.is_contiguous():
-        dys = n
-    else:
-        dy, dys = _row_layout(dy, n)
-    drp = drs = meanp = wp = ws = dwp = dbp = 0
+    x, xs, n, m = _rows(x)
+    dy, dys = (dy, n) if dy.is_contiguous() else _row_layout(dy, n)
+    drp = drs = meanp = wp = ws = 0
     if dresidual is not None:
         dresidual, drs = _row_layout(dresidual, n)
         drp = dresidual.data_ptr()
@@ -270,18 +285,9 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
         mean = mean if mean.is_contiguous() else mean.contiguous()
         meanp = mean.data_ptr()
     dx = torch.empty_like(x)
-    if need_weight_grad and weight is not None:
-        dw = weight.new_empty(n)
-        dwp = dw.data_ptr()
-        flags |= _NEED_DW
-    else:
-        dw = _F32_CPU.new_empty(0)
-    if need_weight_grad and bias is not None:
-        db = bias.new_empty(n)
-        dbp = db.data_ptr()
-        flags |= _NEED_DB
-    else:
-        db = _F32_CPU.new_empty(0)
+    dw, dwp = _param_grad(weight, need_weight_grad, n)
+    db, dbp = _param_grad(bias, need_weight_grad, n)
+    flags |= (_NEED_DW if dwp else 0) | (_NEED_DB if dbp else 0)
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
@@ -345,11 +351,7 @@ def _ln_bwd_plan(key: tuple) -> tuple:
     dydt, xdt, wdt, bdt, meandt, sdt = key
     plan = _REFERENCE
     if meandt == _F32 and sdt == _F32 and _kernel_dtypes(dydt, xdt, params=(wdt, bdt)):
-        flags = K.pack(
-            dy=(K.BDY, _CODES[dydt]), x=(K.BX, _CODES[xdt]), norm=(K.BNORM, K.LAYER_NORM),
-            w=(K.BW, _pc(wdt)), has_w=(K.BHAS_W, wdt is not None), dw=(K.BDW, _pc(wdt)),
-            db=(K.BDB, _pc(bdt)),
-        )  # fmt: skip
+        flags = _bwd_flags(dydt, xdt, wdt, bdt, K.LAYER_NORM)
         plan = (xdt, flags)
     _ln_bwd_plans[key] = plan
     return plan

@@ -6,6 +6,7 @@ blocks 0 … nb − 1, each thread with a private float32 scratch of the size th
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import platform
@@ -40,183 +41,127 @@ def _c(v: int) -> ir.Constant:
 # ----------------------------------------------------------------------------------------------
 # Addresses, atomics, calls through addresses and the spin-wait hint
 # ----------------------------------------------------------------------------------------------
-def _pointer_intrinsic(elem):
-    @intrinsic
-    def ptr(typingctx, addr):
+def lowered(sig):
+    """Decorator: a numba intrinsic typed for exactly ``sig``'s argument types (any other call
+    does not type), whose body is the decorated ``emit(builder, *args)``: LLVM values in, the
+    result's LLVM value out (None for a void result). The typer declares one parameter per
+    argument: numba would fold a ``*args`` typer as a star argument."""
+    names = ("typingctx", *(f"a{i}" for i in range(len(sig.args))))
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+
+    def make(emit):
+        def codegen(context, builder, _sig, args):
+            out = emit(builder, *args)
+            return context.get_dummy_value() if out is None else out
+
+        def typer(typingctx, *args):
+            return (sig, codegen) if args == sig.args else None
+
+        typer.__signature__ = inspect.Signature(params)
+        typer.__name__ = typer.__qualname__ = emit.__name__
+        typer.__doc__ = emit.__doc__
+        return intrinsic(typer)
+
+    return make
+
+
+_W = types.int64  # an argument word: addresses, counts and bit patterns
+
+
+def _pointer_intrinsic(elem, llvm_elem: ir.Type):
+    @lowered(types.CPointer(elem)(_W))
+    def ptr(b, addr):
         """The int64 address as a typed pointer (for ``numba.carray``)."""
-        if addr != types.int64:
-            return None
-        sig = types.CPointer(elem)(types.int64)
-
-        def codegen(context, builder, sig, args):
-            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-
-        return sig, codegen
+        return b.inttoptr(addr, llvm_elem.as_pointer())
 
     return ptr
 
 
-ptr_f32 = _pointer_intrinsic(types.float32)
-ptr_f64 = _pointer_intrinsic(types.float64)
-ptr_u16 = _pointer_intrinsic(types.uint16)
-ptr_i64 = _pointer_intrinsic(types.int64)
+ptr_f32 = _pointer_intrinsic(types.float32, ir.FloatType())
+ptr_f64 = _pointer_intrinsic(types.float64, ir.DoubleType())
+ptr_u16 = _pointer_intrinsic(types.uint16, ir.IntType(16))
+ptr_i64 = _pointer_intrinsic(types.int64, _I64)
 
 
-@intrinsic
-def f64_bits(typingctx, v):
+@lowered(_W(types.float64))
+def f64_bits(b, v):
     """The bits of a float64 as an int64 (to carry ε in int64 argument words)."""
-    if v != types.float64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], _I64)
-
-    return types.int64(types.float64), codegen
+    return b.bitcast(v, _I64)
 
 
-@intrinsic
-def bits_f64(typingctx, v):
-    if v != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.int64), codegen
+@lowered(types.float64(_W))
+def bits_f64(b, v):
+    return b.bitcast(v, ir.DoubleType())
 
 
-@intrinsic
-def _atomic_add(typingctx, addr, val):
+@lowered(types.int64(_W, _W))
+def _atomic_add(b, addr, val):
     """Atomically add val to the int64 at addr; returns the old value (sequentially consistent)."""
-    if addr != types.int64 or val != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = builder.inttoptr(args[0], _I64.as_pointer())
-        return builder.atomic_rmw("add", p, args[1], "seq_cst")
-
-    return types.int64(types.int64, types.int64), codegen
+    return b.atomic_rmw("add", b.inttoptr(addr, _I64.as_pointer()), val, "seq_cst")
 
 
-@intrinsic
-def _atomic_load(typingctx, addr):
-    if addr != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.load_atomic(builder.inttoptr(args[0], _I64.as_pointer()), "seq_cst", 8)
-
-    return types.int64(types.int64), codegen
+@lowered(types.int64(_W))
+def _atomic_load(b, addr):
+    return b.load_atomic(b.inttoptr(addr, _I64.as_pointer()), "seq_cst", 8)
 
 
-@intrinsic
-def _atomic_store(typingctx, addr, val):
-    if addr != types.int64 or val != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        builder.store_atomic(args[1], builder.inttoptr(args[0], _I64.as_pointer()), "seq_cst", 8)
-        return context.get_dummy_value()
-
-    return types.void(types.int64, types.int64), codegen
+@lowered(types.void(_W, _W))
+def _atomic_store(b, addr, val):
+    b.store_atomic(val, b.inttoptr(addr, _I64.as_pointer()), "seq_cst", 8)
 
 
-@intrinsic
-def _syscall4(typingctx, addr, nr, a1, a2, a3, a4):
+def _at(b, addr, ret: ir.Type, *params: ir.Type, var_arg: bool = False):
+    """The function at the int64 address addr, as a callable LLVM value of that type."""
+    return b.inttoptr(addr, ir.FunctionType(ret, params, var_arg=var_arg).as_pointer())
+
+
+@lowered(types.int64(_W, _W, _W, _W, _W, _W))
+def _syscall4(b, addr, nr, a1, a2, a3, a4):
     """Call libc's ``long syscall(long nr, ...)`` at addr with four integer arguments (pointers as
     integers), declared variadic as it is."""
-    if not all(t == types.int64 for t in (addr, nr, a1, a2, a3, a4)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(_I64, [_I64], var_arg=True)
-        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
-
-    return types.int64(*(types.int64,) * 6), codegen
+    return b.call(_at(b, addr, _I64, _I64, var_arg=True), [nr, a1, a2, a3, a4])
 
 
-@intrinsic
-def _gomp_parallel(typingctx, addr, body, data, threads):
+@lowered(types.void(_W, _W, _W, _W))
+def _gomp_parallel(b, addr, body, data, threads):
     """Call ``void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned
     flags)`` at addr: run body(data) on a team of `threads` (this thread included) and return when
     every member has."""
-    if not all(t == types.int64 for t in (addr, body, data, threads)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(ir.VoidType(), [_I8P, _I8P, _I32, _I32])
-        fn = builder.inttoptr(args[0], fnty.as_pointer())
-        team = builder.trunc(args[3], _I32)
-        body, data = builder.inttoptr(args[1], _I8P), builder.inttoptr(args[2], _I8P)
-        builder.call(fn, [body, data, team, _c(0)])
-        return context.get_dummy_value()
-
-    return types.void(*(types.int64,) * 4), codegen
+    fn = _at(b, addr, ir.VoidType(), _I8P, _I8P, _I32, _I32)
+    b.call(fn, [b.inttoptr(body, _I8P), b.inttoptr(data, _I8P), b.trunc(threads, _I32), _c(0)])
 
 
 _ARCH = platform.machine().lower()
 
 
-@intrinsic
-def _pause(typingctx):
+@lowered(types.void())
+def _pause(b):
     """The CPU's spin-wait hint (x86 ``pause``, ARM ``yield``), nothing elsewhere."""
-
-    def codegen(context, builder, sig, args):
-        if _ARCH in ("x86_64", "amd64", "i386", "i686"):
-            fn = builder.module.declare_intrinsic(
-                "llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), [])
-            )
-            builder.call(fn, [])
-        elif _ARCH in ("aarch64", "arm64"):
-            fn = builder.module.declare_intrinsic(
-                "llvm.aarch64.hint", fnty=ir.FunctionType(ir.VoidType(), [_I32])
-            )
-            builder.call(fn, [_c(1)])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    if _ARCH in ("x86_64", "amd64", "i386", "i686"):
+        fnty = ir.FunctionType(ir.VoidType(), [])
+        b.call(b.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=fnty), [])
+    elif _ARCH in ("aarch64", "arm64"):
+        fnty = ir.FunctionType(ir.VoidType(), [_I32])
+        b.call(b.module.declare_intrinsic("llvm.aarch64.hint", fnty=fnty), [_c(1)])
 
 
-@intrinsic
-def _call_int(typingctx, addr):
+@lowered(types.int64(_W))
+def _call_int(b, addr):
     """Call ``int f(void)`` at addr (``omp_get_thread_num``) and return its value."""
-    if addr != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(_I32, [])
-        return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), _I64)
-
-    return types.int64(types.int64), codegen
+    return b.sext(b.call(_at(b, addr, _I32), []), _I64)
 
 
-@intrinsic
-def _call_int_void(typingctx, addr):
+@lowered(types.void(_W))
+def _call_int_void(b, addr):
     """Call ``int f(void)`` at addr (``sched_yield``). The address is a run-time value: code that
     embeds a library's address cannot be cached."""
-    if addr != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(_I32, [])
-        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [])
-        return context.get_dummy_value()
-
-    return types.void(types.int64), codegen
+    b.call(_at(b, addr, _I32), [])
 
 
-@intrinsic
-def _call_block(typingctx, fn, args, blk, scratch):
+@lowered(types.void(_W, _W, _W, _W))
+def _call_block(b, fn, args, blk, scratch):
     """Call a block function ``void fn(int64 args, int64 block, int64 scratch)`` at address fn."""
-    if not all(t == types.int64 for t in (fn, args, blk, scratch)):
-        return None
-
-    def codegen(context, builder, sig, args_):
-        fnty = ir.FunctionType(ir.VoidType(), [_I64, _I64, _I64])
-        builder.call(builder.inttoptr(args_[0], fnty.as_pointer()), list(args_[1:]))
-        return context.get_dummy_value()
-
-    return types.void(*(types.int64,) * 4), codegen
+    b.call(_at(b, fn, ir.VoidType(), _I64, _I64, _I64), [args, blk, scratch])
 
 
 # ----------------------------------------------------------------------------------------------

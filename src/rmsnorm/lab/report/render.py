@@ -150,12 +150,12 @@ def sweep_figure(sweep, path: Path) -> Path:
     legend_below(fig, axes[1][0], ncol=3, handles=handles)
     seeds = sweep.cells[0].study.seeds if sweep.cells else []
     base = sweep.base
-    fig.suptitle(
+    return save_figure(
+        fig,
+        path,
         f"Architecture sweep at initialization ({len(seeds)} seeds per setting; default "
         f"{base.n_layers}-layer pre-LN GELU, d = {base.d_model}; one setting changed per point)",
-        fontsize=11,
     )
-    return save_figure(fig, path)
 
 
 def trained_mu_sigma(training, path: Path) -> Path:
@@ -202,12 +202,12 @@ def trained_mu_sigma(training, path: Path) -> Path:
     axes[2].set_title("their ratio", fontsize=10)
     legend_below(fig, axes[2], ncol=5)
     cfg = training.config
-    fig.suptitle(
+    return save_figure(
+        fig,
+        path,
         f"Before and after {cfg.steps} training steps: {cfg.n_layers}-layer pre-norm models, "
         f"d = {cfg.d_model}, {cfg.seeds} seeds each (lines: median over seeds; bands: min–max)",
-        fontsize=11,
     )
-    return save_figure(fig, path)
 
 
 def swap_figure(swap: dict, path: Path) -> Path:
@@ -315,8 +315,7 @@ def blind_spot_figure(rows: list[dict], d: int, path: Path) -> Path:
     ax1b.axhline(iid_max_over_rms(d), color="gray", ls="--", lw=0.8)
     ax1.set_title("What the channel statistics see (dashed: i.i.d. max|xᵢ|/RMS)", fontsize=10)
     legend_below(fig, ax0, ncol=3)
-    fig.suptitle(f"The blind spot: massive channels in rows of d = {d}", fontsize=11)
-    return save_figure(fig, path)
+    return save_figure(fig, path, f"The blind spot: massive channels in rows of d = {d}")
 
 
 def divergence_curve(points: list[dict], tokens: dict | None, path: Path) -> Path:
@@ -399,10 +398,9 @@ def divergence_curve(points: list[dict], tokens: dict | None, path: Path) -> Pat
         + ax1.get_legend_handles_labels()[0]
     )
     legend_below(fig, ax0, ncol=3, handles=handles)
-    fig.suptitle(
-        "Each point: one layer's median token (shape: the run; colour: depth)", fontsize=11
+    return save_figure(
+        fig, path, "Each point: one layer's median token (shape: the run; colour: depth)"
     )
-    return save_figure(fig, path)
 
 
 def sigma_mu_plane(panels: list[tuple[str, object]], path: Path, layers: list[int] | None = None):
@@ -494,12 +492,12 @@ def sigma_mu_plane(panels: list[tuple[str, object]], path: Path, layers: list[in
         ax.grid(alpha=0.3)
         legend_ax.axis("off")
         legend_ax.legend(*ax.get_legend_handles_labels(), loc="upper center", fontsize=7.5)
-    fig.suptitle(
+    return save_figure(
+        fig,
+        path,
         "The (σ, μ) plane: LayerNorm divides by the horizontal coordinate,\n"
         "RMSNorm by the distance from the origin",
-        fontsize=11,
     )
-    return save_figure(fig, path)
 
 
 def timing_bars(timing: dict, path: Path) -> Path:

@@ -104,8 +104,7 @@ def mean_histograms(result, path: Path, stage: str = "init") -> Path:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", fontsize=8, ncol=2)
     title = f"Per-token mean of the residual stream at each layer ({stage})"
-    fig.suptitle(f"{title}\n{_describe(result.config)}", fontsize=11)
-    return save_figure(fig, path)
+    return save_figure(fig, path, f"{title}\n{_describe(result.config)}")
 
 
 IID_LABEL = "i.i.d. Gaussian rows"
@@ -352,12 +351,12 @@ def decomposition_figure(study, sweep, path: Path) -> Path:
     handles = ax0.get_legend_handles_labels()[0] + ax1.get_legend_handles_labels()[0]
     legend_below(fig, ax0, ncol=3, handles=handles)
     cfg = study.config
-    fig.suptitle(
+    return save_figure(
+        fig,
+        path,
         f"The token-shared part of μ: {cfg.n_layers}-layer {cfg.norm_position}-norm "
         f"{NORM_ADJECTIVES[cfg.norm]} transformer, d = {cfg.d_model}, at initialization",
-        fontsize=11,
     )
-    return save_figure(fig, path)
 
 
 def write_simulation(result: SimulationResult, out: str | Path, progress=None) -> dict[str, Path]:

@@ -93,16 +93,7 @@ class SimulationConfig:
         return "text" if self.train_steps > 0 else "tokens"
 
     def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            n_layers=self.n_layers,
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            seq_len=self.seq_len,
-            norm=self.norm,
-            norm_position=self.norm_position,
-            init_std=self.init_std,
-            activation=self.activation,
-        )
+        return TransformerConfig.of(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
