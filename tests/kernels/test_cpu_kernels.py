@@ -566,3 +566,63 @@ def test_gated_float64_goes_to_the_reference_and_a_float64_gate_is_read():
     check_launcher(
         cpu, "gated_rms_norm_fwd", x, z64, None, None, opts, gating
     )  # the gate read in fp32
+
+
+# ----------------------------------------------------------------------------------------------
+# The runtime's code generation helpers: lowered intrinsics and the vector width
+# ----------------------------------------------------------------------------------------------
+def test_a_lowered_intrinsic_types_only_for_its_signature():
+    numba = pytest.importorskip("numba")
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    @rt.lowered(numba.types.int64(numba.types.int64, numba.types.int64))
+    def _add3(b, u, v):
+        """u + v + v"""
+        return b.add(u, b.add(v, v))
+
+    assert _add3.__doc__ == "u + v + v"
+    assert rt.njit(lambda u, v: _add3(u, v))(1, 20) == 41
+    with pytest.raises(numba.core.errors.TypingError):
+        rt.njit(lambda u, v: _add3(u, v))(1.5, 2)
+
+
+def test_compiled_functions_ask_for_512_bit_vectors_where_the_host_rule_says():
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("numba")
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    @rt.njit
+    def total(x):
+        rt.wide_vectors()
+        s = 0.0
+        for v in x:
+            s += v
+        return s
+
+    assert total(np.ones(64, np.float32)) == 64.0
+    ir = next(iter(total.inspect_llvm().values()))
+    assert ('"prefer-vector-width"="512"' in ir) == rt.WIDE_VECTORS
+
+
+@pytest.mark.parametrize(
+    "arch, cpu, features, wide",
+    [
+        ("x86_64", "rocketlake", ("avx512f", "avx512bw", "avx512vl"), True),
+        ("x86_64", "znver4", ("avx512f", "avx512bw", "avx512vl"), True),
+        ("x86_64", "cascadelake", ("avx512f", "avx512bw", "avx512vl"), False),
+        ("x86_64", "skylake-avx512", ("avx512f", "avx512bw", "avx512vl"), False),
+        ("x86_64", "znver3", ("avx2",), False),
+        ("x86_64", "knl", ("avx512f",), False),  # no BW / VL
+        ("aarch64", "neoverse-v1", ("sve",), False),
+    ],
+)
+def test_the_vector_width_rule(monkeypatch, arch, cpu, features, wide):
+    pytest.importorskip("numba")
+    import llvmlite.binding as llvm
+
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    monkeypatch.setattr(rt, "_ARCH", arch)
+    monkeypatch.setattr(llvm, "get_host_cpu_name", lambda: cpu)
+    monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: {f: True for f in features})
+    assert rt._host_wants_512_bit() is wide

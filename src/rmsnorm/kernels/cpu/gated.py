@@ -110,6 +110,7 @@ def _silu32(z):
 @_njit
 def _gate_row(addr, n, code, t):
     """The gate row as float32 in t (copied for float32 too: the activation rewrites it)."""
+    rt.wide_vectors()
     row = K._load_row(addr, n, code, t)
     if code == F32:
         for j in range(n):
@@ -119,6 +120,7 @@ def _gate_row(addr, n, code, t):
 @_njit
 def _act_row(addr, n, code, sigmoid, a):
     """a = act(z) of the gate row at addr (any float code) in one pass: read, convert, activate."""
+    rt.wide_vectors()
     if code == F32:
         z32 = carray(ptr_f32(addr), n)
         _activation(z32, n, sigmoid, a)
@@ -140,6 +142,7 @@ def _act_row(addr, n, code, sigmoid, a):
 @_njit
 def _activation(z, n, sigmoid, a):
     """a = act(z) in float32: SiLU z·σ(z) or σ(z)."""
+    rt.wide_vectors()
     if sigmoid:
         for j in range(n):
             a[j] = _sigmoid32(z[j])
@@ -152,6 +155,7 @@ def _activation(z, n, sigmoid, a):
 def _activation_grad(z, n, sigmoid, a, da):
     """a = act(z) and da = act'(z) in float32, as the spec writes them: SiLU' = σ·(1 + z·(1 − σ)),
     σ' = σ·(1 − σ) (so SiLU'(±inf) is NaN, as there)."""
+    rt.wide_vectors()
     if sigmoid:
         for j in range(n):
             s = _sigmoid32(z[j])
@@ -171,6 +175,7 @@ def _activation_grad(z, n, sigmoid, a, da):
 @_njit(fastmath={"reassoc", "contract"})
 def _bf16_sum_squares(src, k):
     """Σ_{j<k} x_j² of raw bfloat16 bits, in float64."""
+    rt.wide_vectors()
     acc = 0.0
     for j in range(k):
         d = np.float64(K._bf16_to_f32(src[j]))
@@ -182,6 +187,7 @@ def _bf16_sum_squares(src, k):
 def _gated_input(x, a, n, cast, c_in, tv):
     """u = x ⊙ a (gate, then norm): in float32, or in "none" mode rounded to the input dtype (x
     rounded to it first; a already is)."""
+    rt.wide_vectors()
     if cast == NONE:
         for j in range(n):
             tv[j] = x[j]
@@ -200,6 +206,7 @@ def _apply(v, r, s, b, has_b, cast, c_in, c_out, out):
     """out = a group's norm n = (offset + γ) ⊙ v·r + β (v, s, b, out: the group's slices), rounded
     where the casting mode rounds (as ``reference.rms_norm_apply``); s and b were rounded to the
     mode's parameter dtype."""
+    rt.wide_vectors()
     g = out.shape[0]
     if cast == GEMMA:
         K.scale_row(v, r, s, b, has_b, out)
@@ -229,6 +236,7 @@ def _apply(v, r, s, b, has_b, cast, c_in, c_out, out):
 def _dv_gate_first(dn, s, v, x, act, dact, k, a, b, dx, dz):
     """Gate, then norm: dx = dv·act(z), d gate = dv·x·act'(z), dv formed as
     :func:`.kernels._dx_rms` forms dx."""
+    rt.wide_vectors()
     g = dx.shape[0]
     for j in range(g):
         dvj = a * (np.float64(dn[j]) * np.float64(s[j]))
@@ -240,6 +248,7 @@ def _dv_gate_first(dn, s, v, x, act, dact, k, a, b, dx, dz):
 @_njit(fastmath={"contract"})
 def _gate_last(dy, a, da, n, dn):
     """Norm, then gate (y = n·a): dn = dy·a, and n is replaced by d gate = dy·n·act'(z)."""
+    rt.wide_vectors()
     for j in range(n.shape[0]):
         dn[j] = dy[j] * a[j]
         n[j] = np.float32(np.float64(dy[j]) * np.float64(n[j]) * np.float64(da[j]))
@@ -248,6 +257,7 @@ def _gate_last(dy, a, da, n, dn):
 @_njit
 def _dw_partial(dn, v, r, llama, c_in, pw, t):
     """pw += dn·v̂, v̂ = v·r (rounded to the input dtype in "llama" mode, as the forward's)."""
+    rt.wide_vectors()
     g = pw.shape[0]
     if llama:
         for j in range(g):
@@ -324,6 +334,7 @@ def _make_out(cast, c_in, c_out, gate, y_code):
 
     @_njit
     def out(v, xaddr, r, s, b, has_b, a, zaddr, dst):
+        rt.wide_vectors()
         g = v.shape[0]
         rr = K._round(r, c_in)
         if c_in == F32:
@@ -365,6 +376,7 @@ def _make_in(c, sigmoid, none):
 
     @_njit
     def inp(xaddr, zaddr, n, u):
+        rt.wide_vectors()
         if c == F32:
             xr, zr = carray(ptr_f32(xaddr), n), carray(ptr_f32(zaddr), n)
         else:
@@ -437,6 +449,7 @@ def in_variant(code: int, sigmoid: bool, none: bool) -> int:
 # ----------------------------------------------------------------------------------------------
 @_njit
 def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
+    rt.wide_vectors()
     n, g, k, flags = A[_N], A[_G], A[_K], A[_FLAGS]
     x_code, z_code, y_code = K._field(flags, GX), K._field(flags, GZ), K._field(flags, GY)
     c_in, c_out, cast = K._field(flags, GIN), K._field(flags, GOUT), K._field(flags, GCAST)

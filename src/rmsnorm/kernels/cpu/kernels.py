@@ -220,6 +220,7 @@ def _params(dst, n, addr, stride, code, offset, c_round):
     """dst = the (N,) parameter at addr (element stride `stride`, 0 for an expanded one) as float32,
     rounded to `c_round`, plus offset rounded again: ``p.to(dtype) + offset`` as torch computes it
     in that dtype."""
+    rt.wide_vectors()
     span = (n - 1) * stride + 1
     if code == F32:
         a32 = carray(ptr_f32(addr), span)
@@ -259,6 +260,7 @@ def _param_rows(n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_round
     """(scale address, bias address, the array that owns converted copies) for a kernel that
     multiplies by the (N,) float32 scale (offset + γ; ones without a weight: × 1 is exact) and adds
     the (N,) float32 bias. A parameter that is already such a row is used in place."""
+    rt.wide_vectors()
     w_direct = has_w and w_code == F32 and ws == 1 and offset == 0.0 and c_round == F32
     b_direct = not has_b or (b_code == F32 and bs == 1 and c_round == F32)
     nw = 0 if w_direct else n
@@ -296,6 +298,7 @@ _TINY = 2.0**-60
 
 @njit(fastmath={"reassoc", "contract"})
 def _sum_squares64(x, k):
+    rt.wide_vectors()
     acc = 0.0
     for j in range(k):
         v = np.float64(x[j])
@@ -306,6 +309,7 @@ def _sum_squares64(x, k):
 @njit(fastmath={"reassoc", "contract"})
 def _sum_squares32(x, k):
     """Σ_{j<k} x_j² with each square rounded to float32 (as torch's x.pow(2)), summed in float64."""
+    rt.wide_vectors()
     acc = 0.0
     for j in range(k):
         acc += np.float64(x[j] * x[j])
@@ -333,6 +337,7 @@ def _shifted_sums(x, n, c):
     """Σ (x − c) and Σ (x − c)² in float64; with c = x[0] the variance from them has no cancellation
     unless the row's spread is tiny next to |x[0] − mean|, and a constant row gets μ = c exactly
     and σ² = 0 (x − μ = 0, as in torch)."""
+    rt.wide_vectors()
     s1 = 0.0
     s2 = 0.0
     for j in range(n):
@@ -345,6 +350,7 @@ def _shifted_sums(x, n, c):
 @njit(fastmath={"reassoc", "contract"})
 def _deviations32(x, n, mu):
     """Σ (x − μ)² with each x − μ and its square rounded to float32 (torch's), summed in float64."""
+    rt.wide_vectors()
     acc = 0.0
     for j in range(n):
         d = x[j] - mu
@@ -368,6 +374,7 @@ def _moments(x, n, c, s1, s2):
 @njit(fastmath={"reassoc", "contract"})
 def _load_bf16_sum_squares(src, t, n, k):
     """t = the bfloat16 row as float32, and Σ_{j<k} t_j² (float64): one pass over the input."""
+    rt.wide_vectors()
     acc = 0.0
     for j in range(k):
         v = _bf16_to_f32(src[j])
@@ -382,6 +389,7 @@ def _load_bf16_sum_squares(src, t, n, k):
 @njit(fastmath={"reassoc", "contract"})
 def _load_bf16_shifted_sums(src, t, n):
     """t = the bfloat16 row as float32, and :func:`_shifted_sums` of it about c = t[0]: one pass."""
+    rt.wide_vectors()
     c = np.float64(_bf16_to_f32(src[0]))
     s1 = 0.0
     s2 = 0.0
@@ -456,6 +464,7 @@ def _normalize_bf16(xs, mu, r, s, b, has_b, norm, out16):
 @njit(fastmath={"reassoc", "contract"})
 def _sum_gx(dy, x, s64, n):
     """Σ g·x in float64, g = dy·s (RMSNorm's Σ g·x̂ is r times this)."""
+    rt.wide_vectors()
     acc = 0.0
     for j in range(n):
         acc += (np.float64(dy[j]) * s64[j]) * np.float64(x[j])
@@ -465,6 +474,7 @@ def _sum_gx(dy, x, s64, n):
 @njit(fastmath={"reassoc", "contract"})
 def _sum_g_gx(dy, x, s64, n, mu):
     """Σ g and Σ g·(x − μ) in float64 (LayerNorm's Σ g·x̂ is r times the second)."""
+    rt.wide_vectors()
     sg = 0.0
     sgx = 0.0
     for j in range(n):
@@ -479,6 +489,7 @@ def _sum_g_gx(dy, x, s64, n, mu):
 @njit(fastmath={"contract"})
 def _dx_rms(dy, x, s64, n, k, a, b, out):
     """out_j = a·g_j − b·x_j for j < k, a·g_j after (g = dy·s), in float64, rounded once."""
+    rt.wide_vectors()
     for j in range(k):
         out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]) - b * np.float64(x[j]))
     for j in range(k, n):
@@ -488,6 +499,7 @@ def _dx_rms(dy, x, s64, n, k, a, b, out):
 @njit(fastmath={"contract"})
 def _dx_ln(dy, x, s64, n, mu, a, b, c, out):
     """out_j = a·g_j − b·(x_j − μ) + c (g = dy·s), in float64, rounded once."""
+    rt.wide_vectors()
     mud = np.float64(mu)
     for j in range(n):
         out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]) - b * (np.float64(x[j]) - mud) + c)
@@ -499,6 +511,7 @@ def _dx_ln(dy, x, s64, n, mu, a, b, c, out):
 # each vectorizes (four loops with a rounding pass each measured 1.7-2.4x the gemma forward).
 @njit
 def _apply_rounded(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
+    rt.wide_vectors()
     if y_code == F32:
         out = carray(ptr_f32(yaddr), n)
         if c_mul == BF16 and has_b:
@@ -540,6 +553,7 @@ def _apply_rounded(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
 @njit
 def _apply_rounded_any(xs, rr, s, b, has_b, c_mul, y_code, yaddr, n):
     """:func:`_apply_rounded` for any codes, an element at a time (mixed half dtypes)."""
+    rt.wide_vectors()
     t = np.empty(n, np.float32)
     for j in range(n):
         v = _round(_round(xs[j] * rr, c_mul) * s[j], y_code)
@@ -572,6 +586,7 @@ def _row(base, n, i):
 # ----------------------------------------------------------------------------------------------
 @njit
 def _fwd_rows(A, lo, hi, tx, ty):
+    rt.wide_vectors()
     m, n, k, flags = A[_M], A[_N], A[_K], A[_FLAGS]
     x_code, r_code, y_code = _field(flags, FX), _field(flags, FR), _field(flags, FY)
     has_res, norm, eps_mode = _field(flags, FHAS_RES), _field(flags, FNORM), _field(flags, FEPS)
@@ -660,6 +675,7 @@ def _fwd_rows(A, lo, hi, tx, ty):
 # ----------------------------------------------------------------------------------------------
 @njit
 def _bwd_block(A, blk, tx, tdy, tdx):
+    rt.wide_vectors()
     m, n, k, flags = A[_M], A[_N], A[_K], A[_FLAGS]
     dy_code, x_code, dr_code = _field(flags, BDY), _field(flags, BX), _field(flags, BDR)
     has_dr, norm, eps_mode = _field(flags, BHAS_DR), _field(flags, BNORM), _field(flags, BEPS)
@@ -753,12 +769,14 @@ def _bwd_block(A, blk, tx, tdy, tdx):
 def _partials(nb, n, need):
     """A block's float32 partial row of d weight or d bias for each of nb blocks (none if not
     needed)."""
+    rt.wide_vectors()
     return np.empty(nb * n if need else 0, np.float32)
 
 
 @njit
 def _reduce_grads(pw, pb, nb, n, dwp, dw_code, dbp, db_code):
     """d weight and d bias, where their partial rows were kept (pw, pb not empty)."""
+    rt.wide_vectors()
     if pw.shape[0] == 0 and pb.shape[0] == 0:
         return
     acc = np.empty(n, np.float64)
@@ -772,6 +790,7 @@ def _reduce_grads(pw, pb, nb, n, dwp, dw_code, dbp, db_code):
 def _reduce_partials(p, nb, n, addr, code, acc):
     """Σ over the nb partial rows of p (float32, block order, in float64) into the (N,) output at
     addr in the dtype `code` (float64 → float32 → half, as torch's ``.to`` converts)."""
+    rt.wide_vectors()
     for j in range(n):
         acc[j] = 0.0
     for blk in range(nb):
@@ -846,6 +865,7 @@ def forward(
 
 @njit
 def _bwd_rows_per_block(m, n):
+    rt.wide_vectors()
     # ≥ 16 rows (the float32 partial rows of d weight are then ≤ 1/16 of the input), ~16 K elements
     # where rows are short, and at most 64 blocks: the caller sums the partial rows alone (64·N
     # additions: ~0.1 ms at N = 4096, where 8192 × 4096 in blocks of 16 rows left it 512·N,

@@ -164,6 +164,38 @@ def _call_block(b, fn, args, blk, scratch):
     b.call(_at(b, fn, ir.VoidType(), _I64, _I64, _I64), [args, blk, scratch])
 
 
+def _host_wants_512_bit() -> bool:
+    """Whether the kernels ask for 512-bit vectors: on x86 hosts with AVX-512F, BW and VL, except
+    the Skylake-SP generation (``skylake-avx512``, ``cascadelake``, ``cooperlake``), whose cores
+    drop their clock on 512-bit instructions. LLVM's CPU models of the later Intel parts keep
+    preferring 256-bit vectors (its tuning for all AVX-512 parts since Skylake-SP); measured on a
+    ``rocketlake`` host, the bf16 forward kernels ran 1.3-1.6× faster with 512-bit ones
+    (benchmarks/results/cpu-intel). Fixed per host: numba's cache keys compiled code by the host's
+    CPU name and features, which decide this."""
+    import llvmlite.binding as llvm
+
+    if _ARCH not in ("x86_64", "amd64"):
+        return False
+    features = llvm.get_host_cpu_features()
+    if not all(features.get(f) for f in ("avx512f", "avx512bw", "avx512vl")):
+        return False
+    return llvm.get_host_cpu_name() not in ("skylake-avx512", "cascadelake", "cooperlake")
+
+
+WIDE_VECTORS = _host_wants_512_bit()
+
+
+@lowered(types.void())
+def wide_vectors(b):
+    """Called first in a compiled function: LLVM vectorizes its loops (and those inlined into it)
+    with 512-bit vectors where :data:`WIDE_VECTORS` says so; nothing elsewhere. It sets the
+    function attribute ``"prefer-vector-width"="512"``, which llvmlite's attribute set does not
+    list (it knows only enum attributes), so it is added to the set directly. LLVM reads it per
+    function: the user's own numba code is unaffected (numba's CPU features are per process)."""
+    if WIDE_VECTORS:
+        set.add(b.function.attributes, '"prefer-vector-width"="512"')
+
+
 # ----------------------------------------------------------------------------------------------
 # The task block: one int64 array per work-sharing pool, read by every thread of a call. The words
 # the threads update are a cache line (8 words) apart.
