@@ -19,6 +19,7 @@ __all__ = [
     "cpu_model",
     "cpu_cores",
     "cpu_vector_unit",
+    "cpu_kernel_vectors",
     "gpu_name",
     "source_commit",
     "load_average",
@@ -130,6 +131,21 @@ def describe_backend(device_type: str) -> str:
         return f"none ({exc})"
 
 
+def cpu_kernel_vectors() -> str | None:
+    """The vector width the CPU kernels ask LLVM for on this host (``docs/cpu.md``, "Vector
+    width"), with LLVM's name for the CPU; None where the kernels cannot run."""
+    if not _backend.cpu_kernels_available():
+        return None
+    import llvmlite.binding as llvm
+
+    from .kernels.cpu import runtime
+
+    cpu = llvm.get_host_cpu_name()
+    if runtime.WIDE_VECTORS:
+        return f"512-bit, asked for ({cpu})"
+    return f"LLVM's choice for {cpu}"
+
+
 def machine_description() -> str:
     """One line for a timing's caption: the CPU model, logical cores, vector unit and torch
     threads, and the GPU when torch sees one."""
@@ -209,6 +225,7 @@ def environment() -> dict:
         "backend per device": backends,
         "triton installed": _backend.triton_installed(),
         "cpu kernels available": _backend.cpu_kernels_available(),
+        "cpu kernel vectors": cpu_kernel_vectors(),
         "call records": "on"
         if debug_enabled()
         else "off (rmsnorm.set_debug(True) or RMSNORM_DEBUG=1)",

@@ -77,6 +77,18 @@ def test_cpu_and_machine_description():
     assert ("GPU" in text) == torch.cuda.is_available()
 
 
+def test_the_cpu_kernels_vector_width_is_reported_as_compiled():
+    from rmsnorm import _backend
+
+    said = info.environment()["cpu kernel vectors"]
+    if not _backend.cpu_kernels_available():
+        assert said is None
+        return
+    from rmsnorm.kernels.cpu import runtime
+
+    assert said.startswith("512-bit") == runtime.WIDE_VECTORS
+
+
 def test_versions_and_load():
     assert info.package_version("torch") is not None
     assert info.package_version("surely-not-an-installed-distribution") is None
