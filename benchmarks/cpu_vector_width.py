@@ -23,8 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-N = 4096
-CASES = ((2048, "bfloat16"), (128, "bfloat16"), (2048, "float32"))
+CASES = "bfloat16:2048x4096,bfloat16:128x4096,float32:2048x4096"
 
 
 def _time(fn, reps: int = 25) -> float:
@@ -42,7 +41,7 @@ def _time(fn, reps: int = 25) -> float:
     return statistics.median(samples)
 
 
-def _case(m: int, name: str) -> dict[str, float]:
+def _case(m: int, n: int, name: str) -> dict[str, float]:
     """One shape's ratios (see the module's docstring)."""
     import torch
     import torch.nn.functional as F
@@ -53,13 +52,14 @@ def _case(m: int, name: str) -> dict[str, float]:
 
     torch.manual_seed(0)
     dtype = getattr(torch, name)
-    x, z = torch.randn(m, N, dtype=dtype), torch.randn(m, N, dtype=dtype)
-    w, dy = torch.rand(N, dtype=dtype) + 0.5, torch.randn(m, N, dtype=dtype)
-    opts = ref.RMSOptions(1e-6, "mean_square", "gemma", 0.0, N)
+    g = n // 2 if n % 2 == 0 else n
+    x, z = torch.randn(m, n, dtype=dtype), torch.randn(m, n, dtype=dtype)
+    w, dy = torch.rand(n, dtype=dtype) + 0.5, torch.randn(m, n, dtype=dtype)
+    opts = ref.RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
     _, rstd = L.rms_norm_fwd(x, w, None, opts)
     _, mean, rstd2 = L.layer_norm_fwd(x, w, None, 1e-5)
     copy = _time(lambda: torch.add(x, 1.0))
-    case = f"{name} {m} × {N}"
+    case = f"{name} {m} × {n}"
     out = {
         f"RMSNorm forward | {case}": _time(lambda: L.rms_norm_fwd(x, w, None, opts)),
         f"RMSNorm backward | {case}": _time(
@@ -72,11 +72,11 @@ def _case(m: int, name: str) -> dict[str, float]:
     }
     out = {k: v / copy for k, v in out.items()}
     with torch.no_grad():
-        base = _time(lambda: F.rms_norm(x, (N,), w, 1e-6))
-        qwen = _time(lambda: rmsnorm.gated_rms_norm(x, z, (N,), w, 1e-6, casting_mode="llama"))
+        base = _time(lambda: F.rms_norm(x, (n,), w, 1e-6))
+        qwen = _time(lambda: rmsnorm.gated_rms_norm(x, z, (n,), w, 1e-6, casting_mode="llama"))
         mamba = _time(
             lambda: rmsnorm.gated_rms_norm(
-                x, z, (N,), w, 1e-6, norm_before_gate=False, group_size=N // 2
+                x, z, (n,), w, 1e-6, norm_before_gate=False, group_size=g
             )
         )
     out[f"gated forward, Qwen3-Next's order (÷ F.rms_norm) | {case}"] = qwen / base
@@ -84,17 +84,40 @@ def _case(m: int, name: str) -> dict[str, float]:
     return out
 
 
-def child() -> dict[str, float]:
+def _parse_cases(text: str) -> list[tuple[int, int, str]]:
+    """``"bfloat16:2048x4096,float32:128x768"`` → [(2048, 4096, "bfloat16"), (128, 768, ...)]."""
+    cases = []
+    for item in text.split(","):
+        try:
+            name, shape = item.strip().split(":")
+            m, n = (int(v) for v in shape.split("x"))
+        except ValueError:
+            raise SystemExit(
+                f"--cases: {item!r} is not dtype:MxN (e.g. bfloat16:2048x4096)"
+            ) from None
+        if name not in ("float32", "bfloat16", "float16") or m < 1 or n < 2:
+            raise SystemExit(
+                f"--cases: {item!r} needs a float32/bfloat16/float16 dtype and M, N > 0"
+            )
+        cases.append((m, n, name))
+    return cases
+
+
+def child(cases: str) -> dict[str, float]:
     out = {}
-    for m, name in CASES:
-        out.update(_case(m, name))
+    for m, n, name in _parse_cases(cases):
+        out.update(_case(m, n, name))
     return out
 
 
-def _run(src: str) -> dict[str, float]:
+def _run(src: str, cases: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": src}
     done = subprocess.run(
-        [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, __file__, "--child", "--cases", cases],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -113,13 +136,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", help="the other tree's src directory (kernels compiled)")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--cases", default=CASES, help="dtype:MxN,... (default: %(default)s)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child()))
+        print(json.dumps(child(args.cases)))
         return
+    _parse_cases(args.cases)
     if not args.before or not Path(args.before, "rmsnorm").is_dir():
         parser.error("--before must be the src directory of another checkout of rmsnorm")
     if args.out and args.out.exists() and not args.overwrite:
@@ -129,7 +154,7 @@ def main() -> None:
     for r in range(args.rounds):
         for label, src in (("before", args.before), ("this", here)):
             print(f"round {r + 1}/{args.rounds}: {label}", file=sys.stderr, flush=True)
-            runs[label].append(_run(src))
+            runs[label].append(_run(src, args.cases))
     from rmsnorm.kernels.cpu import runtime as rt
 
     lines = [
