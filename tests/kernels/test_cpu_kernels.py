@@ -626,3 +626,26 @@ def test_the_vector_width_rule(monkeypatch, arch, cpu, features, wide):
     monkeypatch.setattr(llvm, "get_host_cpu_name", lambda: cpu)
     monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: {f: True for f in features})
     assert rt._host_wants_512_bit() is wide
+
+
+def test_every_compiled_kernel_function_asks_for_the_vector_width():
+    """Each function of the kernel modules that numba compiles on its own (decorated with njit,
+    not inlined) starts with ``rt.wide_vectors()``: the width is a per-function attribute, so a
+    function without the call would keep LLVM's default."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cpu.__file__).parent
+    missing, seen = [], 0
+    for name in ("kernels.py", "gated.py"):
+        for node in ast.walk(ast.parse((root / name).read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            jit = [d for d in node.decorator_list if "njit" in ast.unparse(d)]
+            if not jit or any("inline" in ast.unparse(d) for d in jit):
+                continue
+            seen += 1
+            body = node.body[1:] if ast.get_docstring(node) else node.body
+            if ast.unparse(body[0]) != "rt.wide_vectors()":
+                missing.append(f"{name}:{node.name}")
+    assert seen > 20 and missing == []
