@@ -97,7 +97,7 @@ def _parse_cases(text: str) -> list[tuple[int, int, str]]:
             ) from None
         if name not in ("float32", "bfloat16", "float16") or m < 1 or n < 2:
             raise SystemExit(
-                f"--cases: {item!r} needs a float32/bfloat16/float16 dtype and M, N > 0"
+                f"--cases: {item!r} needs a float32, bfloat16 or float16 dtype, M ≥ 1 and N ≥ 2"
             )
         cases.append((m, n, name))
     return cases

@@ -495,3 +495,55 @@ def test_the_latency_mode_runs_on_the_one_harness():
     skipped = [line for line in logs if line.startswith("skipped ")]
     assert len(skipped) == len(setup.plan)
     assert skipped[0] == "skipped (1, 768) float32: time budget 0 s spent"
+
+
+# ----------------------------------------------------------------------------------------------
+# benchmarks/cpu_vector_width.py: the child's report and the script's refusals (no timing checked)
+# ----------------------------------------------------------------------------------------------
+def _vector_width_script(*args: str, env_src: str | None = None):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": env_src or str(root / "src")}
+    return subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "cpu_vector_width.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_vector_width_child_reports_every_kernel_of_each_case():
+    import json
+
+    from rmsnorm import _backend
+
+    if not _backend.cpu_kernels_available():
+        pytest.skip("the CPU kernels are not available")
+    done = _vector_width_script("--child", "--cases", "float32:4x64")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    kernels = {k.split(" | ")[0] for k in out}
+    assert {"RMSNorm forward", "RMSNorm backward", "LayerNorm forward", "LayerNorm backward"} <= (
+        kernels
+    )
+    assert all(k.endswith("| float32 4 × 64") and v > 0 for k, v in out.items()) and len(out) == 6
+
+
+def test_vector_width_script_refuses_bad_cases_and_an_existing_out(tmp_path):
+    done = _vector_width_script("--child", "--cases", "float32:4by64")
+    assert done.returncode != 0 and "is not dtype:MxN" in done.stderr
+    done = _vector_width_script("--child", "--cases", "int8:4x64")
+    assert done.returncode != 0 and "needs a float32, bfloat16 or float16 dtype" in done.stderr
+    out = tmp_path / "vw.md"
+    out.write_text("kept")
+    src = str(tmp_path)  # any directory with an rmsnorm package passes the --before check
+    (tmp_path / "rmsnorm").mkdir()
+    done = _vector_width_script("--before", src, "--out", str(out))
+    assert done.returncode != 0 and "--overwrite" in done.stderr and out.read_text() == "kept"
+    done = _vector_width_script("--before", str(tmp_path / "nowhere"))
+    assert done.returncode != 0 and "--before must be the src directory" in done.stderr
