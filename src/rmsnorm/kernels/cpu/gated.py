@@ -7,7 +7,6 @@ threads that share a call are :mod:`.runtime`'s.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import carray, types
 
 from . import kernels as K
@@ -40,9 +39,8 @@ _WORDS = 32
 def _pow2(b, kd):
     """2^n as a float32 from kd = n + 1.5·2^23 (n in its low mantissa bits, |n| ≤ 127): the bits
     (n + 127) << 23, in 32-bit integer lanes."""
-    i32 = ir.IntType(32)
-    bits = b.add(b.bitcast(kd, i32), ir.Constant(i32, 127))
-    return b.bitcast(b.shl(bits, ir.Constant(i32, 23)), ir.FloatType())
+    bits = b.add(b.bitcast(kd, K._I32), K._c(127))
+    return b.bitcast(b.shl(bits, K._c(23)), K._F32)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import carray, types
 
 from . import runtime as rt
-from .runtime import bits_f64, f64_bits, njit, ptr_f32, ptr_f64, ptr_i64, ptr_u16
+from .runtime import _I32, _c, bits_f64, f64_bits, njit, ptr_f32, ptr_f64, ptr_i64, ptr_u16
 
 # dtype codes (shared with the launchers); F64 only for weights and biases and their gradients
 F32, BF16, F16, F64 = 0, 1, 2, 3
@@ -55,11 +55,7 @@ def pack(**fields: tuple[tuple[int, int], int]) -> int:
     return out
 
 
-_I16, _I32, _F32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
-
-
-def _c(v: int) -> ir.Constant:
-    return ir.Constant(_I32, v)
+_I16, _F32 = ir.IntType(16), ir.FloatType()  # (_I32 and _c, a 32-bit constant: the runtime's)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -169,9 +169,10 @@ def _host_wants_512_bit() -> bool:
     the Skylake-SP generation (``skylake-avx512``, ``cascadelake``, ``cooperlake``), whose cores
     drop their clock on 512-bit instructions. LLVM's CPU models of the later Intel parts keep
     preferring 256-bit vectors (its tuning for all AVX-512 parts since Skylake-SP); measured on a
-    ``rocketlake`` host, the bf16 forward kernels ran 1.3-1.6× faster with 512-bit ones
-    (benchmarks/results/cpu-intel). Fixed per host: numba's cache keys compiled code by the host's
-    CPU name and features, which decide this."""
+    ``rocketlake`` host, the bf16 kernels took 0.72-0.93× their time with 512-bit ones and the
+    gated bf16 forward 0.62-0.88× (benchmarks/results/cpu-intel/cpu_vector_width*.md). Fixed per
+    host: numba's cache keys compiled code by the host's CPU name and features, which decide
+    this."""
     import llvmlite.binding as llvm
 
     if _ARCH not in ("x86_64", "amd64"):
