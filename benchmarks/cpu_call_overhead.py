@@ -11,7 +11,12 @@ Two tables, every provider of a table taking turns in each round (medians over t
    of the same written as a C++ ``torch::autograd::Function`` (compiled here with
    ``torch.utils.cpp_extension.load_inline`` where a C++ compiler is found; the floor a compiled
    extension would have), of ``rmsnorm.rms_norm``, and this library's two CPU launchers alone.
-2. *Two threads against one*, wall time per call of the forward and backward launchers against
+2. *The library's layers*, the same call and clock: the same forward + backward built up one layer
+   at a time — a minimal Python ``autograd.Function`` calling the CPU launchers, the same through
+   ``rmsnorm._launch`` (rows, shapes, backend choice), the library's ``RMSNormFunction`` (saved
+   statistics, the shared backward with its double-backward and layout rules), and the functional
+   API (argument checks, path choice): what each layer adds is the difference of two rows.
+3. *Two threads against one*, wall time per call of the forward and backward launchers against
    ATen's ``native_layer_norm`` and its backward at 128 × 768, 64 × 1024, 1024 × 128 and
    8192 × 128 fp32, each at one and at two torch threads (glibc keeps freed memory, as
    ``rmsnorm bench`` does).
@@ -30,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import rmsnorm
-from rmsnorm import _autograd
+from rmsnorm import _autograd, _launch
 from rmsnorm.bench.cpu import keep_freed_memory
 from rmsnorm.kernels import cpu
 from rmsnorm.reference import RMSOptions
@@ -165,6 +170,84 @@ def floor_table(rounds: int) -> list[str]:
     return rows
 
 
+class _Launchers(torch.autograd.Function):
+    """The CPU launchers and nothing else: the least a Python op over these kernels can do."""
+
+    @staticmethod
+    def forward(ctx, x, w, opts):
+        y, rstd = cpu.rms_norm_fwd(x, w, None, opts)
+        ctx.save_for_backward(x, w)
+        ctx.rstd, ctx.opts = rstd, opts
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx, dw, _ = cpu.rms_norm_bwd(dy, x, w, None, ctx.rstd, None, ctx.opts, x.dtype)
+        return dx, dw, None
+
+
+class _Launched(torch.autograd.Function):
+    """The same through :mod:`rmsnorm._launch`, which presents rows and picks the backend."""
+
+    @staticmethod
+    def forward(ctx, x, w, opts):
+        y, rstd = _launch.rms_norm_fwd(x, 1, w, None, opts)
+        ctx.save_for_backward(x, w)
+        ctx.rstd, ctx.opts = rstd, opts
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx, dw, _ = _launch.rms_norm_bwd(dy, x, 1, w, None, ctx.rstd, None, ctx.opts, x.dtype, True)
+        return dx, dw, None
+
+
+def layers_table(rounds: int) -> list[str]:
+    torch.set_num_threads(1)
+    n = 768
+    x = torch.randn(1, n, requires_grad=True)
+    w = torch.ones(n, requires_grad=True)
+    b = torch.zeros(n, requires_grad=True)
+    dy = torch.randn(1, n)
+    opts = RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
+    nothing = _autograd._c_apply(_Nothing)
+    launchers = _autograd._c_apply(_Launchers)
+    launched = _autograd._c_apply(_Launched)
+    cases = {
+        "F.layer_norm (ATen's C++ node)": lambda: torch.autograd.grad(
+            F.layer_norm(x, (n,), w, b, 1e-6), (x, w, b), dy
+        ),
+        "an empty Python autograd.Function": lambda: torch.autograd.grad(nothing(x, w), (x, w), dy),
+        "+ the CPU launchers (kernels, outputs, flags)": lambda: torch.autograd.grad(
+            launchers(x, w, opts), (x, w), dy
+        ),
+        "+ rmsnorm._launch (rows, shapes, backend choice)": lambda: torch.autograd.grad(
+            launched(x, w, opts), (x, w), dy
+        ),
+        "+ RMSNormFunction (the library's Function and shared backward)": lambda: (
+            torch.autograd.grad(_autograd.rms_norm_apply(x, w, None, 1, opts), (x, w), dy)
+        ),
+        "+ the functional API: rmsnorm.rms_norm": lambda: torch.autograd.grad(
+            rmsnorm.rms_norm(x, n, w, 1e-6), (x, w), dy
+        ),
+    }
+    runs: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(rounds):
+        for k, fn in cases.items():
+            runs[k].append(_cpu_us(fn, 500))
+    rows = ["| forward + autograd.grad, 1 × 768 fp32, one thread | µs (CPU time) | added |"]
+    rows.append("|---|---|---|")
+    before = None
+    for i, (k, v) in enumerate(runs.items()):
+        us = statistics.median(v)
+        added = "" if i < 2 else f"{us - before:+.1f}"
+        rows.append(f"| {k} | {us:.1f} | {added} |")
+        before = us
+    return rows
+
+
 def _launch_calls(m: int, n: int) -> dict:
     """The forward and backward launchers and ATen's LayerNorm pair on one (M, N) fp32 input."""
     x, dy = torch.randn(m, n), torch.randn(m, n)
@@ -210,6 +293,8 @@ def main() -> None:
     keep_freed_memory()
     print("## The autograd floor\n")
     print("\n".join(floor_table(args.rounds)))
+    print("\n## The library's layers\n")
+    print("\n".join(layers_table(args.rounds)))
     print("\n## Two threads against one (wall time, medians)\n")
     print("\n".join(threads_table(args.rounds)))
 

@@ -78,7 +78,13 @@ def _grads(x, weight, bias, dx, dw, db):
     return _shaped(dx, x), _param_grad(dw, weight), _param_grad(db, bias)
 
 
+# Each launch below starts with the common case — one normalized dim, contiguous rows — handed to
+# the backend as it is: its outputs then come back in x's shape, and a parameter of one normalized
+# dim is a vector already. The general path's calls cost 5-10 µs of CPU time in a one-row forward +
+# backward on the 2-core Intel host (of ~90-110 µs), more than the rest of this layer.
 def rms_norm_fwd(x, norm_dims, weight, bias, opts):
+    if norm_dims == 1 and x.is_contiguous():
+        return backend_for(x).rms_norm_fwd(x, weight, bias, opts)
     y, rstd = backend_for(x).rms_norm_fwd(
         _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), opts
     )
@@ -86,6 +92,8 @@ def rms_norm_fwd(x, norm_dims, weight, bias, opts):
 
 
 def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
+    if norm_dims == 1 and x.is_contiguous() and residual.is_contiguous():
+        return backend_for(x).add_rms_norm_fwd(x, residual, weight, bias, opts)
     rows = _as_rows(x, norm_dims), _as_rows(residual, norm_dims)
     w, b = param_vector(weight), param_vector(bias)
     y, h, rstd = backend_for(x).add_rms_norm_fwd(*rows, w, b, opts)
@@ -93,6 +101,15 @@ def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
 
 
 def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dtype, need_wgrad):
+    if (
+        norm_dims == 1
+        and x.is_contiguous()
+        and dy.is_contiguous()
+        and (dresidual is None or dresidual.is_contiguous())
+    ):
+        return backend_for(x).rms_norm_bwd(
+            dy, x, weight, bias, _flat(rstd), dresidual, opts, input_dtype, need_wgrad
+        )
     dy2, x2, dr = _rows(norm_dims, dy, x, dresidual)
     w, b = param_vector(weight), param_vector(bias)
     grads = backend_for(x).rms_norm_bwd(
@@ -102,6 +119,8 @@ def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dt
 
 
 def layer_norm_fwd(x, norm_dims, weight, bias, eps):
+    if norm_dims == 1 and x.is_contiguous():
+        return backend_for(x).layer_norm_fwd(x, weight, bias, eps)
     y, mean, rstd = backend_for(x).layer_norm_fwd(
         _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), eps
     )
@@ -109,6 +128,9 @@ def layer_norm_fwd(x, norm_dims, weight, bias, eps):
 
 
 def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
+    if norm_dims == 1 and x.is_contiguous() and dy.is_contiguous():
+        stats = _flat(mean), _flat(rstd)
+        return backend_for(x).layer_norm_bwd(dy, x, weight, bias, *stats, need_weight_grad)
     dy2, x2 = _rows(norm_dims, dy, x)
     w, b = param_vector(weight), param_vector(bias)
     stats = _flat(mean), _flat(rstd)

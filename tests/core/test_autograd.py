@@ -216,6 +216,37 @@ _LAYOUTS = {
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_the_launch_layers_common_case_and_general_path_give_the_same_bits(backend, monkeypatch):
+    """Contiguous rows of one normalized dim go straight to the backend; the same values in
+    strided rows take the general path (rows presented, outputs reshaped). Both are taken, and
+    every output and gradient agrees to the bit, add_rms_norm's d residual included."""
+    from rmsnorm import _launch
+
+    general = []
+    as_rows = _launch._as_rows
+    monkeypatch.setattr(_launch, "_as_rows", lambda t, d: general.append(1) or as_rows(t, d))
+    base = torch.randn(2, 3, 2 * N)
+    res, w, b = torch.randn(2, 3, N), torch.randn(N), torch.randn(N)
+
+    def run(x0):
+        x = x0.detach().requires_grad_()
+        r = res.clone().requires_grad_()
+        wg, bg = w.clone().requires_grad_(), b.clone().requires_grad_()
+        with rmsnorm.use_backend(backend):
+            outs = [rmsnorm.rms_norm(x, N, wg), rmsnorm.layer_norm(x, N, wg, bg)]
+            outs += list(rmsnorm.add_rms_norm(x, r, N, wg))
+        grads = torch.autograd.grad(sum(o.square().sum() for o in outs), (x, r, wg, bg))
+        return [o.detach().contiguous() for o in outs] + [g.contiguous() for g in grads]
+
+    contiguous = run(base[..., :N].contiguous())
+    assert not general  # the common case: no row presentation
+    strided = run(base[..., :N])
+    assert general  # the general path
+    for got, exp in zip(strided, contiguous, strict=True):
+        assert torch.equal(got, exp)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", list(_LAYOUTS))
 def test_layouts_on_every_backend(backend, layout):
     x0 = _LAYOUTS[layout]()
