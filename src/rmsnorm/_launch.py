@@ -141,6 +141,10 @@ def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad)
 def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dtype, stats=True):
     """y in x's shape and the (M·G,) statistics (None where ``stats`` is false and the backend
     skips them). ``gating`` is a :class:`~rmsnorm.reference.GateOptions`."""
+    if norm_dims == 1 and x.is_contiguous():  # the backend reads the gate in any layout
+        return backend_for(x).gated_rms_norm_fwd(
+            x, gate, weight, bias, opts, gating, stats, input_dtype
+        )
     rows = _rows(norm_dims, x, gate)
     w, b = param_vector(weight), param_vector(bias)
     y, rstd = backend_for(x).gated_rms_norm_fwd(*rows, w, b, opts, gating, stats, input_dtype)
@@ -150,6 +154,16 @@ def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dty
 def gated_rms_norm_bwd(
     dy, x, gate, norm_dims, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_wgrad
 ):
+    if (
+        norm_dims == 1
+        and x.is_contiguous()
+        and dy.is_contiguous()
+        and (gate is None or gate.is_contiguous())
+        and (dresidual is None or dresidual.is_contiguous())
+    ):
+        return backend_for(x).gated_rms_norm_bwd(
+            dy, x, gate, weight, bias, _flat(rstd), dresidual, opts, gating, input_dtype, need_wgrad
+        )
     dy2, x2, z, dr = _rows(norm_dims, dy, x, gate, dresidual)
     w, b, r = param_vector(weight), param_vector(bias), _flat(rstd)
     dx, dz, dw, db = backend_for(x).gated_rms_norm_bwd(

@@ -219,7 +219,8 @@ _LAYOUTS = {
 def test_the_launch_layers_common_case_and_general_path_give_the_same_bits(backend, monkeypatch):
     """Contiguous rows of one normalized dim go straight to the backend; the same values in
     strided rows take the general path (rows presented, outputs reshaped). Both are taken, and
-    every output and gradient agrees to the bit, add_rms_norm's d residual included."""
+    every output and gradient agrees to the bit, add_rms_norm's d residual and the gated norm's
+    d gate included."""
     from rmsnorm import _launch
 
     general = []
@@ -235,6 +236,7 @@ def test_the_launch_layers_common_case_and_general_path_give_the_same_bits(backe
         with rmsnorm.use_backend(backend):
             outs = [rmsnorm.rms_norm(x, N, wg), rmsnorm.layer_norm(x, N, wg, bg)]
             outs += list(rmsnorm.add_rms_norm(x, r, N, wg))
+            outs.append(rmsnorm.gated_rms_norm(x, r, N, wg, group_size=N // 2))
         grads = torch.autograd.grad(sum(o.square().sum() for o in outs), (x, r, wg, bg))
         return [o.detach().contiguous() for o in outs] + [g.contiguous() for g in grads]
 
