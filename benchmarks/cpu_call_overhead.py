@@ -3,7 +3,7 @@ where the per-call targets are missed (2^16–2^17 elements).
 
     PYTHONPATH=src python benchmarks/cpu_call_overhead.py [--rounds 7]
 
-Two tables, every provider of a table taking turns in each round (medians over the rounds):
+Three tables, every provider of a table taking turns in each round (medians over the rounds):
 
 1. *The autograd floor*, one torch thread, process CPU time per call at 1 × 768 fp32: forward +
    ``torch.autograd.grad`` of ``F.layer_norm`` (ATen's C++ autograd node), of a Python
