@@ -80,23 +80,25 @@ def _grads(x, weight, bias, dx, dw, db):
 
 # Each launch below starts with the common case — one normalized dim, contiguous rows — handed to
 # the backend as it is: its outputs then come back in x's shape, and a parameter of one normalized
-# dim is a vector already. The general path's calls cost 5-10 µs of CPU time in a one-row forward +
-# backward on the 2-core Intel host (of ~90-110 µs), more than the rest of this layer.
-def rms_norm_fwd(x, norm_dims, weight, bias, opts):
+# dim is a vector already. Both eager paths take it (the forwards with ``stats=False`` where no
+# backward will ask for the statistics: the backends then keep none). The general path's calls
+# cost 5-10 µs of CPU time in a one-row forward + backward on the 2-core Intel host (of ~90-110
+# µs), more than the rest of this layer.
+def rms_norm_fwd(x, norm_dims, weight, bias, opts, stats=True):
     if norm_dims == 1 and x.is_contiguous():
-        return backend_for(x).rms_norm_fwd(x, weight, bias, opts)
+        return backend_for(x).rms_norm_fwd(x, weight, bias, opts, stats)
     y, rstd = backend_for(x).rms_norm_fwd(
-        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), opts
+        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), opts, stats
     )
     return _shaped(y, x), rstd
 
 
-def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts):
+def add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts, stats=True):
     if norm_dims == 1 and x.is_contiguous() and residual.is_contiguous():
-        return backend_for(x).add_rms_norm_fwd(x, residual, weight, bias, opts)
+        return backend_for(x).add_rms_norm_fwd(x, residual, weight, bias, opts, stats)
     rows = _as_rows(x, norm_dims), _as_rows(residual, norm_dims)
     w, b = param_vector(weight), param_vector(bias)
-    y, h, rstd = backend_for(x).add_rms_norm_fwd(*rows, w, b, opts)
+    y, h, rstd = backend_for(x).add_rms_norm_fwd(*rows, w, b, opts, stats)
     return _shaped(y, x), _shaped(h, x), rstd
 
 
@@ -118,22 +120,21 @@ def rms_norm_bwd(dy, x, norm_dims, weight, bias, rstd, dresidual, opts, input_dt
     return _grads(x, weight, bias, *grads)
 
 
-def layer_norm_fwd(x, norm_dims, weight, bias, eps):
+def layer_norm_fwd(x, norm_dims, weight, bias, eps, stats=True):
     if norm_dims == 1 and x.is_contiguous():
-        return backend_for(x).layer_norm_fwd(x, weight, bias, eps)
+        return backend_for(x).layer_norm_fwd(x, weight, bias, eps, stats)
     y, mean, rstd = backend_for(x).layer_norm_fwd(
-        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), eps
+        _as_rows(x, norm_dims), param_vector(weight), param_vector(bias), eps, stats
     )
     return _shaped(y, x), mean, rstd
 
 
 def layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad):
+    stats = _flat(mean), _flat(rstd)
     if norm_dims == 1 and x.is_contiguous() and dy.is_contiguous():
-        stats = _flat(mean), _flat(rstd)
         return backend_for(x).layer_norm_bwd(dy, x, weight, bias, *stats, need_weight_grad)
     dy2, x2 = _rows(norm_dims, dy, x)
     w, b = param_vector(weight), param_vector(bias)
-    stats = _flat(mean), _flat(rstd)
     grads = backend_for(x).layer_norm_bwd(dy2, x2, w, b, *stats, need_weight_grad)
     return _grads(x, weight, bias, *grads)
 

@@ -29,7 +29,6 @@ from torch.overrides import handle_torch_function
 # _ops registers torch.ops.rmsnorm.*, which _opcall calls
 from . import _autograd, _calls, _dtensor, _launch, _layout, _opcall, _ops  # noqa: F401
 from . import reference as ref
-from ._launch import backend_for
 from .reference import ACTIVATIONS, CASTING_MODES, EPS_MODES, RMSOptions, default_eps, partial_size
 
 __all__ = ["rms_norm", "add_rms_norm", "gated_rms_norm", "layer_norm"]
@@ -245,35 +244,27 @@ def _subclass() -> int:
 
 
 class _Launch:
-    """Path 1: the launchers, called directly; no statistics are kept (no backward will ask)."""
+    """Path 1: the launchers, called directly through :mod:`rmsnorm._launch` (contiguous rows of
+    one normalized dim go to the backend as they are); no statistics are kept (no backward will
+    ask)."""
 
     @staticmethod
     def rms_norm(x, norm_dims, n, weight, bias, opts):
-        if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
-            return backend_for(x).rms_norm_fwd(x, weight, bias, opts, False)[0]
-        return _launch.rms_norm_fwd(x, norm_dims, weight, bias, opts)[0]
+        return _launch.rms_norm_fwd(x, norm_dims, weight, bias, opts, False)[0]
 
     @staticmethod
     def add_rms_norm(x, residual, norm_dims, n, weight, bias, opts):
-        if norm_dims == 1 and x.is_contiguous() and residual.is_contiguous():  # as rms_norm's
-            return backend_for(x).add_rms_norm_fwd(x, residual, weight, bias, opts, False)[:2]
-        return _launch.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts)[:2]
+        return _launch.add_rms_norm_fwd(x, residual, norm_dims, weight, bias, opts, False)[:2]
 
     @staticmethod
     def gated_rms_norm(x, gate, norm_dims, n, weight, bias, opts, gating, in_dtype):
-        if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
-            return backend_for(x).gated_rms_norm_fwd(
-                x, gate, weight, bias, opts, gating, False, in_dtype
-            )[0]
         return _launch.gated_rms_norm_fwd(
             x, gate, norm_dims, weight, bias, opts, gating, in_dtype, False
         )[0]
 
     @staticmethod
     def layer_norm(x, norm_dims, n, weight, bias, eps):
-        if norm_dims == 1 and x.is_contiguous():  # rows as they are, y in x's shape
-            return backend_for(x).layer_norm_fwd(x, weight, bias, eps, False)[0]
-        return _launch.layer_norm_fwd(x, norm_dims, weight, bias, eps)[0]
+        return _launch.layer_norm_fwd(x, norm_dims, weight, bias, eps, False)[0]
 
 
 class _Function:
