@@ -10,9 +10,9 @@ BENCH_ARGS ?=
 GPU_TEST_FILES ?= $(addprefix tests/kernels/,test_launchers.py test_triton_kernels.py test_overflow.py)
 LINT_PATHS := src tests benchmarks scripts
 
-.PHONY: setup report test test-gpu lint bench clean
+.PHONY: setup report test test-latest lock test-gpu lint bench clean
 
-$(VENV)/.installed: pyproject.toml scripts/setup.sh
+$(VENV)/.installed: pyproject.toml scripts/setup.sh constraints.txt
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup.sh
 	touch $@
 
@@ -28,6 +28,17 @@ report: setup
 # together (0.83x the wall time of xdist's default split on the 2-core machine; docs/architecture.md)
 test: setup
 	$(BIN)/python -m pytest -n 2 --dist worksteal --timeout 900 -q
+
+# The integration tests against the newest releases of transformers, kernels and the rest, in their
+# own venv (.venv-latest, set up without the lock): what moved since constraints.txt, and the
+# golden list of a new transformers, written to $(LATEST_OUT) (scripts/test_latest.sh).
+LATEST_OUT ?= latest
+test-latest:
+	PYTHON=$(PYTHON) OUT=$(LATEST_OUT) bash scripts/test_latest.sh
+
+# Rewrite constraints.txt from the set-up venv, after a deliberate upgrade that make test passed.
+lock: setup
+	PYTHON=$(BIN)/python bash scripts/lock.sh
 
 NO_GPU := make test-gpu: torch sees no CUDA device; the GPU tests need one (make test runs the rest)
 
@@ -50,4 +61,4 @@ lint: setup
 	$(BIN)/python scripts/check_fmt_skip.py $(LINT_PATHS)
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache
+	rm -rf $(VENV) .venv-latest $(OUT) $(LATEST_OUT) .pytest_cache

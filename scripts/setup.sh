@@ -5,6 +5,9 @@ set -euo pipefail
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 TORCH_PIN=${TORCH_PIN:-2.13.0}
+# The lock: every other package at its tested version. CONSTRAINTS= (empty) installs the newest
+# releases the package's ranges admit instead (make test-latest).
+CONSTRAINTS=${CONSTRAINTS-constraints.txt}
 cd "$(dirname "$0")/.."
 
 has_torch='import sys, torch; v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 7))'
@@ -33,7 +36,9 @@ if ! "$VENV/bin/python" -c "$has_torch" 2>/dev/null; then
   fi
 fi
 
-"${pip[@]}" install -q -e ".[all,dev]"
+lock=()
+if [ -n "$CONSTRAINTS" ]; then lock=(-c "$CONSTRAINTS"); fi
+"${pip[@]}" install -q "${lock[@]}" -e ".[all,dev]"
 # Compile the CPU kernels now (~15 s, cached next to the package) rather than on the first CPU op.
 "$VENV/bin/python" -m rmsnorm warmup
 "$VENV/bin/python" -c "import torch, rmsnorm; print(f'setup: rmsnorm {rmsnorm.__version__}, torch {torch.__version__}')"
