@@ -29,6 +29,8 @@ OTHER_API = [
     integrations.norm_kind,
     hf.register,
     hf.convention_of,
+    hf.recognised_by,
+    hf.explain,
     hf.patch,
     hf.unpatch,
     hf.is_patched,

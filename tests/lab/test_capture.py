@@ -5,7 +5,6 @@ norm layers, what the hooks record on plain, grouped and gated norms, and the mo
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import re
 
@@ -298,14 +297,9 @@ def test_a_gated_norm_in_half_precision_and_the_token_cap():
 # ------------------------------------------------------------------------------------------------
 def _hf_class(short: str) -> type:
     pytest.importorskip("transformers")
-    model, name = short.split(".")
-    try:
-        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
-    except ImportError as exc:
-        pytest.skip(f"{short}: {exc}")
-    if not hasattr(module, name):
-        pytest.skip(f"{short} is not in the installed transformers")
-    return getattr(module, name)
+    from hf_support import current_class
+
+    return current_class(short)
 
 
 HF_CASES = [
@@ -505,7 +499,10 @@ def test_inspect_command_on_a_saved_gated_model(tmp_path):
     assert result.exit_code == 0, result.output
     assert "z→RMS/2" in result.output and "statistics and swap per group" in result.output
     layers = json.loads(out.read_text())["layers"]
-    mixers = [layer for layer in layers if layer["class"] == "MambaRMSNormGated"]
+    from hf_support import current_name
+
+    gated = current_name("mamba2.MambaRMSNormGated").split(".")[1]
+    mixers = [layer for layer in layers if layer["class"] == gated]
     assert len(mixers) == 2 and {layer["normalizes"] for layer in mixers} == {
         "x·silu(gate), per group of 64"
     }

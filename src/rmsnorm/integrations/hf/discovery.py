@@ -38,12 +38,14 @@ def modeling_module_names() -> list[str]:
 
 
 def module_classes(module: types.ModuleType) -> list[type]:
-    """The torch.nn.Module classes defined in ``module``."""
-    return [
-        c
+    """The torch.nn.Module classes defined in ``module``, each once (a release may keep an old
+    name as an alias of a renamed class)."""
+    found = {
+        id(c): c
         for c in vars(module).values()
         if isinstance(c, type) and issubclass(c, nn.Module) and c.__module__ == module.__name__
-    ]
+    }
+    return list(found.values())
 
 
 def recognised_classes(names: list[str], skip_missing: bool) -> list[tuple[type, Convention]]:

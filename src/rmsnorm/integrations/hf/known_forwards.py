@@ -98,6 +98,22 @@ def _norm(self, hidden_states):
 """,
     ),
     (
+        # The same, as transformers 5.25 writes it (ε in variance_epsilon).
+        "gemma3n.Gemma3nRMSNorm",
+        Convention("rms", "variance_epsilon", weight_flag="with_scale"),
+        """
+def forward(self, hidden_states):
+    normed_output = self._norm(hidden_states.float())
+    if self.with_scale:
+        normed_output = normed_output * self.weight.float()
+    return normed_output.type_as(hidden_states)
+
+def _norm(self, hidden_states):
+    mean_squared = hidden_states.pow(2).mean(-1, keepdim=True) + self.variance_epsilon
+    return hidden_states * torch.pow(mean_squared, -0.5)
+""",
+    ),
+    (
         "moshi.MoshiRMSNorm",
         Convention("rms", "eps"),
         """
@@ -139,6 +155,19 @@ def forward(self, x):
     return self._norm(x.float()).type_as(x)
 """
         + _NORM_HELPER,
+    ),
+    (
+        # The same, as transformers 5.25 writes it (ε in variance_epsilon); Llama 4's and
+        # Falcon-Mamba's weightless norms are copies of it.
+        "nanochat.NanoChatRMSNorm",
+        Convention("rms", "variance_epsilon", weight=False),
+        """
+def forward(self, x):
+    return self._norm(x.float()).type_as(x)
+
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+""",
     ),
     (
         "inkling2.Inkling2UnweightedRMSNorm",

@@ -11,10 +11,18 @@ from collections.abc import Iterable
 from torch import nn
 
 from .conventions import instance_problem
-from .registry import decide, qualname
+from .registry import decide, qualname, recognised_by
 from .replacements import base_of, forward_for, is_replacement, patched_class
 
-__all__ = ["patch", "unpatch", "is_patched", "patch_classes", "unpatch_classes", "looks_like_norm"]
+__all__ = [
+    "patch",
+    "unpatch",
+    "is_patched",
+    "patch_classes",
+    "unpatch_classes",
+    "looks_like_norm",
+    "explain",
+]
 
 # A module that already had its own instance-level forward (e.g. another library's hook) gets it
 # back on unpatch; weak keys so a patched model can still be garbage-collected.
@@ -46,7 +54,8 @@ def patch(model: nn.Module) -> list[str]:
     hooks, the class name) and no tensor is modified. The patch survives ``copy.deepcopy``,
     pickling and ``torch.save``. Returns the names of the patched modules. Raises ``ValueError``
     when there is none; warns, with the reason, about norm layers it leaves alone. Undo with
-    :func:`unpatch`.
+    :func:`unpatch`. :func:`explain` reports, class by class, what it does and how each class was
+    recognised (by its source or by its behaviour).
 
     Args:
         model (torch.nn.Module): a Hugging Face model, or any model holding recognised norm
@@ -116,6 +125,57 @@ def patch(model: nn.Module) -> list[str]:
             stacklevel=2,
         )
     return patched
+
+
+def explain(model: nn.Module) -> list[dict]:
+    """What :func:`patch` does with each norm class of ``model``, without patching: one row per
+    class (patched, or named like a norm), in the order the classes first appear, with ``class``
+    (qualified name), ``modules`` (their names), ``patched`` (bool), ``recognised_by``
+    (``"register"``, ``"table"``, ``"source"``, ``"behaviour"``; None where refused) and
+    ``decision`` (the convention, or why not).
+
+    Args:
+        model (torch.nn.Module): a model, patched or not.
+
+    Returns:
+        list[dict]: one row per class.
+
+    Example::
+
+        >>> import types
+        >>> from rmsnorm.integrations import hf
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+        >>> model.config = types.SimpleNamespace(model_type="gpt2")
+        >>> row = hf.explain(model)[0]
+        >>> row["class"].rsplit(".", 1)[-1], row["modules"], row["patched"], row["recognised_by"]
+        ('LayerNorm', ['1'], True, 'table')
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    model_type = _model_type(model)
+    rows: dict[type, dict] = {}
+    for name, module in model.named_modules():
+        cls = base_of(type(module)) or type(module)
+        row = rows.get(cls)
+        if row is None:
+            conv = decide(cls)
+            patchable = not isinstance(conv, str)
+            if patchable and conv.model_types and model_type not in conv.model_types:
+                conv = f"it is patched only in models of type {list(conv.model_types)}"
+                patchable = False
+            if not patchable and not looks_like_norm(module):
+                continue
+            row = rows[cls] = {
+                "class": qualname(cls),
+                "modules": [],
+                "patched": patchable,
+                "recognised_by": recognised_by(cls) if patchable else None,
+                "decision": conv,
+            }
+        if row["patched"] and instance_problem(module, row["decision"]) is not None:
+            continue
+        row["modules"].append(name)
+    return list(rows.values())
 
 
 def unpatch(model: nn.Module) -> list[str]:

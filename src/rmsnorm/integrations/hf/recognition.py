@@ -19,7 +19,14 @@ from torch import nn
 from .conventions import ACT2FN_NAMES, NAMED_CONVENTIONS, Convention
 from .known_forwards import KNOWN_FORWARDS, KNOWN_REFUSALS
 
-__all__ = ["recognise", "known_origin"]
+__all__ = ["recognise", "known_origin", "UNKNOWN_FORWARD"]
+
+# The refusal of a one-input forward that is none of the known ones: the classes the behaviour
+# probe (:mod:`.behaviour`) then runs, where they are named like a norm.
+UNKNOWN_FORWARD = (
+    "its forward is none of the known normalization forwards (hf._KNOWN_FORWARDS; if it "
+    "computes one of the conventions, declare it with hf.register)"
+)
 
 
 def recognise(cls: type) -> Convention | str:
@@ -71,10 +78,7 @@ def _match(cls: type) -> tuple[Convention | str, str | None]:
             "normalization forwards (hf._KNOWN_FORWARDS; a gated norm that computes one of the "
             "conventions can be declared with hf.register)"
         ), None
-    return (
-        "its forward is none of the known normalization forwards (hf._KNOWN_FORWARDS; if it "
-        "computes one of the conventions, declare it with hf.register)"
-    ), None
+    return UNKNOWN_FORWARD, None
 
 
 # The global names the known forwards use, and what they must be in the candidate's module

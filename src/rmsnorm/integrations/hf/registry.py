@@ -3,6 +3,7 @@ recognition by code, made once per class and cached; :func:`convention_of` says 
 
 from __future__ import annotations
 
+import re
 import weakref
 
 from torch import nn
@@ -10,7 +11,7 @@ from torch import nn
 from .conventions import NAMED_CONVENTIONS, Convention, instance_problem
 from .replacements import base_of
 
-__all__ = ["CONVENTIONS", "register", "convention_of", "decide", "qualname"]
+__all__ = ["CONVENTIONS", "register", "convention_of", "decide", "qualname", "recognised_by"]
 
 # Classes that need an entry because their forward is not one of the known ones: qualified class
 # name -> convention. torch's LayerNorm is shared by every model, so it is patched only inside the
@@ -27,9 +28,14 @@ def qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+# The classes the behaviour probe runs: named like a norm ("...RMSNorm", "...Layernorm",
+# "...BatchNorm2d"), not like a layer, block or model holding one.
+_NAMED_LIKE_A_NORM = re.compile(r"[Nn]orm[a-z0-9]*$")
+
 _registered_classes: dict[type, Convention | None] = {}
 _registered_names: dict[str, Convention | None] = {}
-# class -> (its forward when decided, the decision); weak keys: classes can be garbage-collected.
+# class -> (its forward when decided, the decision, how it was decided); weak keys: classes can be
+# garbage-collected.
 _recognized: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -88,27 +94,60 @@ def register(cls: type | str, convention: Convention | str | None) -> None:
 
 def decide(cls: type) -> Convention | str:
     """The convention of ``cls``, or why it has none (a short reason): from :func:`register`,
-    :data:`CONVENTIONS` or :func:`.recognition.recognise`, in that order; decided once per class
-    (again when its forward is replaced)."""
+    :data:`CONVENTIONS`, its source (:func:`.recognition.recognise`) or, for a class named like a
+    norm whose one-input forward is none of the known ones, its behaviour
+    (:func:`.behaviour.probe`), in that order; decided once per class (again when its forward is
+    replaced)."""
+    return _decide(cls)[0]
+
+
+def recognised_by(cls: type) -> str | None:
+    """How :func:`decide` gives ``cls`` its convention: ``"register"``, ``"table"``
+    (:data:`CONVENTIONS`), ``"source"`` (its forward is a known one, as code) or ``"behaviour"``
+    (the probe); None where it is not patched.
+
+    Args:
+        cls (type): a norm class (or one patched by :func:`patch`).
+
+    Returns:
+        str or None: how it is recognised.
+
+    Example::
+
+        >>> from rmsnorm.integrations import hf
+        >>> hf.recognised_by(torch.nn.LayerNorm), hf.recognised_by(torch.nn.Linear)
+        ('table', None)
+    """
+    conv, how = _decide(base_of(cls) or cls)
+    return how if isinstance(conv, Convention) else None
+
+
+def _decide(cls: type) -> tuple[Convention | str, str]:
     if cls in _registered_classes or qualname(cls) in _registered_names:
         conv = _registered_classes.get(cls, _registered_names.get(qualname(cls)))
-        return conv if conv is not None else "it is registered as not to be patched"
+        return (conv if conv is not None else "it is registered as not to be patched"), "register"
     conv = CONVENTIONS.get(qualname(cls))
     if conv is not None:
-        return conv
+        return conv, "table"
     forward = getattr(cls, "forward", None)
     cached = _recognized.get(cls)
     if cached is not None and cached[0] is forward:  # the class's forward has not been replaced
-        return cached[1]
-    result = getattr(forward, "_rmsnorm_convention", None)  # patched by patch_classes
-    if result is None:
+        return cached[1], cached[2]
+    result, how = getattr(forward, "_rmsnorm_convention", None), "source"
+    if result is not None:  # patched by patch_classes: how it was decided before patching
+        how = cached[2] if cached is not None else "source"
+    else:
         # Imported at the first class decided by its code, so that importing the package does
         # not pay for the comparison and the known forwards.
-        from .recognition import recognise
+        from .recognition import UNKNOWN_FORWARD, recognise
 
         result = recognise(cls)
-    _recognized[cls] = (forward, result)
-    return result
+        if result == UNKNOWN_FORWARD and _NAMED_LIKE_A_NORM.search(cls.__name__):
+            from .behaviour import probe
+
+            result, how = probe(cls), "behaviour"
+    _recognized[cls] = (forward, result, how)
+    return result, how
 
 
 def convention_of(cls_or_module: type | nn.Module) -> Convention:
