@@ -494,3 +494,21 @@ def test_an_instance_the_op_cannot_run_keeps_its_own_forward():
     with spy(layer) as (records, calls):
         layer(x)
     check_ran(layer, records, calls)
+
+
+def test_a_copy_stays_kernelized_hf_patch_composes_and_an_empty_mapping_undoes_it():
+    inputs = batch()
+    model = build("llama")
+    ref = model(**inputs).logits
+    hf.patch(model)  # both routes on one model: the same convention
+    kernelized(model)
+    twin = copy.deepcopy(model)
+    for m in (model, twin):
+        with spy(m) as (records, calls):
+            logits = m(**inputs).logits
+        check_ran(m, records, calls)
+        assert calls and (logits - ref).abs().max().item() <= 1e-5
+    with use_kernel_mapping({}, inherit_mapping=False):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    assert not get_kernelized_layers(model).layers
+    assert all("forward" not in m.__dict__ for m in model.modules())
