@@ -161,15 +161,20 @@ def kernel_mapping(
 
         >>> from kernels import Mode, kernelize, use_kernel_mapping
         >>> from rmsnorm.integrations.kernels import kernel_mapping
-        >>> with use_kernel_mapping(kernel_mapping()):  # doctest: +SKIP
-        ...     kernelize(model, mode=Mode.INFERENCE, device="cpu")
+        >>> mapping = kernel_mapping()
+        >>> sorted(mapping), sorted(mapping["RMSNorm"])
+        (['RMSNorm', 'RMSNormGated', 'RMSNormZeroCentered'], ['cpu', 'cuda'])
+        >>> Mode.TRAINING | Mode.TORCH_COMPILE in mapping["RMSNorm"]["cpu"]
+        True
+        >>> with use_kernel_mapping(mapping):  # doctest: +SKIP
+        ...     kernelize(model, mode=Mode.TRAINING, device="cpu")  # a transformers model
     """
     try:
         from kernels import Mode
     except ImportError as exc:
         raise ImportError(
-            "kernel_mapping needs the kernels package (pip install kernels); the mapping's keys "
-            "are its Mode values"
+            "kernel_mapping needs the kernels package (pip install 'rmsnorm[kernels]'): the "
+            "mapping's keys are its Mode values"
         ) from exc
     devices, hub_names = (
         _names(devices, DEVICE_TYPES, "devices"),
