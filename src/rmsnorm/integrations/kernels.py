@@ -79,8 +79,9 @@ class RMSNormGatedLayer(nn.Module):
 
 
 class RMSNormZeroCenteredLayer(nn.Module):
-    """For ``"RMSNormZeroCentered"``: ``forward(x)`` of the norms scaling by (1 + weight), Gemma's
-    convention (Qwen3.5's), run by this library's ``rms_norm`` with ``offset=1``."""
+    """For ``"RMSNormZeroCentered"``: ``forward(x)`` of the norms scaling by (1 + weight) (2 classes
+    of transformers 5.25, Qwen3.5's, in Gemma's convention), run by this library's ``rms_norm``
+    with each class's convention (there ``offset=1``)."""
 
     has_backward = True
     can_torch_compile = True
