@@ -265,6 +265,22 @@ def test_kernelized_model_at_parity_bfloat16(name):
         )
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen3_5"])
+def test_kernelized_model_at_parity_under_autocast(name):
+    """fp32 weights with bf16 activations (CPU autocast), where the classes' casting rules give
+    different output dtypes: the logits' dtype and values as the un-kernelized model's."""
+    inputs = batch()
+    expected = build(name).double()(**inputs).logits
+    model = build(name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = model(**inputs).logits
+        kernelized(model)
+        with spy(model) as (records, calls):
+            logits = model(**inputs).logits
+    check_ran(model, records, calls)
+    assert_close_to_reference(logits.detach(), expected, eager.detach(), name=f"{name} logits")
+
+
 def _recording_backend(seen: set):
     """A torch.compile backend that notes the ops of the graph dynamo hands it, then runs it."""
 
