@@ -1,6 +1,8 @@
 """Per-call cost of a patched Hugging Face norm at a decoding shape (1 × 64): the class's own
-forward, the patched module, a plain ``rmsnorm.rms_norm`` call (the floor) and the same patched
-forward bound per instance (the earlier way of patching), timed in turns in one process.
+forward, the patched module, a plain ``rmsnorm.rms_norm`` call (the floor), the same patched
+forward bound per instance (the earlier way of patching) and, where the ``kernels`` package is
+installed, the module kernelized with ``rmsnorm.integrations.kernels.kernel_mapping()``
+(transformers' kernel route), timed in turns in one process.
 
     PYTHONPATH=src python benchmarks/hf_patch_overhead.py [--rounds 15] [--number 2000]
 """
@@ -27,6 +29,7 @@ def measure(dtype: torch.dtype, rounds: int, number: int) -> None:
     bound = LlamaRMSNorm(64).to(dtype)
     bound.forward = types.MethodType(type(patched).forward, bound)
     w, eps = patched.weight, patched.variance_epsilon
+    kernelized = _kernelized(LlamaRMSNorm(64).to(dtype))
     calls = {
         "unpatched (LlamaRMSNorm.forward)": lambda: original(x),
         "patched (hf.patch)": lambda: patched(x),
@@ -35,6 +38,8 @@ def measure(dtype: torch.dtype, rounds: int, number: int) -> None:
             x, (64,), w, eps, casting_mode="llama"
         ),
     }
+    if kernelized is not None:
+        calls["kernelized (kernels route)"] = lambda: kernelized(x)
     with torch.no_grad():
         for fn in calls.values():  # warm-up: kernel compilation, caches
             for _ in range(50):
@@ -48,6 +53,17 @@ def measure(dtype: torch.dtype, rounds: int, number: int) -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"  {name:38s} {med * 1e6:7.2f} µs   {med / base:5.2f}x unpatched")
+
+
+def _kernelized(module: torch.nn.Module) -> torch.nn.Module | None:
+    try:
+        from kernels import Mode, kernelize, use_kernel_mapping
+    except ImportError:
+        return None
+    from rmsnorm.integrations.kernels import kernel_mapping
+
+    with use_kernel_mapping(kernel_mapping(), inherit_mapping=False):
+        return kernelize(module, mode=Mode.INFERENCE, device="cpu")
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(?P<why>.+?)\s*-->$")
-OPTIONAL = {"transformers": "hf", "matplotlib": "lab", "triton": "triton"}
+OPTIONAL = {"transformers": "hf", "matplotlib": "lab", "triton": "triton", "kernels": "kernels"}
 
 
 def python_blocks(path: Path):

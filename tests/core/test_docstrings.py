@@ -9,6 +9,7 @@ import torch
 import rmsnorm
 from rmsnorm import integrations
 from rmsnorm.integrations import distributed, hf
+from rmsnorm.integrations import kernels as kernel_route
 
 TENSOR_API = [
     rmsnorm.rms_norm,
@@ -38,7 +39,11 @@ OTHER_API = [
     hf.unpatch_classes,
     distributed.norm_parameters,
     distributed.all_reduce_norm_grads,
+    kernel_route.Repository,
+    kernel_route.kernel_mapping,
+    kernel_route.routes,
 ]
+NEEDS = {kernel_route.kernel_mapping: "kernels"}  # an optional package the example imports
 PUBLIC = TENSOR_API + OTHER_API
 
 
@@ -52,6 +57,9 @@ def test_the_list_covers_the_public_api():
     assert set(integrations.__all__) <= listed
     assert set(distributed.__all__) <= listed
     assert {n for n in hf.__all__ if callable(getattr(hf, n)) and n != "Convention"} <= listed
+    # the kernel route's functions and repository (its layers are bound by kernels, not called)
+    route = kernel_route
+    assert {n for n in route.__all__ if callable(getattr(route, n)) and "Layer" not in n} <= listed
 
 
 @pytest.mark.parametrize("obj", PUBLIC, ids=_name)
@@ -64,6 +72,8 @@ def test_sections(obj):
 
 @pytest.mark.parametrize("obj", PUBLIC, ids=_name)
 def test_examples_run(obj):
+    if obj in NEEDS:
+        pytest.importorskip(NEEDS[obj])
     finder = doctest.DocTestFinder(recurse=False)
     (test,) = finder.find(obj, _name(obj), globs={"torch": torch, "rmsnorm": rmsnorm})
     assert test.examples, f"{_name(obj)} has no example"
