@@ -201,7 +201,7 @@ def test_the_probe_leaves_the_random_state_and_grad_mode_alone():
     assert torch.equal(torch.get_rng_state(), state)
 
 
-def test_explain_says_how_each_class_was_recognised():
+def test_explain_says_how_each_class_was_recognised(caplog):
     model = nn.Sequential(nn.Linear(N, N), _fresh(GemmaWrittenOtherwiseRMSNorm)(N))
     model.add_module("odd", _fresh(BufferRMSNorm)(N))
     rows = {row["class"].rsplit(".", 1)[-1]: row for row in hf.explain(model)}
@@ -210,6 +210,7 @@ def test_explain_says_how_each_class_was_recognised():
     assert rows["BufferRMSNorm"]["patched"] is False
     assert "holds buffers" in rows["BufferRMSNorm"]["decision"]
     assert "Linear" not in rows
-    with pytest.warns(UserWarning, match="BufferRMSNorm"):
+    with pytest.warns(UserWarning, match="BufferRMSNorm"), caplog.at_level("INFO"):
         assert hf.patch(model) == ["1"]
+    assert "GemmaWrittenOtherwiseRMSNorm in 1 module(s), recognised by behaviour" in caplog.text
     assert hf.explain(model)[0]["modules"] == ["1"]  # a patched model reads the same

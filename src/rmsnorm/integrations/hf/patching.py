@@ -4,6 +4,7 @@ library's ops (each module's class becomes its patched subclass) and undo it; :f
 
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -23,6 +24,8 @@ __all__ = [
     "looks_like_norm",
     "explain",
 ]
+
+_log = logging.getLogger("rmsnorm.integrations.hf")
 
 # A module that already had its own instance-level forward (e.g. another library's hook) gets it
 # back on unpatch; weak keys so a patched model can still be garbage-collected.
@@ -55,7 +58,8 @@ def patch(model: nn.Module) -> list[str]:
     pickling and ``torch.save``. Returns the names of the patched modules. Raises ``ValueError``
     when there is none; warns, with the reason, about norm layers it leaves alone. Undo with
     :func:`unpatch`. :func:`explain` reports, class by class, what it does and how each class was
-    recognised (by its source or by its behaviour).
+    recognised (by its source or by its behaviour); the logger ``rmsnorm.integrations.hf`` says the
+    same of each class patched, at level INFO.
 
     Args:
         model (torch.nn.Module): a Hugging Face model, or any model holding recognised norm
@@ -85,6 +89,7 @@ def patch(model: nn.Module) -> list[str]:
     patched: list[str] = []
     left: dict[str, str] = {}  # class -> why it was left alone
     odd: dict[tuple[str, str], list[str]] = {}  # (class, why) -> modules of a patchable class
+    by_class: dict[type, int] = {}  # class -> modules patched now
     for name, module in model.named_modules():
         cls = type(module)
         if base_of(cls) is not None or is_replacement(getattr(cls, "forward", None)):
@@ -111,6 +116,11 @@ def patch(model: nn.Module) -> list[str]:
             _instance_originals[module] = foreign
         module.__class__ = patched_class(cls, conv)
         patched.append(name)
+        by_class[cls] = by_class.get(cls, 0) + 1
+    for cls, count in by_class.items():
+        _log.info(
+            "patched %s in %d module(s), recognised by %s", qualname(cls), count, recognised_by(cls)
+        )
     for (cls_name, why), names in odd.items():
         left[f"{cls_name} in {len(names)} module(s), e.g. {names[0]!r}"] = why
     reasons = "; ".join(f"{cls}: {why}" for cls, why in sorted(left.items()))
