@@ -198,6 +198,8 @@ def test_the_probe_leaves_the_random_state_and_grad_mode_alone():
         conv = behaviour.probe(_fresh(LlamaWrittenOtherwiseRMSNorm))
         assert not torch.is_grad_enabled()
     assert isinstance(conv, hf.Convention)
+    with torch.inference_mode():  # patching a model inside an inference block
+        assert behaviour.probe(_fresh(LlamaWrittenOtherwiseRMSNorm)) == conv
     assert torch.equal(torch.get_rng_state(), state)
 
 

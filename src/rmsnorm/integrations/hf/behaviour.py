@@ -100,7 +100,7 @@ def probe(cls: type) -> Convention | str:
     it is not patched: a reason that says :data:`UNDECIDED` where the probe cannot decide."""
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), torch.device("cpu"):
         warnings.simplefilter("ignore")
-        with torch.enable_grad(), torch.autocast("cpu", enabled=False):
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
             result = _probe(cls)
     if isinstance(result, str) and not result.startswith(_UNKNOWN):
         result = f"{_UNKNOWN}, and {result}"
