@@ -632,7 +632,18 @@ def inspect(
             "top channels' share of Σx²).",
         ),
     ] = True,
-    threads: _Threads = None,
+    swap: Annotated[
+        bool,
+        typer.Option(
+            "--swap",
+            help="A pretrained model's study instead: statistics at every norm site on text "
+            "(--text-file, or the standard library's docstrings), the centering added per "
+            "block, per kind of site and at all norms (KL, Δ cross-entropy; for an encoder, "
+            "every LayerNorm made an RMSNorm: embedding agreement), and which statistic "
+            "predicts the cost.",
+        ),
+    ] = False,
+    threads: _LabThreads = 1,
 ) -> None:
     """Hook every norm layer of a model: how centered are its inputs, what would a swap change,
     and which channels dominate them?"""
@@ -641,6 +652,26 @@ def inspect(
 
     _check_json_target(json_out, overwrite)
     _set_torch_threads(threads)
+    if swap:
+        from .lab import realmodels
+        from .lab import text as lab_text
+        from .lab.report.real_prose import model_markdown
+
+        with _reported("inspect", ValueError, OSError, ImportError):
+            source = (
+                lab_text.stdlib_docstrings() if text_file is None else lab_text.text_file(text_file)
+            )
+            with _progress() as progress:
+                result = realmodels.run_model(
+                    model, source, realmodels.RealConfig(layer_stride=1), progress=progress
+                )
+        if "missing" in result:
+            raise _fail("inspect", result["missing"])
+        console.print(model_markdown(result), markup=False, highlight=False)
+        if json_out is not None:
+            write_json(result, json_out)
+            console.print(f"wrote {json_out}")
+        return
     if text_file is not None:
         text = text_file.read_text(errors="replace")
     with _reported("inspect", ValueError, OSError, ImportError):
@@ -695,6 +726,14 @@ def report(
     sweep: Annotated[
         bool, typer.Option("--sweep/--no-sweep", help="Run the architecture sweep.")
     ] = True,
+    real: Annotated[
+        bool | None,
+        typer.Option(
+            "--real/--no-real",
+            help="The pretrained models' section (smollm2-135m, minilm-l6, gemma3-270m; cached "
+            "by weights, text and code). Default: on, off with --quick.",
+        ),
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Tiny sizes: every section and file in seconds.")
     ] = False,
@@ -728,6 +767,7 @@ def report(
             seeds=seeds,
             train_seeds=train_seeds,
             sweep=sweep,
+            real=real,
         )
         with _progress() as progress:
             summary = build_report(cfg, out, progress)

@@ -27,7 +27,14 @@ import torch
 
 from .corpus import STDLIB_FILES
 
-__all__ = ["TextSource", "stdlib_docstrings", "text_file", "token_windows", "sentences"]
+__all__ = [
+    "TextSource",
+    "stdlib_docstrings",
+    "text_file",
+    "text_string",
+    "token_windows",
+    "sentences",
+]
 
 HELD_OUT_EVERY = 4  # every fourth document is held out
 _MIN_CHARS = 40  # shorter docstrings ("Return x.") carry little running text
@@ -102,16 +109,21 @@ def text_file(path: str | Path) -> TextSource:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"text file not found: {path}")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    return text_string(path.read_text(encoding="utf-8", errors="replace"), path.name)
+
+
+def text_string(text: str, name: str = "text") -> TextSource:
+    """Text given as a string (a file's content), its paragraphs (split at blank lines; lines
+    when there are fewer than four paragraphs) as documents."""
     docs = tuple(inspect.cleandoc(p) for p in re.split(r"\n\s*\n", text) if p.strip())
     if len(docs) < HELD_OUT_EVERY:
         docs = tuple(d for d in text.splitlines() if d.strip())
     if len(docs) < HELD_OUT_EVERY:
         raise ValueError(
-            f"text file {path} has {len(docs)} paragraphs or lines; at least {HELD_OUT_EVERY} "
+            f"text {name} has {len(docs)} paragraphs or lines; at least {HELD_OUT_EVERY} "
             "are needed (one in four is held out)"
         )
-    return TextSource(path.name, docs, f"the text file {path}")
+    return TextSource(name, docs, f"the text {name}")
 
 
 def _specials(tokenizer) -> tuple[list[int], list[int]]:
