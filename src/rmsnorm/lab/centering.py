@@ -84,18 +84,31 @@ def _interval(per_sequence: torch.Tensor, gen: torch.Generator) -> dict:
 
 
 @torch.no_grad()
-def _token_costs(ref: torch.Tensor, new: torch.Tensor, ids: torch.Tensor) -> dict:
+def _reference(ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's probabilities (float32) and log-normalizers (float64), once per batch."""
+    return F.softmax(ref.float(), -1), torch.logsumexp(ref.double(), -1)
+
+
+@torch.no_grad()
+def _token_costs(ref: torch.Tensor, new: torch.Tensor, ids: torch.Tensor, cached=None) -> dict:
     """Per token (B, T): KL(ref ‖ new), Δ cross-entropy of the next token (position T − 1 has
-    no target: NaN), top-1 agreement."""
-    logp = F.log_softmax(ref.double(), -1)
-    logq = F.log_softmax(new.double(), -1)
-    kl = (logp.exp() * (logp - logq)).sum(-1).clamp_min(0.0)
+    no target: NaN), top-1 agreement, and the reference's cross-entropy. With log q − log p =
+    (new − ref) − (lse_new − lse_ref): KL = Σ p·(ref − new) − lse_ref + lse_new, the sum in
+    float32 (its value is at most |lse_ref − lse_new| + KL, so its rounding is ~1e-7 of that), the
+    log-normalizers in float64. A vocabulary of 262,144 makes a float64 log-softmax per variant
+    cost as much as the model's own head. ``cached``: :func:`_reference` of ``ref``."""
+    p, lse_ref = _reference(ref) if cached is None else cached
+    ref, new = ref.float(), new.float()
+    lse_new = torch.logsumexp(new.double(), -1)
+    kl = ((p * (ref - new)).sum(-1).double() - lse_ref + lse_new).clamp_min(0.0)
     target = ids[:, 1:, None]
+    at_ref = ref[:, :-1].gather(-1, target)[..., 0].double()
+    at_new = new[:, :-1].gather(-1, target)[..., 0].double()
     dce = torch.full_like(kl, float("nan"))
-    dce[:, :-1] = (logp[:, :-1].gather(-1, target) - logq[:, :-1].gather(-1, target))[..., 0]
-    agree = (ref.argmax(-1) == new.argmax(-1)).double()
+    dce[:, :-1] = (at_ref - lse_ref[:, :-1]) - (at_new - lse_new[:, :-1])
     ce = torch.full_like(kl, float("nan"))
-    ce[:, :-1] = -logp[:, :-1].gather(-1, target)[..., 0]
+    ce[:, :-1] = lse_ref[:, :-1] - at_ref
+    agree = (ref.argmax(-1) == new.argmax(-1)).double()
     return {"kl": kl, "dce": dce, "top1": agree, "ce": ce}
 
 
@@ -141,11 +154,12 @@ def causal_swap_study(
         for start in range(0, sequences, batch):
             ids = windows[start : start + batch]
             ref = model(input_ids=ids, use_cache=False).logits.float()
-            reference.append(_token_costs(ref, ref, ids)["ce"])
+            cached = _reference(ref)
+            reference.append(_token_costs(ref, ref, ids, cached)["ce"])
             for name, chosen in variants.items():
                 with centered(chosen):
                     new = model(input_ids=ids, use_cache=False).logits.float()
-                parts[name].append(_token_costs(ref, new, ids))
+                parts[name].append(_token_costs(ref, new, ids, cached))
                 tick(ids.shape[0])
     gen = torch.Generator().manual_seed(0)
     out = {}
