@@ -153,3 +153,38 @@ def test_encoder_naive_swap_and_centered_writers(source):
     with pytest.raises(ValueError, match="not an encoder"):
         loaded.encoder = False
         centering.encoder_swap_study(loaded, source)
+
+
+def test_quantization_effect_on_an_encoder(source):
+    """Rounding the weights through Q4_1 moves the statistics and the swap's cost a little, and
+    says by how much."""
+    pytest.importorskip("gguf")
+    from rmsnorm.lab import realmodels
+    from rmsnorm.lab.sites import site_study
+
+    torch.manual_seed(1)
+    cfg = tf.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=200,
+        architectures=["BertModel"],
+    )
+    model = tf.BertModel(cfg).eval()
+    loaded = RunnableModel("tiny-bert", model, 200, 512, WordTokenizer(200, frame=True), "hf")
+    loaded.encoder = True
+    rc = realmodels.RealConfig(sequences=3, seq_len=16, sentences=50)
+    stats = site_study(loaded, source, sequences=3, seq_len=16)
+    swap = centering.encoder_swap_study(loaded, source, count=50)
+    q = realmodels.quantization_effect(loaded, source, rc, stats, swap)
+    n_weights = sum(
+        m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
+    )
+    assert q["parameters_rounded"] == n_weights  # every width here is a multiple of 32
+    assert 0 < q["ratio_median_rel_change"]["median"] <= q["ratio_median_rel_change"]["max"]
+    c = q["naive_all_one_minus_cosine"]
+    assert c["original"] == swap["variants"]["naive:all"]["one_minus_cosine_mean"]
+    assert c["quantized"] != c["original"]

@@ -240,10 +240,12 @@ def _agreement(ref: torch.Tensor, new: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def encoder_swap_study(loaded, source, *, count: int = 64, progress=None) -> dict:
+def encoder_swap_study(
+    loaded, source, *, count: int = 64, progress=None, only: tuple[str, ...] | None = None
+) -> dict:
     """The encoder study of the module docstring on ``count`` held-out sentences: per variant
     (``naive:all``, ``naive:layer:<i>``, ``naive:kind:<kind>``, ``centered-writers:all``) the
-    agreement of sentence embeddings with the original model's."""
+    agreement of sentence embeddings with the original model's; ``only``: those variants alone."""
     if not loaded.encoder:
         raise ValueError(f"{loaded.name} is not an encoder: use causal_swap_study")
     texts = sentences(source, count)
@@ -256,6 +258,8 @@ def encoder_swap_study(loaded, source, *, count: int = 64, progress=None) -> dic
         variants[f"naive:kind:{kind}"] = [s for s in found if s.kind == kind]
     for layer in sorted({s.layer for s in found if s.layer is not None}):
         variants[f"naive:layer:{layer}"] = [s for s in found if s.layer == layer]
+    if only is not None:
+        variants = {k: v for k, v in variants.items() if k in only}
     ref = _embed(model, batch)
     out = {}
     with ensure(progress).task("encoder variants", len(variants) + 1) as tick:
@@ -266,6 +270,13 @@ def encoder_swap_study(loaded, source, *, count: int = 64, progress=None) -> dic
                     **_agreement(ref, _embed(model, batch)),
                 }
             tick()
+        if only is not None and "centered-writers:all" not in only:
+            return {
+                "sentences": len(texts),
+                "tokens": int(batch["attention_mask"].sum()),
+                "text": source.describe(),
+                "variants": out,
+            }
         writers = copy.deepcopy(model)
         changed = _center_writers(writers)
         moved = _agreement(ref, _embed(writers, batch))  # centering the writers alone

@@ -167,9 +167,12 @@ def run_model(name: str, source, cfg: RealConfig, *, layers=None, progress=None)
         progress=progress,
     )
     t_stats = time.perf_counter() - t0 - t_load
+    quantization = None
     if loaded.encoder:
         swap = encoder_swap_study(loaded, source, count=cfg.sentences, progress=progress)
         cost = "one_minus_cosine_mean"
+        if "dequantized" not in stats["provenance"]["format"]:
+            quantization = quantization_effect(loaded, source, cfg, stats, swap, progress)
     else:
         blocks = sorted({s["layer"] for s in stats["sites"] if s["layer"] is not None})
         chosen = layers if layers is not None else _layers(len(blocks), cfg.layer_stride)
@@ -197,6 +200,7 @@ def run_model(name: str, source, cfg: RealConfig, *, layers=None, progress=None)
         "cost": cost,
         "points": points,
         "correlations": rank_correlations(points),
+        "quantization": quantization,
         "seconds": {
             "load": t_load,
             "stats": t_stats,
@@ -207,6 +211,66 @@ def run_model(name: str, source, cfg: RealConfig, *, layers=None, progress=None)
     write_json(result, path)
     result["cached"] = False
     return result
+
+
+def quantization_effect(loaded, source, cfg: RealConfig, stats: dict, swap: dict, progress=None):
+    """How much GGUF-style quantization moves the numbers, on a model whose original weights we
+    have (MiniLM): every linear layer's and embedding table's weights rounded through Q4_1 (the
+    SmolLM2 file's format, blocks of 32 along each row, with the gguf package's own quantizer),
+    then the same statistics and the naive swap of every LayerNorm again. Returns the relative
+    change of each site's median |μ|/σ and largest |x|, and the swap's 1 − cosine before and
+    after."""
+    import copy
+
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType, dequantize, quantize
+
+    from .centering import encoder_swap_study
+    from .sites import site_study
+
+    qtype = GGMLQuantizationType.Q4_1
+    model = copy.deepcopy(loaded.model)
+    rounded = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                w = module.weight
+                if w.shape[-1] % 32 == 0:
+                    q = dequantize(quantize(w.detach().numpy().astype(np.float32), qtype), qtype)
+                    w.copy_(torch.from_numpy(np.asarray(q, dtype=np.float32)).reshape(w.shape))
+                    rounded += w.numel()
+    quantized = copy.copy(loaded)
+    quantized.model = model
+    q_stats = site_study(
+        quantized,
+        source,
+        sequences=cfg.sequences,
+        seq_len=cfg.seq_len,
+        batch=cfg.batch,
+        progress=progress,
+    )
+    q_swap = encoder_swap_study(
+        quantized, source, count=cfg.sentences, progress=progress, only=("naive:all",)
+    )
+    ratio, peak = [], []
+    for a, b in zip(stats["sites"], q_stats["sites"], strict=True):
+        ra, rb = (
+            a["variants"]["all"]["ratio_median"]["value"],
+            b["variants"]["all"]["ratio_median"]["value"],
+        )
+        ratio.append(abs(rb - ra) / ra)
+        peak.append(abs(b["max_abs"] - a["max_abs"]) / a["max_abs"])
+    return {
+        "qtype": "Q4_1",
+        "parameters_rounded": rounded,
+        "ratio_median_rel_change": {"median": float(np.median(ratio)), "max": max(ratio)},
+        "max_abs_rel_change": {"median": float(np.median(peak)), "max": max(peak)},
+        "naive_all_one_minus_cosine": {
+            "original": swap["variants"]["naive:all"]["one_minus_cosine_mean"],
+            "quantized": q_swap["variants"]["naive:all"]["one_minus_cosine_mean"],
+        },
+    }
 
 
 def run_real_models(cfg: RealConfig, source, progress=None) -> dict:

@@ -74,14 +74,26 @@ def _med(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def _gguf_note(m: dict) -> str:
+def _gguf_note(m: dict, quant: dict | None) -> str:
     fmt = m["stats"]["provenance"]["format"]
-    if "dequantized" in fmt:
-        return (
-            f" Weights: {fmt}: quantized, so not the original checkpoint; how much that moves "
-            "these numbers is not measured here (we cannot tell from these runs alone)."
-        )
-    return f" Weights: {fmt}, the original checkpoint."
+    if "dequantized" not in fmt:
+        return f" Weights: {fmt}, the original checkpoint."
+    text = f" Weights: {fmt}: quantized, so not the original checkpoint."
+    if quant is None:
+        return text + " How much that moves these numbers was not measured in this run."
+    r, x, c = (
+        quant["ratio_median_rel_change"],
+        quant["max_abs_rel_change"],
+        quant["naive_all_one_minus_cosine"],
+    )
+    return text + (
+        f" An estimate of what such rounding does, on MiniLM's original weights rounded through "
+        f"{quant['qtype']}: each site's median |μ|/σ moves by {_f(100 * r['median'], '.2g')}% "
+        f"(median over sites; at most {_f(100 * r['max'], '.2g')}%), its largest |x| by "
+        f"{_f(100 * x['median'], '.2g')}% (at most {_f(100 * x['max'], '.2g')}%), and the naive "
+        f"swap's 1 − cosine goes from {_f(c['original'], '.3g')} to {_f(c['quantized'], '.3g')}. "
+        "Another model and format may move more."
+    )
 
 
 def real_answer(j: dict) -> list[str]:
@@ -174,8 +186,9 @@ def real_section(page: Page, j: dict, figures: dict[str, Path]) -> None:
     for m in real["models"]:
         if "missing" in m:
             page.p(f"**{m['model']}: missing.** {m['missing']}")
+    quant = next((m["quantization"] for m in measured(real) if m.get("quantization")), None)
     for m in measured(real):
-        _model_part(page, m)
+        _model_part(page, m, quant)
     if not measured(real):
         page.p("No pretrained model could be measured, so this section has no numbers.")
         return
@@ -204,13 +217,13 @@ def real_section(page: Page, j: dict, figures: dict[str, Path]) -> None:
     )
 
 
-def _model_part(page: Page, m: dict) -> None:
+def _model_part(page: Page, m: dict, quant: dict | None = None) -> None:
     rows = _kind_rows(m)
     prov = m["stats"]["provenance"]
     page.p(
         f"**{m['model']}** ({m['config'].get('model_type')}, "
         f"{m['config'].get('num_hidden_layers')} blocks, d = {m['config'].get('hidden_size')})."
-        + _gguf_note(m)
+        + _gguf_note(m, quant)
         + f" First position: {m['stats']['text']['first_token']}."
         + (" From the cache." if m.get("cached") else "")
         + f" Files: {', '.join(f'{k} ({v[:12]}…)' for k, v in prov['digests'].items())}."
