@@ -230,15 +230,16 @@ def _write_cached(folder: Path, model, tokenizer) -> None:
         raise
 
 
-def load_pretrained(source: str, *, progress=None, cache: bool = True):
+def load_pretrained(source: str, *, progress=None, cache: bool = True, located=None):
     """A :class:`~rmsnorm.lab.inspection.RunnableModel` of ``source`` in float32, eval mode, with
     its tokenizer when its files are there and ``provenance`` (form, files and digests, weight
-    format). ``cache``: keep dequantized GGUF weights in the cache (see the module docstring)."""
+    format). ``cache``: keep dequantized GGUF weights in the cache (see the module docstring);
+    ``located``: :func:`locate`'s answer for ``source`` when already asked (its digests read)."""
     from .._progress import ensure
     from .inspection.run import RunnableModel, _transformers
 
     progress = ensure(progress)
-    located = locate(source)
+    located = locate(source) if located is None else located
     tf = _transformers()
     tf.utils.logging.disable_progress_bar()
     directory = located.directory

@@ -156,7 +156,7 @@ def run_model(name: str, source, cfg: RealConfig, *, layers=None, progress=None)
         result["cached"] = True
         return result
     t0 = time.perf_counter()
-    loaded = load_pretrained(name, progress=progress)
+    loaded = load_pretrained(name, progress=progress, located=located)
     t_load = time.perf_counter() - t0
     stats = site_study(
         loaded,
