@@ -128,3 +128,24 @@ def test_section_and_figures_from_a_study(tmp_path, source):
     assert "Does a per-site statistic predict the cost?" in text
     assert "2305.14858" in text and "safetensors, the original checkpoint" in text
     assert real_prose.model_markdown(real["models"][0]).count("|") > 50
+
+
+def test_inspect_swap_command(tmp_path, monkeypatch):
+    """``rmsnorm inspect --model DIR --swap``: every block centered, the tables printed, the JSON
+    written (and not overwritten without --overwrite)."""
+    from typer.testing import CliRunner
+
+    from rmsnorm.cli import app
+
+    path = str(_save_tiny(tmp_path / "tiny", 0))
+    original = realmodels.RealConfig  # the command's sizes, made tiny
+    monkeypatch.setattr(realmodels, "RealConfig", lambda **kw: original(**{**CFG, **kw}))
+    out = tmp_path / "swap.json"
+    runner = CliRunner()
+    result = runner.invoke(app, ["inspect", "--model", path, "--swap", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "centered at" in result.output and "Spearman ρ with the cost" in result.output
+    data = json.loads(out.read_text())
+    assert {"layer:0", "layer:1"} <= set(data["swap"]["variants"])
+    again = runner.invoke(app, ["inspect", "--model", path, "--swap", "--json", str(out)])
+    assert again.exit_code != 0 and "--overwrite" in again.output

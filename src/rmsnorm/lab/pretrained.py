@@ -16,8 +16,10 @@ versions, with the digest of every saved file, checked when read back.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -142,9 +144,8 @@ def locate(source: str) -> Located:
         model = BUILTIN[source]
         digests = dict(resolved.digests)
         gguf_file = None
-        if model.fmt == "gguf":
+        if model.fmt == "gguf":  # its pinned digest matched: the known file, no parse needed
             gguf_file = resolved.weights.name
-            check_gguf(resolved.weights)
             digests[gguf_file] = model.weights.sha256
         return Located(source, "builtin", resolved.directory, gguf_file, digests, builtin=source)
     path = Path(source).expanduser()
@@ -230,6 +231,23 @@ def _write_cached(folder: Path, model, tokenizer) -> None:
         raise
 
 
+def _from_pretrained(tf, directory: Path, file_kw: dict, weights_kw: dict):
+    """(config, is it an encoder, model in float32, tokenizer or None) from ``directory``."""
+    config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True, **file_kw)
+    encoder = _is_encoder(config)
+    auto = tf.AutoModel if encoder else tf.AutoModelForCausalLM
+    model = auto.from_pretrained(
+        str(directory), dtype=torch.float32, local_files_only=True, **weights_kw
+    )
+    try:
+        tokenizer = tf.AutoTokenizer.from_pretrained(
+            str(directory), local_files_only=True, **file_kw
+        )
+    except Exception:  # no tokenizer files: text falls back to bytes
+        tokenizer = None
+    return config, encoder, model, tokenizer
+
+
 def load_pretrained(source: str, *, progress=None, cache: bool = True, located=None):
     """A :class:`~rmsnorm.lab.inspection.RunnableModel` of ``source`` in float32, eval mode, with
     its tokenizer when its files are there and ``provenance`` (form, files and digests, weight
@@ -253,18 +271,14 @@ def load_pretrained(source: str, *, progress=None, cache: bool = True, located=N
             file_kw = weights_kw = {"gguf_file": located.gguf_file}
         else:
             file_kw, weights_kw = {}, {"use_safetensors": True}
-        config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True, **file_kw)
-        encoder = _is_encoder(config)
-        auto = tf.AutoModel if encoder else tf.AutoModelForCausalLM
-        model = auto.from_pretrained(
-            str(directory), dtype=torch.float32, local_files_only=True, **weights_kw
-        )
-        try:
-            tokenizer = tf.AutoTokenizer.from_pretrained(
-                str(directory), local_files_only=True, **file_kw
-            )
-        except Exception:  # no tokenizer files: text falls back to bytes
-            tokenizer = None
+        # transformers' GGUF reader draws its own tqdm bar, which disable_progress_bar does not
+        # reach; this task's progress line stands for it
+        quiet = contextlib.ExitStack()
+        if "TQDM_DISABLE" not in os.environ:
+            quiet.callback(os.environ.pop, "TQDM_DISABLE", None)
+            os.environ["TQDM_DISABLE"] = "1"
+        with quiet:
+            config, encoder, model, tokenizer = _from_pretrained(tf, directory, file_kw, weights_kw)
         if cached is not None and directory != cached:
             _write_cached(cached, model, tokenizer)
         advance()

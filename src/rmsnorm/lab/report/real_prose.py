@@ -153,7 +153,15 @@ def real_answer(j: dict) -> list[str]:
             f"the measured KL is ρ = {_f(ratio.get('rho'), '.2f')} (p = "
             f"{_f(ratio.get('p'), '.2g')}); "
             f"the statistic that ranks the cost best is {label} (ρ = {c['rho']:.2f}, p = "
-            f"{c['p']:.2g}). " + _verdict(c)
+            f"{c['p']:.2g}). "
+            + _verdict(c)
+            + " Within one model: "
+            + "; ".join(
+                f"{m['model']} ρ = {_f(m['correlations'][label]['rho'], '+.2f')} "
+                f"(n = {m['correlations'][label]['n']})"
+                for m in models
+            )
+            + " (section 1)."
         )
     return lines
 
@@ -425,7 +433,7 @@ def _predictor(page: Page, real: dict, figures: dict[str, Path]) -> None:
             + _verdict(c)
             + f" Within each model: {'; '.join(within)}; a pooled ρ also ranks the models "
             "against each other, whose costs differ by orders of magnitude, so the within-model "
-            "ρ are the stricter test, and with 8 points each they say less."
+            "ρ are the stricter test, and with their few points each they say less."
             + " |μ|/σ misleads where a massive channel inflates σ: the row looks centered while "
             "the centering moves the ordinary channels by |μ|/σ_ord, several times more (the "
             "'shift / σ_ord' column)."
