@@ -254,7 +254,7 @@ def load_pretrained(source: str, *, progress=None, cache: bool = True, located=N
     format). ``cache``: keep dequantized GGUF weights in the cache (see the module docstring);
     ``located``: :func:`locate`'s answer for ``source`` when already asked (its digests read)."""
     from .._progress import ensure
-    from .inspection.run import RunnableModel, _transformers
+    from .runnable import RunnableModel, _transformers
 
     progress = ensure(progress)
     located = locate(source) if located is None else located

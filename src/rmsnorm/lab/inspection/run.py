@@ -16,6 +16,7 @@ from torch import nn
 
 from ..._validate import positive_int
 from ..capture import NormCapture
+from ..runnable import RunnableModel, _transformers
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -38,38 +39,6 @@ BUILTIN_MODELS = {
     "gate, in its linear-attention layer (random weights; needs transformers)",
 }
 _TINY_HF = ("tiny-gpt2", "tiny-llama", "tiny-mamba2", "tiny-qwen3-next")
-
-
-@dataclass
-class RunnableModel:
-    """A model with what it takes to run it: ``forward(tokens)`` runs it on (batch, seq) token
-    ids of its vocabulary (``vocab_size``), at most ``max_len`` long; ``tokenizer`` (when it has
-    one) turns text into those ids."""
-
-    name: str
-    model: nn.Module
-    vocab_size: int
-    max_len: int
-    tokenizer: object | None = None
-    kind: str = "torch"  # "builtin" (the simulated transformer), "hf" or "torch"
-    encoder: bool = False  # a Hugging Face encoder (no language-model head): forward gives states
-    provenance: dict | None = None  # pretrained models: the files read and their sha256
-
-    def forward(self, tokens: torch.Tensor):
-        if self.kind == "hf":
-            return self.model(input_ids=tokens)
-        return self.model(tokens)
-
-
-def _transformers():
-    try:
-        import transformers
-    except ImportError as exc:
-        raise ImportError(
-            "this model needs the transformers package (the hf extra): pip install 'rmsnorm[hf]'"
-        ) from exc
-    transformers.logging.set_verbosity_error()
-    return transformers
 
 
 def _tiny_config(tf, name: str):
