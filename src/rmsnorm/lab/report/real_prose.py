@@ -225,6 +225,7 @@ def real_section(page: Page, j: dict, figures: dict[str, Path]) -> None:
             "The largest |x| entering a norm per block, on the first token and on the others.",
         )
     _predictor(page, real, figures)
+    _beside_small(page, j, real)
     page.p(
         "Beside the published findings (" + LITERATURE + "): the per-token angle to the uniform "
         "vector is the measure of the first; the first token's few huge channels are the "
@@ -463,3 +464,51 @@ def model_markdown(m: dict) -> str:
         ],
     )
     return page.markdown(Path("."))
+
+
+def _beside_small(page: Page, j: dict, real: dict) -> None:
+    """The real models' residual-stream sites beside the lab's simulated and tiny trained models:
+    the same statistic, |μ|/σ's median against the i.i.d. median at each width."""
+    rows = []
+    sim = j.get("simulation")
+    if sim is not None:
+        v = sim["verdict"]
+        rows.append(
+            [
+                f"simulated {sim['config']['n_layers']}-layer pre-LN transformer at init "
+                f"({v['n']} seeds)",
+                sim["d"],
+                _f(sim["pooled_median"], ".3g"),
+                f"{v['ratio']:.2f} [{v['ci_low']:.2f}, {v['ci_high']:.2f}] (over seeds)",
+            ]
+        )
+    tr = j.get("training")
+    if tr is not None:
+        for norm, r in tr["per_norm"].items():
+            rows.append(
+                [
+                    f"tiny {norm} model trained {tr['config']['steps']} steps "
+                    f"({len(r['seeds'])} seeds)",
+                    tr["config"]["d_model"],
+                    _f(r["pooled_ratio_trained_mean"], ".3g"),
+                    f"{r['pooled_ratio_trained_mean'] / tr['iid_median']:.2f} (seed mean)",
+                ]
+            )
+    for m in measured(real):
+        for r in _kind_rows(m):
+            if r["kind"] in ("pre-norm", "post-ln"):
+                rows.append(
+                    [
+                        f"{m['model']}, {r['kind']} sites ({r['sites']})",
+                        r["width"],
+                        f"{_f(_med(r['ratio']), '.3g')} ({_span(r['ratio'])})",
+                        f"{_med(r['over_iid']):.2f} ({_span(r['over_iid'], '.2g')} over sites)",
+                    ]
+                )
+    if rows:
+        page.p(
+            "Were the small models representative? The same statistic on the residual stream "
+            "(the median over a site's rows; for the real models the median over sites, with "
+            "their range):"
+        )
+        page.table(["model", "d", "median |μ|/σ", "÷ i.i.d. median"], rows)
