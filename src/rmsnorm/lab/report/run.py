@@ -20,6 +20,7 @@ from ..conventions import eps_table, stream_shrink
 from ..iid import iid_reference
 from ..outliers import MASSIVE_SHARE_FACTOR, blind_spot
 from ..planted import planted_in_block
+from ..realmodels import RealConfig
 from ..seeds import CONFIDENCE, SeedStudy, centering_verdict, paired_spread_test, replicate
 from ..simulation import SimulationConfig, SimulationResult
 from ..stats import (
@@ -54,10 +55,12 @@ class ReportConfig:
 
     ``simulation`` at ``seeds`` seeds: the chapter's experiment (12 layers at init) and its
     calibrated verdict; ``sweep``: the architecture sweep at init (None skips it); ``training``:
-    LayerNorm and RMSNorm models trained over seeds, and the swap's cost on the LayerNorm ones (None
-    skips both); ``planted_bias``: the mean planted on block 1's MLP output, in ``planted_seeds``
-    seeds of each norm (0 skips it); ``model``: a built-in name or a local Hugging Face directory to
-    inspect (None skips it), on ``text`` or random tokens."""
+    LayerNorm and RMSNorm models trained over seeds, and the swap's cost on the LayerNorm ones
+    (None skips both); ``planted_bias``: the mean planted on block 1's MLP output, in
+    ``planted_seeds`` seeds of each norm (0 skips it); ``model``: a built-in name or a local
+    Hugging Face directory to inspect (None skips it), on ``text`` or random tokens; ``real``:
+    the pretrained models' study (:mod:`~rmsnorm.lab.realmodels`, on ``text`` or the standard
+    library's docstrings; None skips it, as ``--quick`` does)."""
 
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     seeds: int = 8
@@ -68,6 +71,7 @@ class ReportConfig:
     planted_batch: int = 4
     model: str | None = None
     text: str | None = None
+    real: RealConfig | None = field(default_factory=RealConfig)
     timing_shapes: tuple = SHAPES
     timing_rounds: int = 5
     mode: str = "default"
@@ -89,6 +93,7 @@ class ReportConfig:
             planted_batch=2,
             timing_shapes=(("64 × 128", 64, 128),),
             timing_rounds=2,
+            real=None,
             mode="quick",
         )
         return replace(base, **overrides)
@@ -119,6 +124,7 @@ class ReportConfig:
         seeds: int | None = None,
         train_seeds: int | None = None,
         sweep: bool = True,
+        real: bool | None = None,
     ) -> ReportConfig:
         """The CLI's options: ``train_steps`` 0 skips training (and the swap), ``planted_bias`` 0
         skips the planted mean, ``sweep`` False the sweep; None keeps the mode's value."""
@@ -136,6 +142,8 @@ class ReportConfig:
             cfg = replace(cfg, seeds=seeds)
             if sweep_cfg is not None:
                 sweep_cfg = replace(sweep_cfg, seeds=max(2, seeds))
+        if real is not None:
+            cfg = replace(cfg, real=RealConfig() if real else None)
         return replace(
             cfg,
             model=model,
@@ -563,6 +571,7 @@ class ReportResults:
     swap: dict | None = None
     planted: dict | None = None
     inspected: dict | None = None
+    real: dict | None = None
     blind_spot: list = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
 
@@ -596,6 +605,9 @@ class ReportResults:
             "one_channel_limit": 1 / math.sqrt(self.study.config.d_model - 1),
         }
         out["conventions"] = _conventions_section(self.study)
+        out["real_models"] = self.real or {
+            "skipped": "--quick" if self.config.mode == "quick" else "--no-real"
+        }
         out["eps_demo"] = self.eps_demo
         if self.inspected is not None:
             out["model"] = self.inspected
@@ -727,6 +739,15 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
                 loaded.model, ids, name=loaded.name, description=how, forward=loaded.forward
             ).to_dict()
             advance()
+    real = None
+    if cfg.real is not None:
+        from ..realmodels import run_real_models
+        from ..text import stdlib_docstrings, text_string
+
+        t0 = time.perf_counter()
+        source = stdlib_docstrings() if cfg.text is None else text_string(cfg.text, "--text-file")
+        real = run_real_models(cfg.real, source, progress)
+        stage("real_models", t0)
     t0 = time.perf_counter()
     timing = time_norms(cfg.timing_shapes, rounds=cfg.timing_rounds, progress=progress)
     stage("timing", t0)
@@ -743,6 +764,7 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
         swap=swap,
         planted=planted,
         inspected=inspected,
+        real=real,
         blind_spot=spot,
         seconds=seconds,
     )
