@@ -182,6 +182,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     import transformers
+
     from rmsnorm.lab.pretrained import load_pretrained
 
     transformers.logging.set_verbosity_error()
