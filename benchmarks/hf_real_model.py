@@ -198,8 +198,12 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "load_before": load_before,
         "weights": ", ".join(
-            f"{Path(name).name} sha256 {digest[:16]}…"
-            for name, digest in sorted(loaded.provenance["digests"].items())
+            sorted(
+                {
+                    f"{Path(name).name} sha256 {digest[:16]}…"
+                    for name, digest in loaded.provenance["digests"].items()
+                }
+            )
         ),
         "prompt_tokens": int(ids.shape[1]),
         "rounds": args.rounds,
