@@ -183,9 +183,10 @@ def vector_width_rule(arch: str, cpu: str, features: dict) -> tuple[int | None, 
     - The Skylake-SP generation (``skylake-avx512``, ``cascadelake``, ``cooperlake``): 256, as
       LLVM's own model of them; their clock drops on 512-bit instructions.
     - AMD Zen 4 (``znver4``): 512 in the forward, 256 in the plain norms' backward. Its 512-bit
-      instructions run as two halves, and the backward's float64 products and sums took
-      0.71-0.97× their time with 256-bit ones, while the forward's bf16 loads and stores took
-      1.16-1.29× theirs (benchmarks/results/cpu-amd/cpu_vector_width*.md).
+      instructions run as two halves; with 256-bit vectors the backward took 0.71-1.05× its time
+      on one thread and 0.74-1.02× on two, while the bf16 forward of rows in cache took
+      1.16-1.29× (benchmarks/results/cpu-amd/cpu_vector_width*.md). The gated kernels keep the
+      forward's width both ways (their backward was not compared).
     - Any other AVX-512 part (Zen 5's units are 512 bits wide; later Intel parts): 512."""
     if arch not in ("x86_64", "amd64"):
         return None, None, f"LLVM's choice for {cpu} ({arch})"
