@@ -6,7 +6,10 @@
 For each shape and dtype: the launcher alone (``rmsnorm.kernels.cpu.rms_norm_fwd`` / ``_bwd``,
 ``layer_norm_fwd`` / ``_bwd``) and ``F.layer_norm`` / ``F.rms_norm`` (forward under ``no_grad``;
 backward = ``torch.autograd.grad`` of a retained graph). Providers take turns for several rounds and
-the median of the per-round medians is printed, in µs per call. ``--keep-freed-memory`` asks glibc
+the median of the per-round medians is printed, in µs per call. ``--peers`` adds to the forward
+``x.clone()`` (the ceiling of an op that reads x and writes a fresh output of its size) and
+``torch.compile`` of the spec's RMSNorm forward, and two columns: RMSNorm's and LayerNorm's speed
+as a share of the clone's (clone's time ÷ theirs). ``--keep-freed-memory`` asks glibc
 to keep freed memory (as ``rmsnorm bench`` does) so that large outputs are not faulted in on every
 call; by default the allocator is left as a user's process has it. ``--timer cpu``
 times the process's CPU time instead of the wall clock: on a machine shared with other work it is
@@ -43,7 +46,7 @@ def _per_call(fn, budget: float) -> float:
     return statistics.median(times) * 1e6
 
 
-def _providers(m: int, n: int, dtype: torch.dtype):
+def _providers(m: int, n: int, dtype: torch.dtype, peers: bool = False):
     from rmsnorm.kernels import cpu
     from rmsnorm.reference import RMSOptions
 
@@ -76,6 +79,12 @@ def _providers(m: int, n: int, dtype: torch.dtype):
         "F.layer_norm": no_grad(lambda: F.layer_norm(x, (n,), w, b, eps)),
         "F.rms_norm": no_grad(lambda: F.rms_norm(x, (n,), w, eps)),
     }
+    if peers:
+        from rmsnorm import reference
+
+        compiled = torch.compile(lambda v: reference.rms_norm(v, w, eps), dynamic=False)
+        fwd["x.clone()"] = no_grad(lambda: x.clone())
+        fwd["torch.compile"] = no_grad(lambda: compiled(x))
     bwd = {
         "ours rms": lambda: cpu.rms_norm_bwd(dy, x, w, None, rstd, None, opts, dtype, True),
         "ours ln": lambda: cpu.layer_norm_bwd(dy, x, w, b, mean, rl, True),
@@ -94,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--modes", default="fwd,bwd")
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--keep-freed-memory", action="store_true", help="glibc: never trim or mmap")
+    ap.add_argument("--peers", action="store_true", help="forward: also clone and torch.compile")
     args = ap.parse_args(argv)
     global _clock
     _clock = time.process_time if args.timer == "cpu" else time.perf_counter
@@ -112,14 +122,14 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; µs per call "
         f"({args.timer} time), median"
     )
-    print(
-        "| mode | dtype | M×N | ours rms | ours ln | F.layer_norm | F.rms_norm | rms ÷ best torch |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    names = ["ours rms", "ours ln", "F.layer_norm", "F.rms_norm"]
+    extra = ["x.clone()", "torch.compile", "rms: clone ÷ it", "ln: clone ÷ it"] * args.peers
+    print(f"| mode | dtype | M×N | {' | '.join(names + extra)} | rms ÷ best torch |")
+    print("|---" * (len(names) + len(extra) + 4) + "|")
     for m, n in shapes:
         for dname in args.dtypes.split(","):
             dtype = getattr(torch, dname)
-            fwd, bwd = _providers(m, n, dtype)
+            fwd, bwd = _providers(m, n, dtype, args.peers)
             for mode, provs in (("fwd", fwd), ("bwd", bwd)):
                 if mode not in args.modes:
                     continue
@@ -130,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
                 med = {k: statistics.median(v) for k, v in res.items()}
                 best = min(med["F.layer_norm"], med["F.rms_norm"])
                 cells = " | ".join(f"{med[k]:.1f}" for k in provs)
+                if args.peers and mode == "fwd":
+                    clone = med["x.clone()"]
+                    cells += f" | {clone / med['ours rms']:.2f} | {clone / med['ours ln']:.2f}"
+                elif args.peers:
+                    cells += " | | | |"
                 print(
                     f"| {mode} | {dname} | {m}×{n} | {cells} | {med['ours rms'] / best:.2f} |",
                     flush=True,

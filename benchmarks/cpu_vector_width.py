@@ -1,11 +1,17 @@
-"""What asking LLVM for 512-bit vectors changes in the CPU kernels: this tree against another.
+"""What the vector width changes in the CPU kernels: this tree against another, or this tree's
+kernels compiled for two widths.
 
     git worktree add /tmp/before <commit without the change>
     PYTHONPATH=/tmp/before/src python -m rmsnorm warmup     # compile that tree's kernels once
     PYTHONPATH=src python benchmarks/cpu_vector_width.py --before /tmp/before/src [--out FILE]
+    PYTHONPATH=src python benchmarks/cpu_vector_width.py --widths 512,256 [--out FILE]
+
+With ``--widths A,B`` (AVX-512 hosts) the children set ``RMSNORM_CPU_VECTOR_BITS`` to A, then B,
+each width with its own numba cache under ``--cache-dir`` (the first child of each compiles its
+kernels, 1-2 min): "before" is A, "this" is B.
 
 The vector width is decided when the kernels are compiled, not per call, so one process cannot
-time both: the two trees run in alternating child processes (``--rounds`` of each), and each child
+time both: the two kinds run in alternating child processes (``--rounds`` of each), and each child
 reports every kernel's time divided by a reference timed in the same process (``torch.add(x, 1)``
 for the launchers, a copy-like op of the same bytes read; ``F.rms_norm`` for the functions), which
 cancels most of the machine's drift between processes. Printed (and written to ``--out`` as
@@ -20,8 +26,12 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+VECTOR_BITS_ENV = "RMSNORM_CPU_VECTOR_BITS"  # (runtime.VECTOR_BITS_ENV: not imported here, so
+# that the parent process never loads numba)
 
 CASES = "bfloat16:2048x4096,bfloat16:128x4096,float32:2048x4096"
 
@@ -58,9 +68,13 @@ def _case(m: int, n: int, name: str) -> dict[str, float]:
     opts = ref.RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
     _, rstd = L.rms_norm_fwd(x, w, None, opts)
     _, mean, rstd2 = L.layer_norm_fwd(x, w, None, 1e-5)
+    b = torch.randn(n, dtype=dtype)
     copy = _time(lambda: torch.add(x, 1.0))
     case = f"{name} {m} × {n}"
     out = {
+        f"F.layer_norm forward (same in both) | {case}": _time(
+            lambda: F.layer_norm(x, (n,), w, b, 1e-5)
+        ),
         f"RMSNorm forward | {case}": _time(lambda: L.rms_norm_fwd(x, w, None, opts)),
         f"RMSNorm backward | {case}": _time(
             lambda: L.rms_norm_bwd(dy, x, w, None, rstd, None, opts, dtype)
@@ -103,17 +117,20 @@ def _parse_cases(text: str) -> list[tuple[int, int, str]]:
     return cases
 
 
-def child(cases: str) -> dict[str, float]:
+def child(cases: str, threads: int) -> dict[str, float]:
+    import torch
+
+    torch.set_num_threads(threads)
     out = {}
     for m, n, name in _parse_cases(cases):
         out.update(_case(m, n, name))
     return out
 
 
-def _run(src: str, cases: str) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": src}
+def _run(src: str, cases: str, threads: int, env_extra: dict[str, str]) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": src, **env_extra}
     done = subprocess.run(
-        [sys.executable, __file__, "--child", "--cases", cases],
+        [sys.executable, __file__, "--child", "--cases", cases, "--threads", str(threads)],
         env=env,
         capture_output=True,
         text=True,
@@ -135,34 +152,61 @@ def _commit(src: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", help="the other tree's src directory (kernels compiled)")
+    parser.add_argument("--widths", help="A,B: this tree at A bits against B bits (256, 512)")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "rmsnorm-vector-width",
+        help="with --widths: one numba cache per width under it (default: %(default)s)",
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in each child")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--cases", default=CASES, help="dtype:MxN,... (default: %(default)s)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads < 1:
+        parser.error(f"--threads must be a positive integer, got {args.threads}")
     if args.child:
-        print(json.dumps(child(args.cases)))
+        print(json.dumps(child(args.cases, args.threads)))
         return
     _parse_cases(args.cases)
-    if not args.before or not Path(args.before, "rmsnorm").is_dir():
+    here = str(Path(__file__).resolve().parents[1] / "src")
+    if args.widths is not None:
+        widths = args.widths.split(",")
+        if len(widths) != 2 or not all(w in ("256", "512") for w in widths):
+            parser.error(f"--widths must be two of 256 and 512, e.g. 512,256; got {args.widths!r}")
+        kinds = [
+            (w, here, {VECTOR_BITS_ENV: w, "NUMBA_CACHE_DIR": str(args.cache_dir / w)})
+            for w in widths
+        ]
+        title = f"# {widths[1]}-bit against {widths[0]}-bit vectors: commit {_commit(here)}"
+    elif not args.before or not Path(args.before, "rmsnorm").is_dir():
         parser.error("--before must be the src directory of another checkout of rmsnorm")
+    else:
+        kinds = [("before", args.before, {}), ("this", here, {})]
+        title = f"# Vector width: commit {_commit(here)} against {_commit(args.before)}"
     if args.out and args.out.exists() and not args.overwrite:
         parser.error(f"--out {args.out} exists; pass --overwrite to replace it")
-    here = str(Path(__file__).resolve().parents[1] / "src")
+    from rmsnorm import info
+
+    load_before = info.load_average()
     runs: dict[str, list[dict[str, float]]] = {"before": [], "this": []}
     for r in range(args.rounds):
-        for label, src in (("before", args.before), ("this", here)):
-            print(f"round {r + 1}/{args.rounds}: {label}", file=sys.stderr, flush=True)
-            runs[label].append(_run(src, args.cases))
+        for label, (name, src, env) in zip(("before", "this"), kinds, strict=True):
+            print(f"round {r + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
+            runs[label].append(_run(src, args.cases, args.threads, env))
     from rmsnorm.kernels.cpu import runtime as rt
 
     lines = [
-        f"# 512-bit vectors: commit {_commit(here)} against {_commit(args.before)}",
+        title,
         "",
         f"{args.rounds} alternating processes of each; every time ÷ a same-process reference "
         "(launchers: `torch.add(x, 1)`; functions: `F.rms_norm`), median over the processes; "
-        f"2 torch threads; this host asks for 512-bit vectors: {rt.WIDE_VECTORS}.",
+        f"{args.threads} torch thread{'s' * (args.threads > 1)}; {info.cpu_model()} "
+        f"(the rule's choice: {rt.VECTOR_BITS or 'none'}, {rt.VECTOR_WHY}); load average "
+        f"(1, 5, 15 min) {load_before} at the start, {info.load_average()} at the end.",
         "",
         "| kernel | shape | before | this tree | this ÷ before |",
         "|---|---|---|---|---|",

@@ -132,18 +132,18 @@ def describe_backend(device_type: str) -> str:
 
 
 def cpu_kernel_vectors() -> str | None:
-    """The vector width the CPU kernels ask LLVM for on this host (``docs/cpu.md``, "Vector
-    width"), with LLVM's name for the CPU; None where the kernels cannot run."""
+    """The vector widths the CPU kernels ask LLVM for on this host and why (``docs/cpu.md``,
+    "Vector width"): ``"512-bit"``, ``"forward 512-bit, backward 256-bit"`` or ``"LLVM's
+    choice"``, then the reason with LLVM's name for the CPU; None where the kernels cannot run."""
     if not _backend.cpu_kernels_available():
         return None
-    import llvmlite.binding as llvm
-
     from .kernels.cpu import runtime
 
-    cpu = llvm.get_host_cpu_name()
-    if runtime.WIDE_VECTORS:
-        return f"512-bit, asked for ({cpu})"
-    return f"LLVM's choice for {cpu}"
+    fwd, bwd = runtime.VECTOR_BITS, runtime.VECTOR_BITS_BWD
+    if fwd is None:
+        return runtime.VECTOR_WHY
+    widths = f"{fwd}-bit" if fwd == bwd else f"forward {fwd}-bit, backward {bwd}-bit"
+    return f"{widths} ({runtime.VECTOR_WHY})"
 
 
 def machine_description() -> str:

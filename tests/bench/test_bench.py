@@ -531,7 +531,8 @@ def test_vector_width_child_reports_every_kernel_of_each_case():
     assert {"RMSNorm forward", "RMSNorm backward", "LayerNorm forward", "LayerNorm backward"} <= (
         kernels
     )
-    assert all(k.endswith("| float32 4 × 64") and v > 0 for k, v in out.items()) and len(out) == 6
+    assert "F.layer_norm forward (same in both)" in kernels  # the drift check, timed in each
+    assert all(k.endswith("| float32 4 × 64") and v > 0 for k, v in out.items()) and len(out) == 7
 
 
 def test_vector_width_script_refuses_bad_cases_and_an_existing_out(tmp_path):
@@ -547,3 +548,7 @@ def test_vector_width_script_refuses_bad_cases_and_an_existing_out(tmp_path):
     assert done.returncode != 0 and "--overwrite" in done.stderr and out.read_text() == "kept"
     done = _vector_width_script("--before", str(tmp_path / "nowhere"))
     assert done.returncode != 0 and "--before must be the src directory" in done.stderr
+    done = _vector_width_script("--widths", "512,1024")
+    assert done.returncode != 0 and "--widths must be two of 256 and 512" in done.stderr
+    done = _vector_width_script("--widths", "256,512", "--threads", "0")
+    assert done.returncode != 0 and "--threads must be a positive integer" in done.stderr

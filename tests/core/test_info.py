@@ -86,7 +86,14 @@ def test_the_cpu_kernels_vector_width_is_reported_as_compiled():
         return
     from rmsnorm.kernels.cpu import runtime
 
-    assert said.startswith("512-bit") == runtime.WIDE_VECTORS
+    fwd, bwd = runtime.VECTOR_BITS, runtime.VECTOR_BITS_BWD
+    assert runtime.VECTOR_WHY in said
+    if fwd is None:
+        assert said.startswith("LLVM's choice")
+    elif fwd == bwd:
+        assert said.startswith(f"{fwd}-bit (")
+    else:
+        assert said.startswith(f"forward {fwd}-bit, backward {bwd}-bit (")
 
 
 def test_versions_and_load():

@@ -496,6 +496,8 @@ def test_each_cache_index_is_stamped_with_the_files_its_code_includes():
             for module in modules:
                 st = os.stat(module.__file__)
                 assert (st.st_mtime, st.st_size) in stamp, (compiled, module.__name__)
+            # ... and with the vector widths, which RMSNORM_CPU_VECTOR_BITS may change
+            assert ("prefer-vector-width", rt.VECTOR_BITS, rt.VECTOR_BITS_BWD) in stamp
 
 
 def test_without_a_writable_cache_the_kernels_compile_in_process(tmp_path):
@@ -586,7 +588,7 @@ def test_a_lowered_intrinsic_types_only_for_its_signature():
         rt.njit(lambda u, v: _add3(u, v))(1.5, 2)
 
 
-def test_compiled_functions_ask_for_512_bit_vectors_where_the_host_rule_says():
+def test_compiled_functions_ask_for_the_vector_width_of_their_direction():
     np = pytest.importorskip("numpy")
     pytest.importorskip("numba")
     from rmsnorm.kernels.cpu import runtime as rt
@@ -599,39 +601,119 @@ def test_compiled_functions_ask_for_512_bit_vectors_where_the_host_rule_says():
             s += v
         return s
 
-    assert total(np.ones(64, np.float32)) == 64.0
-    ir = next(iter(total.inspect_llvm().values()))
-    assert ('"prefer-vector-width"="512"' in ir) == rt.WIDE_VECTORS
+    @rt.njit
+    def total_bwd(x):
+        rt.wide_vectors_bwd()
+        s = 0.0
+        for v in x:
+            s += v
+        return s
+
+    for fn, bits in ((total, rt.VECTOR_BITS), (total_bwd, rt.VECTOR_BITS_BWD)):
+        assert fn(np.ones(64, np.float32)) == 64.0
+        ir = next(iter(fn.inspect_llvm().values()))
+        wanted = f'"prefer-vector-width"="{bits}"'
+        assert (wanted in ir) == (bits is not None) and ("prefer-vector-width" in ir) == (
+            bits is not None
+        )
+
+
+_AVX512 = ("avx512f", "avx512bw", "avx512vl")
 
 
 @pytest.mark.parametrize(
-    "arch, cpu, features, wide",
+    "arch, cpu, features, widths",
     [
-        ("x86_64", "rocketlake", ("avx512f", "avx512bw", "avx512vl"), True),
-        ("x86_64", "znver4", ("avx512f", "avx512bw", "avx512vl"), True),
-        ("x86_64", "cascadelake", ("avx512f", "avx512bw", "avx512vl"), False),
-        ("x86_64", "skylake-avx512", ("avx512f", "avx512bw", "avx512vl"), False),
-        ("x86_64", "znver3", ("avx2",), False),
-        ("x86_64", "knl", ("avx512f",), False),  # no BW / VL
-        ("aarch64", "neoverse-v1", ("sve",), False),
+        ("x86_64", "rocketlake", _AVX512, (512, 512)),  # Intel with 512-bit units
+        ("x86_64", "sapphirerapids", (*_AVX512, "avx512bf16", "amx-tile"), (512, 512)),
+        ("x86_64", "znver4", (*_AVX512, "avx512bf16"), (512, 256)),  # AMD Zen 4: two halves
+        ("x86_64", "znver5", (*_AVX512, "avx512bf16"), (512, 512)),  # AMD Zen 5: 512-bit units
+        ("x86_64", "cascadelake", _AVX512, (256, 256)),  # Skylake-SP: clock drop
+        ("x86_64", "skylake-avx512", _AVX512, (256, 256)),
+        ("x86_64", "znver3", ("avx2",), (None, None)),
+        ("x86_64", "knl", ("avx512f",), (None, None)),  # no BW / VL
+        ("aarch64", "neoverse-v1", ("sve",), (None, None)),
     ],
 )
-def test_the_vector_width_rule(monkeypatch, arch, cpu, features, wide):
+def test_the_vector_width_rule(monkeypatch, arch, cpu, features, widths):
     pytest.importorskip("numba")
     import llvmlite.binding as llvm
 
     from rmsnorm.kernels.cpu import runtime as rt
 
+    fwd, bwd, why = rt.vector_width_rule(arch, cpu, {f: True for f in features})
+    assert (fwd, bwd) == widths and cpu in why
+    # what the host reports goes through the same rule, unless the variable overrides it
     monkeypatch.setattr(rt, "_ARCH", arch)
     monkeypatch.setattr(llvm, "get_host_cpu_name", lambda: cpu)
     monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: {f: True for f in features})
-    assert rt._host_wants_512_bit() is wide
+    monkeypatch.delenv(rt.VECTOR_BITS_ENV, raising=False)
+    assert rt._vector_widths()[:2] == widths
+    monkeypatch.setenv(rt.VECTOR_BITS_ENV, "auto")
+    assert rt._vector_widths()[:2] == widths
+    for value in ("256", "512"):
+        monkeypatch.setenv(rt.VECTOR_BITS_ENV, value)
+        if fwd is None and (value == "512" or arch != "x86_64"):
+            with pytest.raises(ValueError, match=f"{rt.VECTOR_BITS_ENV}={value} needs an x86-64"):
+                rt._vector_widths()
+        else:
+            bits, bits_bwd, why = rt._vector_widths()
+            assert bits == bits_bwd == int(value) and rt.VECTOR_BITS_ENV in why
+
+
+def test_a_bad_vector_width_setting_is_refused_by_name(monkeypatch):
+    pytest.importorskip("numba")
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    monkeypatch.setenv(rt.VECTOR_BITS_ENV, "1024")
+    with pytest.raises(ValueError, match="RMSNORM_CPU_VECTOR_BITS must be 256, 512 or auto"):
+        rt._vector_widths()
+
+
+@pytest.mark.parametrize("bits", ["256", "512"])
+def test_the_kernels_are_correct_at_either_forced_vector_width(tmp_path, bits):
+    """The kernels compiled for one width in both directions (the variable), in a fresh cache:
+    forward and backward of both norms, float32 and bfloat16, against the spec. The width this
+    process compiled is tested by every other test here."""
+    pytest.importorskip("numba")
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    if (rt.VECTOR_BITS, rt.VECTOR_BITS_BWD) == (int(bits), int(bits)):
+        pytest.skip(f"this process's kernels are already {bits}-bit both ways")
+    if rt.VECTOR_BITS is None and bits == "512":
+        pytest.skip("this CPU has no AVX-512 (F, BW, VL)")
+    if rt._ARCH not in ("x86_64", "amd64"):
+        pytest.skip("the width is set on x86-64 only")
+    code = (
+        "import torch\n"
+        "from rmsnorm import reference as ref\n"
+        "from rmsnorm.testing import check_launcher\n"
+        "from rmsnorm.kernels.cpu import launchers as cpu, runtime as rt\n"
+        f"assert (rt.VECTOR_BITS, rt.VECTOR_BITS_BWD) == ({bits}, {bits}), rt.VECTOR_WHY\n"
+        "torch.manual_seed(0)\n"
+        "for dtype in (torch.float32, torch.bfloat16):\n"
+        "    for m, n in ((5, 77), (40, 1000)):\n"
+        "        x, dy = torch.randn(m, n, dtype=dtype), torch.randn(m, n, dtype=dtype)\n"
+        "        w, b = torch.rand(n, dtype=dtype) + 0.5, torch.randn(n, dtype=dtype)\n"
+        "        opts = ref.RMSOptions(1e-6, 'mean_square', 'gemma', 0.0, n)\n"
+        "        _, _, e = check_launcher(cpu, 'rms_norm_fwd', x, w, None, opts)\n"
+        "        check_launcher(cpu, 'rms_norm_bwd', dy, x, w, None, e[1].float(), None, opts,\n"
+        "                       dtype, True)\n"
+        "        _, _, e = check_launcher(cpu, 'layer_norm_fwd', x, w, b, 1e-5)\n"
+        "        check_launcher(cpu, 'layer_norm_bwd', dy, x, w, b, e[1].float(), e[2].float(),\n"
+        "                       True)\n"
+        "print('OK')\n"
+    )
+    env = {rt.VECTOR_BITS_ENV: bits, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    done = _run(code, timeout=600, env=env)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr
 
 
 def test_every_compiled_kernel_function_asks_for_the_vector_width():
     """Each function of the kernel modules that numba compiles on its own (decorated with njit,
-    not inlined) starts with ``rt.wide_vectors()``: the width is a per-function attribute, so a
-    function without the call would keep LLVM's default."""
+    not inlined) starts with ``rt.wide_vectors()`` (or ``rt.wide_vectors_bwd()`` in the plain
+    norms' backward): the width is a per-function attribute, so a function without the call would
+    keep LLVM's default."""
     import ast
     from pathlib import Path
 
@@ -646,6 +728,6 @@ def test_every_compiled_kernel_function_asks_for_the_vector_width():
                 continue
             seen += 1
             body = node.body[1:] if ast.get_docstring(node) else node.body
-            if ast.unparse(body[0]) != "rt.wide_vectors()":
+            if ast.unparse(body[0]) not in ("rt.wide_vectors()", "rt.wide_vectors_bwd()"):
                 missing.append(f"{name}:{node.name}")
     assert seen > 20 and missing == []

@@ -460,7 +460,7 @@ def _normalize_bf16(xs, mu, r, s, b, has_b, norm, out16):
 @njit(fastmath={"reassoc", "contract"})
 def _sum_gx(dy, x, s64, n):
     """Σ g·x in float64, g = dy·s (RMSNorm's Σ g·x̂ is r times this)."""
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     acc = 0.0
     for j in range(n):
         acc += (np.float64(dy[j]) * s64[j]) * np.float64(x[j])
@@ -470,7 +470,7 @@ def _sum_gx(dy, x, s64, n):
 @njit(fastmath={"reassoc", "contract"})
 def _sum_g_gx(dy, x, s64, n, mu):
     """Σ g and Σ g·(x − μ) in float64 (LayerNorm's Σ g·x̂ is r times the second)."""
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     sg = 0.0
     sgx = 0.0
     for j in range(n):
@@ -485,7 +485,7 @@ def _sum_g_gx(dy, x, s64, n, mu):
 @njit(fastmath={"contract"})
 def _dx_rms(dy, x, s64, n, k, a, b, out):
     """out_j = a·g_j − b·x_j for j < k, a·g_j after (g = dy·s), in float64, rounded once."""
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     for j in range(k):
         out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]) - b * np.float64(x[j]))
     for j in range(k, n):
@@ -495,7 +495,7 @@ def _dx_rms(dy, x, s64, n, k, a, b, out):
 @njit(fastmath={"contract"})
 def _dx_ln(dy, x, s64, n, mu, a, b, c, out):
     """out_j = a·g_j − b·(x_j − μ) + c (g = dy·s), in float64, rounded once."""
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     mud = np.float64(mu)
     for j in range(n):
         out[j] = np.float32(a * (np.float64(dy[j]) * s64[j]) - b * (np.float64(x[j]) - mud) + c)
@@ -671,7 +671,7 @@ def _fwd_rows(A, lo, hi, tx, ty):
 # ----------------------------------------------------------------------------------------------
 @njit
 def _bwd_block(A, blk, tx, tdy, tdx):
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     m, n, k, flags = A[_M], A[_N], A[_K], A[_FLAGS]
     dy_code, x_code, dr_code = _field(flags, BDY), _field(flags, BX), _field(flags, BDR)
     has_dr, norm, eps_mode = _field(flags, BHAS_DR), _field(flags, BNORM), _field(flags, BEPS)
@@ -765,14 +765,14 @@ def _bwd_block(A, blk, tx, tdy, tdx):
 def _partials(nb, n, need):
     """A block's float32 partial row of d weight or d bias for each of nb blocks (none if not
     needed)."""
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     return np.empty(nb * n if need else 0, np.float32)
 
 
 @njit
 def _reduce_grads(pw, pb, nb, n, dwp, dw_code, dbp, db_code):
     """d weight and d bias, where their partial rows were kept (pw, pb not empty)."""
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     if pw.shape[0] == 0 and pb.shape[0] == 0:
         return
     acc = np.empty(n, np.float64)
@@ -786,7 +786,7 @@ def _reduce_grads(pw, pb, nb, n, dwp, dw_code, dbp, db_code):
 def _reduce_partials(p, nb, n, addr, code, acc):
     """Σ over the nb partial rows of p (float32, block order, in float64) into the (N,) output at
     addr in the dtype `code` (float64 → float32 → half, as torch's ``.to`` converts)."""
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     for j in range(n):
         acc[j] = 0.0
     for blk in range(nb):
@@ -861,7 +861,7 @@ def forward(
 
 @njit
 def _bwd_rows_per_block(m, n):
-    rt.wide_vectors()
+    rt.wide_vectors_bwd()
     # ≥ 16 rows (the float32 partial rows of d weight are then ≤ 1/16 of the input), ~16 K elements
     # where rows are short, and at most 64 blocks: the caller sums the partial rows alone (64·N
     # additions: ~0.1 ms at N = 4096, where 8192 × 4096 in blocks of 16 rows left it 512·N,

@@ -164,37 +164,86 @@ def _call_block(b, fn, args, blk, scratch):
     b.call(_at(b, fn, ir.VoidType(), _I64, _I64, _I64), [args, blk, scratch])
 
 
-def _host_wants_512_bit() -> bool:
-    """Whether the kernels ask for 512-bit vectors: on x86 hosts with AVX-512F, BW and VL, except
-    the Skylake-SP generation (``skylake-avx512``, ``cascadelake``, ``cooperlake``), whose cores
-    drop their clock on 512-bit instructions. LLVM's CPU models of the later Intel parts keep
-    preferring 256-bit vectors (its tuning for all AVX-512 parts since Skylake-SP); measured on a
-    ``rocketlake`` host, the bf16 kernels took 0.72-0.93× their time with 512-bit ones and the
-    gated bf16 forward 0.62-0.88× (benchmarks/results/cpu-intel/cpu_vector_width*.md). Fixed per
-    host: numba's cache keys compiled code by the host's CPU name and features, which decide
-    this."""
+VECTOR_BITS_ENV = "RMSNORM_CPU_VECTOR_BITS"
+# Intel's Skylake-SP generation drops its clock on 512-bit instructions (LLVM's own models of every
+# Intel part since keep preferring 256-bit vectors for it); the kernels take 256 there.
+_CLOCK_DROP = ("skylake-avx512", "cascadelake", "cooperlake")
+# AMD's Zen 4 runs a 512-bit instruction as two 256-bit halves (its vector units are 256 bits wide).
+_HALF_WIDTH = ("znver4",)
+
+
+def vector_width_rule(arch: str, cpu: str, features: dict) -> tuple[int | None, int | None, str]:
+    """The vector widths the kernels ask LLVM for on a host, from what LLVM reports of its CPU
+    alone (never from a timing): ``(forward bits, backward bits, why)``; None where LLVM keeps its
+    own choice (no AVX-512 F, BW and VL: 256 bits at most with AVX2; NEON / SVE on ARM).
+
+    - Intel parts after Skylake-SP (512-bit units): 512 both ways; on a ``rocketlake`` host the
+      bf16 kernels took 0.72-0.93× their time with them
+      (benchmarks/results/cpu-intel/cpu_vector_width*.md).
+    - The Skylake-SP generation (``skylake-avx512``, ``cascadelake``, ``cooperlake``): 256, as
+      LLVM's own model of them; their clock drops on 512-bit instructions.
+    - AMD Zen 4 (``znver4``): 512 in the forward, 256 in the plain norms' backward. Its 512-bit
+      instructions run as two halves; with 256-bit vectors the backward took 0.71-1.05× its time
+      on one thread and 0.74-1.02× on two, while the bf16 forward of rows in cache took
+      1.16-1.29× (benchmarks/results/cpu-amd/cpu_vector_width*.md). The gated kernels keep the
+      forward's width both ways (their backward was not compared).
+    - Any other AVX-512 part (Zen 5's units are 512 bits wide; later Intel parts): 512."""
+    if arch not in ("x86_64", "amd64"):
+        return None, None, f"LLVM's choice for {cpu} ({arch})"
+    if not all(features.get(f) for f in ("avx512f", "avx512bw", "avx512vl")):
+        return None, None, f"LLVM's choice for {cpu} (no AVX-512 BW / VL)"
+    if cpu in _CLOCK_DROP:
+        return 256, 256, f"{cpu}: its clock drops on 512-bit instructions"
+    if cpu in _HALF_WIDTH:
+        return 512, 256, f"{cpu}: its 512-bit instructions run as two 256-bit halves"
+    return 512, 512, f"{cpu}: 512-bit vector units"
+
+
+def _vector_widths() -> tuple[int | None, int | None, str]:
+    """This host's widths: :func:`vector_width_rule`, unless ``RMSNORM_CPU_VECTOR_BITS`` names one
+    for both directions (``256`` or ``512``; ``auto`` or unset: the rule)."""
     import llvmlite.binding as llvm
 
-    if _ARCH not in ("x86_64", "amd64"):
-        return False
-    features = llvm.get_host_cpu_features()
-    if not all(features.get(f) for f in ("avx512f", "avx512bw", "avx512vl")):
-        return False
-    return llvm.get_host_cpu_name() not in ("skylake-avx512", "cascadelake", "cooperlake")
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features()
+    fwd, bwd, why = vector_width_rule(_ARCH, cpu, features)
+    wanted = os.environ.get(VECTOR_BITS_ENV, "auto").strip().lower()
+    if wanted in ("", "auto"):
+        return fwd, bwd, why
+    if wanted not in ("256", "512"):
+        raise ValueError(f"{VECTOR_BITS_ENV} must be 256, 512 or auto, got {wanted!r}")
+    if fwd is None and not (wanted == "256" and _ARCH in ("x86_64", "amd64")):
+        raise ValueError(
+            f"{VECTOR_BITS_ENV}={wanted} needs an x86-64 CPU"
+            + (" with AVX-512 (F, BW, VL)" if wanted == "512" else "")
+            + f"; this one is {cpu} ({_ARCH})"
+        )
+    return int(wanted), int(wanted), f"{cpu}: set by {VECTOR_BITS_ENV}={wanted}"
 
 
-WIDE_VECTORS = _host_wants_512_bit()
+VECTOR_BITS, VECTOR_BITS_BWD, VECTOR_WHY = _vector_widths()
+
+
+def _width_attribute(b, bits):
+    # "prefer-vector-width" is a string attribute, which llvmlite's attribute set does not list (it
+    # knows only enum attributes): it is added to the set directly.
+    if bits is not None:
+        set.add(b.function.attributes, f'"prefer-vector-width"="{bits}"')
 
 
 @lowered(types.void())
 def wide_vectors(b):
-    """Called first in a compiled function: LLVM vectorizes its loops (and those inlined into it)
-    with 512-bit vectors where :data:`WIDE_VECTORS` says so; nothing elsewhere. It sets the
-    function attribute ``"prefer-vector-width"="512"``, which llvmlite's attribute set does not
-    list (it knows only enum attributes), so it is added to the set directly. LLVM reads it per
-    function: the user's own numba code is unaffected (numba's CPU features are per process)."""
-    if WIDE_VECTORS:
-        set.add(b.function.attributes, '"prefer-vector-width"="512"')
+    """Called first in a compiled forward (or shared) function: LLVM vectorizes its loops (and
+    those inlined into it) with :data:`VECTOR_BITS`-bit vectors where that is set; nothing
+    elsewhere. LLVM reads the attribute per function: the user's own numba code is unaffected
+    (numba's CPU features are per process)."""
+    _width_attribute(b, VECTOR_BITS)
+
+
+@lowered(types.void())
+def wide_vectors_bwd(b):
+    """As :func:`wide_vectors`, first in a function of the plain norms' backward
+    (:data:`VECTOR_BITS_BWD`)."""
+    _width_attribute(b, VECTOR_BITS_BWD)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -422,7 +471,8 @@ class Entries:
     """The entry points and C callbacks of one module, compiled with one signature each and cached
     on disk. numba's cache only watches the file of the cached function, while the code it caches
     includes every function it calls: each cache index here is also stamped with the files named
-    (this one always), so that an edit of any of them recompiles."""
+    (this one always), so that an edit of any of them recompiles, and with the vector width (which
+    ``RMSNORM_CPU_VECTOR_BITS`` may change on one host: a change recompiles)."""
 
     def __init__(self, *sources: str) -> None:
         self.items: list = []  # (dispatcher or C callback, argument types or None)
@@ -436,6 +486,7 @@ class Entries:
             cache_file._source_stamp = (
                 cache_file._source_stamp,
                 *((st.st_mtime, st.st_size) for st in stats),
+                ("prefer-vector-width", VECTOR_BITS, VECTOR_BITS_BWD),
             )
         except (AttributeError, OSError):  # another numba, or no cache: nothing to keep fresh
             pass
