@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import tiny_hf
 from rmsnorm.lab import centering, sites
 from rmsnorm.lab.inspection import RunnableModel
 
@@ -47,19 +48,7 @@ def source():
 
 @pytest.fixture(scope="module")
 def gemma():
-    torch.manual_seed(0)
-    cfg = tf.Gemma3TextConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        intermediate_size=128,
-        vocab_size=300,
-        max_position_embeddings=64,
-        sliding_window=16,
-    )
-    model = tf.Gemma3ForCausalLM(cfg).eval()
+    model = tiny_hf.gemma3(tf, vocab_size=300)
     with torch.no_grad():  # γ away from 0, so that Gemma's 1 + γ matters
         for s in sites.find_sites(model):
             s.module.weight.normal_(0.0, 0.5)
@@ -118,16 +107,7 @@ def test_token_costs_match_numpy():
 
 
 def test_encoder_naive_swap_and_centered_writers(source):
-    torch.manual_seed(0)
-    cfg = tf.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=200,
-        architectures=["BertModel"],
-    )
-    model = tf.BertModel(cfg).eval()
+    model = tiny_hf.bert(tf, vocab_size=200, seed=0)
     loaded = RunnableModel("tiny-bert", model, 200, 512, WordTokenizer(200, frame=True), "hf")
     loaded.encoder = True
     out = centering.encoder_swap_study(loaded, source, count=50)
@@ -162,16 +142,7 @@ def test_quantization_effect_on_an_encoder(source):
     from rmsnorm.lab import realmodels
     from rmsnorm.lab.sites import site_study
 
-    torch.manual_seed(1)
-    cfg = tf.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=200,
-        architectures=["BertModel"],
-    )
-    model = tf.BertModel(cfg).eval()
+    model = tiny_hf.bert(tf, vocab_size=200, seed=1)
     loaded = RunnableModel("tiny-bert", model, 200, 512, WordTokenizer(200, frame=True), "hf")
     loaded.encoder = True
     rc = realmodels.RealConfig(sequences=3, seq_len=16, sentences=50)

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+import tiny_hf
 from rmsnorm.lab import realmodels, weights
 from rmsnorm.lab.report import real_figures, real_prose
 from rmsnorm.lab.report.page import Page
@@ -35,14 +36,7 @@ def _save_tiny(path, seed: int):
     model = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
     model.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     tok = tf.PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>", bos_token="<s>")
-    cfg = tf.LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=len(vocab),
-        max_position_embeddings=64,
-    )
+    cfg = tiny_hf.llama_config(tf, vocab_size=len(vocab), max_position_embeddings=64)
     tf.LlamaForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path

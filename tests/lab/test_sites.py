@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import tiny_hf
 from rmsnorm.lab import sites, sitestats
 
 # ----------------------------------------------------------------------------------------------
@@ -137,19 +138,7 @@ def _kinds(model):
 
 
 def test_gemma3_sites(tf):
-    torch.manual_seed(0)
-    cfg = tf.Gemma3TextConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        intermediate_size=128,
-        vocab_size=256,
-        max_position_embeddings=64,
-        sliding_window=16,
-    )
-    model = tf.Gemma3ForCausalLM(cfg).eval()
+    model = tiny_hf.gemma3(tf)
     kinds = _kinds(model)
     expected = {"model.norm": (None, "final")}
     for i in range(2):
@@ -176,28 +165,14 @@ def test_gemma3_sites(tf):
 
 
 def test_llama_sites(tf):
-    cfg = tf.LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=128,
-    )
-    kinds = _kinds(tf.LlamaForCausalLM(cfg))
+    kinds = _kinds(tf.LlamaForCausalLM(tiny_hf.llama_config(tf)))
     assert kinds["model.layers.1.post_attention_layernorm"] == (1, "pre-norm")
     assert kinds["model.layers.0.input_layernorm"] == (0, "pre-norm")
     assert kinds["model.norm"] == (None, "final") and len(kinds) == 5
 
 
 def test_bert_sites(tf):
-    cfg = tf.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=128,
-    )
-    model = tf.BertModel(cfg).eval()
+    model = tiny_hf.bert(tf)
     kinds = _kinds(model)
     assert kinds == {
         "embeddings.LayerNorm": (None, "embedding"),

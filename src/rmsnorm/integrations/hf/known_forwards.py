@@ -36,6 +36,22 @@ def _after_llama_normalization(signature: str, *statements: str) -> str:
     )
 
 
+def _gemma3n(eps_attr: str) -> str:
+    """Gemma 3n's forward, with ε read from ``eps_attr`` (transformers 5.24: ``eps``; 5.25:
+    ``variance_epsilon``)."""
+    return f"""
+def forward(self, hidden_states):
+    normed_output = self._norm(hidden_states.float())
+    if self.with_scale:
+        normed_output = normed_output * self.weight.float()
+    return normed_output.type_as(hidden_states)
+
+def _norm(self, hidden_states):
+    mean_squared = hidden_states.pow(2).mean(-1, keepdim=True) + self.{eps_attr}
+    return hidden_states * torch.pow(mean_squared, -0.5)
+"""
+
+
 KNOWN_FORWARDS: tuple[tuple[str, Convention, str], ...] = (
     (
         "llama.LlamaRMSNorm",
@@ -85,33 +101,13 @@ def forward(self, hidden_states):
     (
         "gemma3n.Gemma3nRMSNorm",  # no offset; the weight only where with_scale is True
         Convention("rms", "eps", weight_flag="with_scale"),
-        """
-def forward(self, hidden_states):
-    normed_output = self._norm(hidden_states.float())
-    if self.with_scale:
-        normed_output = normed_output * self.weight.float()
-    return normed_output.type_as(hidden_states)
-
-def _norm(self, hidden_states):
-    mean_squared = hidden_states.pow(2).mean(-1, keepdim=True) + self.eps
-    return hidden_states * torch.pow(mean_squared, -0.5)
-""",
+        _gemma3n("eps"),
     ),
     (
         # The same, as transformers 5.25 writes it (ε in variance_epsilon).
         "gemma3n.Gemma3nRMSNorm",
         Convention("rms", "variance_epsilon", weight_flag="with_scale"),
-        """
-def forward(self, hidden_states):
-    normed_output = self._norm(hidden_states.float())
-    if self.with_scale:
-        normed_output = normed_output * self.weight.float()
-    return normed_output.type_as(hidden_states)
-
-def _norm(self, hidden_states):
-    mean_squared = hidden_states.pow(2).mean(-1, keepdim=True) + self.variance_epsilon
-    return hidden_states * torch.pow(mean_squared, -0.5)
-""",
+        _gemma3n("variance_epsilon"),
     ),
     (
         "moshi.MoshiRMSNorm",
