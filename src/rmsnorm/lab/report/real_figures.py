@@ -128,26 +128,33 @@ PANELS = (
 def predictor_scatter(real: dict, path: Path) -> Path:
     """Four per-site statistics against the measured cost of centering those sites alone (one
     point per block or kind of site; KL for the causal models, 1 − cosine of the sentence
-    embeddings for the encoder), log-log; Spearman's ρ per model in the legend."""
+    embeddings for the encoder), log-log; Spearman's ρ of each model for each statistic in that
+    panel's title."""
+    from matplotlib.ticker import NullFormatter
+
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(16, 4.2), layout="constrained")
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(16, 4.4), layout="constrained")
     markers = ["o", "s", "^", "D"]
     for ax, label in zip(axes, PANELS, strict=True):
+        rhos = []
         for i, m in enumerate(measured(real)):
             pts = [p for p in m["points"] if p[label] and p["cost"] and p["cost"] > 0]
             rho = m["correlations"][label]["rho"]
-            cost = "KL" if m["cost"] == "kl" else "1 − cos"
+            rhos.append(f"{m['model']} {'n/a' if rho is None else f'{rho:+.2f}'}")
+            cost = "KL, nats/token" if m["cost"] == "kl" else "1 − cos"
             ax.scatter(
                 [p[label] for p in pts],
                 [p["cost"] for p in pts],
                 s=14,
                 marker=markers[i % len(markers)],
-                label=f"{m['model']} ({cost}; ρ = {'n/a' if rho is None else f'{rho:.2f}'})",
+                label=f"{m['model']} (cost: {cost})",
             )
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap within a decade
         ax.set_xlabel(label)
         ax.set_ylabel("cost of centering these sites alone")
+        ax.set_title("Spearman ρ\n" + "\n".join(rhos), fontsize=8)
     legend_below(fig, axes[0], ncol=3)
     return save_figure(
         fig, path, "Does a per-site statistic predict the centering's end-to-end cost?"
