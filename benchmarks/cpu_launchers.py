@@ -9,7 +9,10 @@ backward = ``torch.autograd.grad`` of a retained graph). Providers take turns fo
 the median of the per-round medians is printed, in µs per call. ``--peers`` adds to the forward
 ``x.clone()`` (the ceiling of an op that reads x and writes a fresh output of its size) and
 ``torch.compile`` of the spec's RMSNorm forward, and two columns: RMSNorm's and LayerNorm's speed
-as a share of the clone's (clone's time ÷ theirs). ``--keep-freed-memory`` asks glibc
+as a share of the clone's (clone's time ÷ theirs). ``--stores`` adds the launchers with ordinary
+stores whatever the size (``ordinary rms`` / ``ordinary ln``: the host's rule for streaming the
+outputs, ``runtime.stream_rule``, set aside for the call) and their time ÷ the launchers' as the
+rule has them (above 1: the rule's choice is faster). ``--keep-freed-memory`` asks glibc
 to keep freed memory (as ``rmsnorm bench`` does) so that large outputs are not faulted in on every
 call; by default the allocator is left as a user's process has it. ``--timer cpu``
 times the process's CPU time instead of the wall clock: on a machine shared with other work it is
@@ -46,7 +49,21 @@ def _per_call(fn, budget: float) -> float:
     return statistics.median(times) * 1e6
 
 
-def _providers(m: int, n: int, dtype: torch.dtype, peers: bool = False):
+def _ordinary(f):
+    """f run with the CPU launchers' ordinary stores whatever the call's size."""
+    from rmsnorm.kernels.cpu import launchers
+
+    def run():
+        saved, launchers._STREAM_AT = launchers._STREAM_AT, 1 << 62
+        try:
+            f()
+        finally:
+            launchers._STREAM_AT = saved
+
+    return run
+
+
+def _providers(m: int, n: int, dtype: torch.dtype, peers: bool = False, stores: bool = False):
     from rmsnorm.kernels import cpu
     from rmsnorm.reference import RMSOptions
 
@@ -91,6 +108,10 @@ def _providers(m: int, n: int, dtype: torch.dtype, peers: bool = False):
         "F.layer_norm": lambda: torch.autograd.grad(y_ln, (xg, wg, bg), dy, retain_graph=True),
         "F.rms_norm": lambda: torch.autograd.grad(y_rms, (xg, wg), dy, retain_graph=True),
     }
+    if stores:
+        for provs in (fwd, bwd):
+            provs["ordinary rms"] = _ordinary(provs["ours rms"])
+            provs["ordinary ln"] = _ordinary(provs["ours ln"])
     return fwd, bwd
 
 
@@ -104,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--keep-freed-memory", action="store_true", help="glibc: never trim or mmap")
     ap.add_argument("--peers", action="store_true", help="forward: also clone and torch.compile")
+    ap.add_argument("--stores", action="store_true", help="also the launchers' ordinary stores")
     args = ap.parse_args(argv)
     global _clock
     _clock = time.process_time if args.timer == "cpu" else time.perf_counter
@@ -122,14 +144,18 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; µs per call "
         f"({args.timer} time), median"
     )
+    # the providers' columns in their order, then the ratios
     names = ["ours rms", "ours ln", "F.layer_norm", "F.rms_norm"]
-    extra = ["x.clone()", "torch.compile", "rms: clone ÷ it", "ln: clone ÷ it"] * args.peers
+    names += ["x.clone()", "torch.compile"] * args.peers
+    names += ["ordinary rms", "ordinary ln"] * args.stores
+    extra = ["rms: clone ÷ it", "ln: clone ÷ it"] * args.peers
+    extra += ["rms: ordinary ÷ rule", "ln: ordinary ÷ rule"] * args.stores
     print(f"| mode | dtype | M×N | {' | '.join(names + extra)} | rms ÷ best torch |")
     print("|---" * (len(names) + len(extra) + 4) + "|")
     for m, n in shapes:
         for dname in args.dtypes.split(","):
             dtype = getattr(torch, dname)
-            fwd, bwd = _providers(m, n, dtype, args.peers)
+            fwd, bwd = _providers(m, n, dtype, args.peers, args.stores)
             for mode, provs in (("fwd", fwd), ("bwd", bwd)):
                 if mode not in args.modes:
                     continue
@@ -139,12 +165,16 @@ def main(argv: list[str] | None = None) -> None:
                         res[k].append(_per_call(f, budget))
                 med = {k: statistics.median(v) for k, v in res.items()}
                 best = min(med["F.layer_norm"], med["F.rms_norm"])
-                cells = " | ".join(f"{med[k]:.1f}" for k in provs)
+                # (the backward has no clone nor compile: their cells stay empty)
+                cells = " | ".join(f"{med[k]:.1f}" if k in med else "" for k in names)
                 if args.peers and mode == "fwd":
                     clone = med["x.clone()"]
                     cells += f" | {clone / med['ours rms']:.2f} | {clone / med['ours ln']:.2f}"
                 elif args.peers:
-                    cells += " | | | |"
+                    cells += " | |"
+                if args.stores:
+                    cells += f" | {med['ordinary rms'] / med['ours rms']:.2f}"
+                    cells += f" | {med['ordinary ln'] / med['ours ln']:.2f}"
                 print(
                     f"| {mode} | {dname} | {m}×{n} | {cells} | {med['ours rms'] / best:.2f} |",
                     flush=True,

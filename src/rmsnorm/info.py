@@ -20,6 +20,7 @@ __all__ = [
     "cpu_cores",
     "cpu_vector_unit",
     "cpu_kernel_vectors",
+    "cpu_kernel_stores",
     "gpu_name",
     "source_commit",
     "load_average",
@@ -146,6 +147,17 @@ def cpu_kernel_vectors() -> str | None:
     return f"{widths} ({runtime.VECTOR_WHY})"
 
 
+def cpu_kernel_stores() -> str | None:
+    """How the CPU kernels' forward writes its outputs on this host (``docs/cpu.md``, "Streaming
+    stores"): from how many bytes of a call's input and output it streams them past the caches, or
+    that it never does, with the reason; None where the kernels cannot run."""
+    if not _backend.cpu_kernels_available():
+        return None
+    from .kernels.cpu import runtime
+
+    return runtime.STREAM_WHY
+
+
 def machine_description() -> str:
     """One line for a timing's caption: the CPU model, logical cores, vector unit and torch
     threads, and the GPU when torch sees one."""
@@ -226,6 +238,7 @@ def environment() -> dict:
         "triton installed": _backend.triton_installed(),
         "cpu kernels available": _backend.cpu_kernels_available(),
         "cpu kernel vectors": cpu_kernel_vectors(),
+        "cpu kernel stores": cpu_kernel_stores(),
         "call records": "on"
         if debug_enabled()
         else "off (rmsnorm.set_debug(True) or RMSNORM_DEBUG=1)",

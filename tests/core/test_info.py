@@ -96,6 +96,22 @@ def test_the_cpu_kernels_vector_width_is_reported_as_compiled():
         assert said.startswith(f"forward {fwd}-bit, backward {bwd}-bit (")
 
 
+def test_the_cpu_kernels_stores_are_reported_as_chosen():
+    from rmsnorm import _backend
+
+    said = info.environment()["cpu kernel stores"]
+    if not _backend.cpu_kernels_available():
+        assert said is None
+        return
+    from rmsnorm.kernels.cpu import runtime
+
+    assert said == runtime.STREAM_WHY
+    if runtime.STREAM_BYTES is None:
+        assert said.startswith("ordinary stores (")
+    else:
+        assert said.startswith("non-temporal stores from ")
+
+
 def test_versions_and_load():
     assert info.package_version("torch") is not None
     assert info.package_version("surely-not-an-installed-distribution") is None

@@ -731,3 +731,92 @@ def test_every_compiled_kernel_function_asks_for_the_vector_width():
             if ast.unparse(body[0]) not in ("rt.wide_vectors()", "rt.wide_vectors_bwd()"):
                 missing.append(f"{name}:{node.name}")
     assert seen > 20 and missing == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_streamed_outputs_hold_the_same_bits_as_ordinary_ones(monkeypatch, dtype):
+    """Outputs written with non-temporal stores (every call streams where the threshold is 0) hold
+    the bits the ordinary stores write: rows whose starts are not 64-byte aligned (n = 77, 1000),
+    rows longer than a streamed piece (n = 5003), a strided input, the residual's h, LayerNorm,
+    the fused and the rounding casting modes, dx of both backwards (with a residual's gradient
+    added), one thread and shared calls."""
+    from rmsnorm.kernels.cpu import launchers as L
+
+    def run():
+        torch.manual_seed(0)
+        out = []
+        for m, n in ((3, 77), (40, 1000), (300, 5003)):
+            x, r = randn(m, n, dtype=dtype), randn(m, n, dtype=dtype)
+            xs = randn(m, n + 9, dtype=dtype)[:, 3 : n + 3]  # rows 9 elements apart
+            w, b = torch.rand(n, dtype=dtype) + 0.5, randn(n, dtype=dtype)
+            for mode in ("llama", "gemma", "none"):
+                opts = R.RMSOptions(1e-6, "mean_square", mode, 0.0, n)
+                out += L.rms_norm_fwd(x, w, None, opts)
+                out += L.rms_norm_fwd(xs, w, b, opts)
+                out += L.add_rms_norm_fwd(x, r, w, None, opts)
+                y, rstd = out[-3], out[-1]
+                out += L.rms_norm_bwd(y, x, w, None, rstd.float(), None, opts, dtype, True)
+                out += L.rms_norm_bwd(y, xs, w, b, rstd.float(), r, opts, dtype, True)
+            yl, mean, rstd = L.layer_norm_fwd(x, w, b, 1e-5)
+            out += [yl, mean, rstd, *L.layer_norm_bwd(r, x, w, b, mean, rstd, True)]
+        return out
+
+    monkeypatch.setattr(L, "_STREAM_AT", 1 << 62)
+    ordinary = run()
+    monkeypatch.setattr(L, "_STREAM_AT", 0)
+    streamed = run()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        streamed_alone = run()
+    finally:
+        torch.set_num_threads(before)
+    assert bitwise_equal(ordinary, streamed)
+    assert bitwise_equal(ordinary, streamed_alone)
+
+
+@pytest.mark.parametrize(
+    "arch, cache, at",
+    [
+        ("x86_64", 32 << 20, 32 << 20),  # from the last-level cache's size
+        ("amd64", 1 << 30, 1 << 30),
+        ("x86_64", None, None),  # its size unknown: never
+        ("aarch64", 32 << 20, None),  # not measured on ARM: never
+    ],
+)
+def test_the_stream_rule(monkeypatch, arch, cache, at):
+    pytest.importorskip("numba")
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    threshold, why = rt.stream_rule(arch, cache)
+    assert threshold == at and why
+    monkeypatch.setattr(rt, "_ARCH", arch)
+    monkeypatch.setattr(rt, "_X86", arch in ("x86_64", "amd64"))
+    monkeypatch.setattr(rt, "_last_level_cache_bytes", lambda: cache)
+    for value in (None, "auto", " AUTO "):
+        if value is None:
+            monkeypatch.delenv(rt.STREAM_BYTES_ENV, raising=False)
+        else:
+            monkeypatch.setenv(rt.STREAM_BYTES_ENV, value)
+        assert rt._stream_bytes()[0] == at
+    monkeypatch.setenv(rt.STREAM_BYTES_ENV, "never")
+    assert rt._stream_bytes()[0] is None
+    monkeypatch.setenv(rt.STREAM_BYTES_ENV, "4096")
+    if arch in ("x86_64", "amd64"):
+        said = f"non-temporal stores from 4096 bytes (set by {rt.STREAM_BYTES_ENV})"
+        assert rt._stream_bytes() == (4096, said)
+    else:
+        with pytest.raises(ValueError, match="needs an x86-64 CPU"):
+            rt._stream_bytes()
+    for bad in ("-1", "lots", "1e6"):
+        monkeypatch.setenv(rt.STREAM_BYTES_ENV, bad)
+        with pytest.raises(ValueError, match="RMSNORM_CPU_STREAM_BYTES must be a byte count"):
+            rt._stream_bytes()
+
+
+def test_this_host_reports_its_last_level_cache():
+    pytest.importorskip("numba")
+    from rmsnorm.kernels.cpu import runtime as rt
+
+    size = rt._last_level_cache_bytes()
+    assert size is None or size >= 1 << 16  # no data cache that small holds the last level

@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import carray, types
 
 from . import runtime as rt
-from .runtime import _I32, _c, bits_f64, f64_bits, njit, ptr_f32, ptr_f64, ptr_i64, ptr_u16
+from .runtime import _I32, _c, bits_f64, f64_bits, njit, ptr_f32, ptr_f64, ptr_i64, ptr_u8, ptr_u16
 
 # dtype codes (shared with the launchers); F64 only for weights and biases and their gradients
 F32, BF16, F16, F64 = 0, 1, 2, 3
@@ -31,6 +31,7 @@ _SCALE = np.float32(2.0**-80)
 FX, FR, FY, FHAS_RES, FNORM, FEPS = (0, 2), (2, 2), (4, 2), (6, 1), (7, 1), (8, 1)
 FC_PRE, FC_R, FC_MUL, FC_OUT = (9, 2), (11, 2), (13, 2), (15, 2)
 FW, FHAS_W, FB, FHAS_B, FC_PARAM = (17, 2), (19, 1), (20, 2), (22, 1), (23, 2)
+FSTREAM = (25, 1)  # y (and h) written with non-temporal stores (runtime.stream_rule)
 # ... and of the backward's
 BDY, BX, BDR, BHAS_DR, BNORM, BEPS = (0, 2), (2, 2), (4, 2), (6, 1), (7, 1), (8, 1)
 BC_XHAT, BW, BHAS_W, BNEED_DW, BDW, BNEED_DB, BDB = (
@@ -42,6 +43,7 @@ BC_XHAT, BW, BHAS_W, BNEED_DW, BDW, BNEED_DB, BDB = (
     (17, 1),
     (18, 2),
 )
+BSTREAM = (20, 1)  # dx written with non-temporal stores, as the forward's FSTREAM
 
 
 def pack(**fields: tuple[tuple[int, int], int]) -> int:
@@ -367,16 +369,34 @@ def _moments(x, n, c, s1, s2):
     return mu, var
 
 
+# The bfloat16 forward sums the squares of 256 elements at a time in float32 (each float32 sum then
+# added in float64): on Zen 4 the float64 sum was most of the first pass's work (0.086 against 0.042
+# ns an element, rows in cache). A piece's float32 sum carries a relative error below ~2^-16 (256
+# terms, any order), far under the bfloat16 output's 2^-9; a piece whose float32 sum overflows (or
+# holds inf / NaN) is summed again in float64, so large rows get what the float64 sum gives.
+_PIECE = 256
+_PIECE_MAX = np.float32(3.0e38)
+
+
 @njit(fastmath={"reassoc", "contract"})
 def _load_bf16_sum_squares(src, t, n, k):
     """t = the bfloat16 row as float32, and Σ_{j<k} t_j² (float64): one pass over the input."""
     rt.wide_vectors()
     acc = 0.0
-    for j in range(k):
-        v = _bf16_to_f32(src[j])
-        t[j] = v
-        d = np.float64(v)
-        acc += d * d
+    for c0 in range(0, k, _PIECE):
+        c1 = min(k, c0 + _PIECE)
+        sv, tv = src[c0:c1], t[c0:c1]  # (indices from 0: numba then drops its negative-index test)
+        part = np.float32(0.0)
+        for j in range(c1 - c0):
+            v = _bf16_to_f32(sv[j])
+            tv[j] = v
+            part += v * v
+        if part <= _PIECE_MAX:
+            acc += np.float64(part)
+        else:  # inf or NaN: a square overflowed float32 (|x| > 1.8e19), or x is inf or NaN
+            for j in range(c1 - c0):
+                d = np.float64(tv[j])
+                acc += d * d
     for j in range(k, n):
         t[j] = _bf16_to_f32(src[j])
     return acc
@@ -570,6 +590,26 @@ _DY, _DYS, _DR, _DRS, _DX, _PW, _PB = range(16, 23)
 _WORDS = 24
 
 
+_STREAM_PIECE = 1024  # elements of a row normalized into the scratch row, then streamed out
+
+
+@njit(inline="always")
+def _stream_row(src, dst, nbytes):
+    """Copy nbytes (even) from the scratch row at src to the output row at dst: the whole 64-byte
+    lines of dst with non-temporal stores (:func:`runtime.stream_line`), the rest before and after
+    them with ordinary ones."""
+    head = min((64 - dst % 64) % 64, nbytes)
+    lines = (nbytes - head) // 64
+    a = carray(ptr_u8(src), nbytes)
+    d = carray(ptr_u8(dst), nbytes)
+    for j in range(head):
+        d[j] = a[j]
+    for j in range(lines):
+        rt.stream_line(dst + head + 64 * j, src + head + 64 * j)
+    for j in range(head + 64 * lines, nbytes):
+        d[j] = a[j]
+
+
 @njit(inline="always")
 def _row(base, n, i):
     """Scratch row i of n float32s at base, a view without an owner: such arrays are passed between
@@ -581,7 +621,7 @@ def _row(base, n, i):
 # Forward: RMSNorm (optionally with the residual add) and LayerNorm, rows [lo, hi)
 # ----------------------------------------------------------------------------------------------
 @njit
-def _fwd_rows(A, lo, hi, tx, ty):
+def _fwd_rows(A, lo, hi, tx, ty, zaddr):
     rt.wide_vectors()
     m, n, k, flags = A[_M], A[_N], A[_K], A[_FLAGS]
     x_code, r_code, y_code = _field(flags, FX), _field(flags, FR), _field(flags, FY)
@@ -589,6 +629,7 @@ def _fwd_rows(A, lo, hi, tx, ty):
     c_pre, c_r = _field(flags, FC_PRE), _field(flags, FC_R)
     c_mul, c_out = _field(flags, FC_MUL), _field(flags, FC_OUT)
     has_b = _field(flags, FHAS_B) == 1
+    stream = _field(flags, FSTREAM) == 1  # rows are written to zaddr, then streamed out
     eps = bits_f64(A[_EPS])
     s = carray(ptr_f32(A[_S]), n)
     b = carray(ptr_f32(A[_B]), n)  # not read without a bias
@@ -607,7 +648,11 @@ def _fwd_rows(A, lo, hi, tx, ty):
                 xs_ = tx[:n]
             _add_row(rb + i * rs, n, r_code, xs_)
             _round_row(xs_, n, r_code)
-            _store_row(xs_, hb + i * n * _esize(r_code), n, r_code)
+            if stream:
+                _store_row(xs_, zaddr, n, r_code)
+                _stream_row(zaddr, hb + i * n * _esize(r_code), n * _esize(r_code))
+            else:
+                _store_row(xs_, hb + i * n * _esize(r_code), n, r_code)
         elif x_code == BF16:  # convert and reduce in the pass that reads the row
             xs_ = tx[:n]
             xrow = carray(ptr_u16(xb + i * xs), n)
@@ -634,7 +679,20 @@ def _fwd_rows(A, lo, hi, tx, ty):
             r = _rstd(ss, k, eps, eps_mode == RMS)
         rstd[i] = r
 
-        yaddr = yb + i * n * _esize(y_code)
+        yaddr = zaddr if stream else yb + i * n * _esize(y_code)
+        if fused and stream and (y_code == F32 or y_code == BF16):
+            # a piece of the row at a time through the scratch row, which stays in L1 with it
+            ye = _esize(y_code)
+            for c0 in range(0, n, _STREAM_PIECE):
+                c1 = min(n, c0 + _STREAM_PIECE)
+                if y_code == F32:
+                    out = carray(ptr_f32(zaddr), c1 - c0)
+                    _normalize(xs_[c0:c1], mu, r, s[c0:c1], b[c0:c1], has_b, norm, out)
+                else:
+                    out16 = carray(ptr_u16(zaddr), c1 - c0)
+                    _normalize_bf16(xs_[c0:c1], mu, r, s[c0:c1], b[c0:c1], has_b, norm, out16)
+                _stream_row(zaddr, yb + (i * n + c0) * ye, (c1 - c0) * ye)
+            continue
         if fused:  # statistics and products in float32, one conversion at the store
             if y_code == F32:
                 _normalize(xs_, mu, r, s, b, has_b, norm, carray(ptr_f32(yaddr), n))
@@ -664,6 +722,10 @@ def _fwd_rows(A, lo, hi, tx, ty):
                     ty[j] = ty[j] + b[j]
                 _round_row(ty, n, c_out)
             _store_row(ty, yaddr, n, y_code)
+        if stream:
+            _stream_row(zaddr, yb + i * n * _esize(y_code), n * _esize(y_code))
+    if stream:
+        rt.stream_fence()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -691,7 +753,8 @@ def _bwd_block(A, blk, tx, tdy, tdx):
     drb, drs = A[_DR], A[_DRS] * _esize(dr_code)
     dxb = A[_DX]
     rpb = A[_RPB]
-    direct = x_code == F32 and not has_dr  # dx goes straight to the output row
+    stream = _field(flags, BSTREAM) == 1  # dx rows streamed out of a scratch row
+    direct = x_code == F32 and not has_dr and not stream  # dx goes straight to the output row
     for i in range(blk * rpb, min(m, (blk + 1) * rpb)):
         xs_ = _load_row(xb + i * xs, n, x_code, tx)
         dys = _load_row(dyb + i * dys_, n, dy_code, tdy)
@@ -758,7 +821,16 @@ def _bwd_block(A, blk, tx, tdy, tdx):
         if not direct:
             if has_dr:
                 _add_row(drb + i * drs, n, dr_code, tdx)
-            _store_row(tdx, dxb + i * n * _esize(x_code), n, x_code)
+            dst = dxb + i * n * _esize(x_code)
+            if stream and x_code == F32:
+                _stream_row(np.int64(tdx.ctypes.data), dst, 4 * n)
+            elif stream:  # converted in tdy's scratch row, free once the row's partials are done
+                _store_row(tdx, np.int64(tdy.ctypes.data), n, x_code)
+                _stream_row(np.int64(tdy.ctypes.data), dst, n * _esize(x_code))
+            else:
+                _store_row(tdx, dst, n, x_code)
+    if stream:
+        rt.stream_fence()
 
 
 @njit
@@ -817,7 +889,8 @@ _FWD_SLOT, _BWD_SLOT = 0, 1
 def _fwd_task(args, blk, scratch):
     A = carray(ptr_i64(args), _WORDS)
     n, rpb = A[_N], A[_RPB]
-    _fwd_rows(A, blk * rpb, min(A[_M], (blk + 1) * rpb), _row(scratch, n, 0), _row(scratch, n, 1))
+    lo, hi = blk * rpb, min(A[_M], (blk + 1) * rpb)
+    _fwd_rows(A, lo, hi, _row(scratch, n, 0), _row(scratch, n, 1), scratch + 8 * n)
 
 
 def _bwd_task(args, blk, scratch):
@@ -846,14 +919,14 @@ def forward(
     A[_X], A[_XS], A[_R], A[_RS], A[_H], A[_Y] = xp, xs, rp, rs, hp, yp
     A[_S], A[_B], A[_MEAN], A[_RSTD], A[_EPS] = sp, bp_, meanp, rstdp, f64_bits(eps)
     if ctrl == 0:  # alone: every row in one pass (rows are independent: the same results)
-        scratch = np.empty(2 * n, np.float32)
+        scratch = np.empty(3 * n + 16, np.float32)  # three rows, the last 64-byte aligned
         base = np.int64(scratch.ctypes.data)
-        _fwd_rows(A, 0, m, _row(base, n, 0), _row(base, n, 1))
+        _fwd_rows(A, 0, m, _row(base, n, 0), _row(base, n, 1), (base + 8 * n + 63) // 64 * 64)
         scratch[:0] = 0.0
     else:
         nb = (m + rpb - 1) // rpb
         args = np.int64(A.ctypes.data)
-        rt.run_blocks(ctrl, rt.block_fn(ctrl, _FWD_SLOT), args, nb, 2 * n)
+        rt.run_blocks(ctrl, rt.block_fn(ctrl, _FWD_SLOT), args, nb, 3 * n)
     # numba frees an array after its last use: this keeps the rows until every block is done
     owner[:0] = 0.0
     A[:0] = 0

@@ -175,6 +175,11 @@ def _scratch(count: int) -> int:
 
 
 _NEED_DW = K.pack(f=(K.BNEED_DW, 1))
+_STREAM = K.pack(f=(K.FSTREAM, 1))
+_STREAM_BWD = K.pack(f=(K.BSTREAM, 1))
+# From this many bytes of input and output together, a call streams its outputs past the caches
+# (runtime.stream_rule); never where it is None
+_STREAM_AT = rt.STREAM_BYTES if rt.STREAM_BYTES is not None else 1 << 62
 _NEED_DB = K.pack(f=(K.BNEED_DB, 1))
 
 
@@ -219,6 +224,8 @@ def _fwd(x, residual, weight, bias, out, k, eps, offset, flags, stats, layer_nor
     else:
         sp = _scratch(2 * m)
         mp = sp + 4 * m if layer_norm else 0
+    if m * n * (x.element_size() + y.element_size()) >= _STREAM_AT:
+        flags |= _STREAM
     if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
         _forward(
             0, x.data_ptr(), xs, rp, rs, hp, y.data_ptr(), wp, ws, bp, bs, mp, sp, m, n, k,
@@ -288,6 +295,8 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     dw, dwp = _param_grad(weight, need_weight_grad, n)
     db, dbp = _param_grad(bias, need_weight_grad, n)
     flags |= (_NEED_DW if dwp else 0) | (_NEED_DB if dbp else 0)
+    if m * n * (2 * x.element_size() + dy.element_size()) >= _STREAM_AT:
+        flags |= _STREAM_BWD
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple

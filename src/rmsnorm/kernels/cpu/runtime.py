@@ -80,6 +80,7 @@ def _pointer_intrinsic(elem, llvm_elem: ir.Type):
 ptr_f32 = _pointer_intrinsic(types.float32, ir.FloatType())
 ptr_f64 = _pointer_intrinsic(types.float64, ir.DoubleType())
 ptr_u16 = _pointer_intrinsic(types.uint16, ir.IntType(16))
+ptr_u8 = _pointer_intrinsic(types.uint8, ir.IntType(8))
 ptr_i64 = _pointer_intrinsic(types.int64, _I64)
 
 
@@ -162,6 +163,109 @@ def _call_int_void(b, addr):
 def _call_block(b, fn, args, blk, scratch):
     """Call a block function ``void fn(int64 args, int64 block, int64 scratch)`` at address fn."""
     b.call(_at(b, fn, ir.VoidType(), _I64, _I64, _I64), [args, blk, scratch])
+
+
+# ----------------------------------------------------------------------------------------------
+# Streaming stores: an output row written past the caches
+# ----------------------------------------------------------------------------------------------
+_X86 = _ARCH in ("x86_64", "amd64")
+
+
+@lowered(types.void(_W, _W))
+def stream_line(b, dst, src):
+    """Copy the 64 bytes at src (any alignment) to dst (64-byte aligned) with a non-temporal store:
+    the line goes to memory without first being read into the cache (an ordinary store reads it:
+    a third of a large copy's traffic). Ordered by :func:`stream_fence`."""
+    vt = ir.VectorType(_I64, 8)
+    value = b.load(b.inttoptr(src, vt.as_pointer()), align=1)
+    store = b.store(value, b.inttoptr(dst, vt.as_pointer()), align=64)
+    store.set_metadata("nontemporal", b.module.add_metadata([_c(1)]))
+
+
+@lowered(types.void())
+def stream_fence(b):
+    """Make this thread's non-temporal stores visible before its later stores (x86 ``sfence``):
+    called once a thread's streamed rows are written, before it reports them done."""
+    if _X86:
+        fnty = ir.FunctionType(ir.VoidType(), [])
+        b.call(b.module.declare_intrinsic("llvm.x86.sse.sfence", fnty=fnty), [])
+    else:
+        b.fence("seq_cst")
+
+
+STREAM_BYTES_ENV = "RMSNORM_CPU_STREAM_BYTES"
+
+
+def _last_level_cache_bytes() -> int | None:
+    """The size of the largest data cache of CPU 0 (Linux sysfs; glibc's sysconf elsewhere), or None
+    where neither says."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    sizes = []
+    try:
+        for entry in os.listdir(base):
+            if not entry.startswith("index"):
+                continue
+            with open(os.path.join(base, entry, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(base, entry, "size")) as f:
+                text = f.read().strip().upper()
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * unit)
+    except (OSError, ValueError):
+        pass
+    if not sizes:
+        for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+            try:
+                size = os.sysconf(name)
+            except (ValueError, OSError):
+                continue
+            if size > 0:
+                sizes.append(size)
+    return max(sizes) if sizes else None
+
+
+def stream_rule(arch: str, cache_bytes: int | None) -> tuple[int | None, str]:
+    """From how many bytes of a call's input and output together the forward writes its output with
+    non-temporal stores, from the CPU alone (never from a timing): ``(bytes, why)``, None for never.
+
+    - x86-64 with a known last-level cache: from that cache's size. A call whose rows do not fit in
+      it leaves nothing of its output there for the next op anyway; its output then streams to
+      memory without the read of each line that an ordinary store makes first. On the AMD EPYC
+      host (Zen 4, 32 MiB L3) the float32 forward of 8192 × 4096 took 0.6-0.7× its time with them
+      (benchmarks/results/cpu-amd/cpu_stream_stores.md).
+    - Elsewhere (ARM, or no cache size known): never (not measured)."""
+    if arch not in ("x86_64", "amd64"):
+        return None, f"ordinary stores ({arch}: not measured)"
+    if not cache_bytes:
+        return None, "ordinary stores (the last-level cache's size is unknown)"
+    return cache_bytes, f"non-temporal stores from {cache_bytes >> 20} MiB (the last-level cache)"
+
+
+def _stream_bytes() -> tuple[int | None, str]:
+    """This host's threshold: :func:`stream_rule`, unless ``RMSNORM_CPU_STREAM_BYTES`` gives one
+    (a byte count; ``never``; ``auto`` or unset: the rule)."""
+    at, why = stream_rule(_ARCH, _last_level_cache_bytes())
+    wanted = os.environ.get(STREAM_BYTES_ENV, "auto").strip().lower()
+    if wanted in ("", "auto"):
+        return at, why
+    if wanted == "never":
+        return None, f"ordinary stores (set by {STREAM_BYTES_ENV}=never)"
+    try:
+        value = int(wanted)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"{STREAM_BYTES_ENV} must be a byte count (an integer >= 0), never or auto, "
+            f"got {wanted!r}"
+        )
+    if not _X86:
+        raise ValueError(f"{STREAM_BYTES_ENV}={wanted} needs an x86-64 CPU; this one is {_ARCH}")
+    return value, f"non-temporal stores from {value} bytes (set by {STREAM_BYTES_ENV})"
+
+
+STREAM_BYTES, STREAM_WHY = _stream_bytes()
 
 
 VECTOR_BITS_ENV = "RMSNORM_CPU_VECTOR_BITS"
