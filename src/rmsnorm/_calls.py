@@ -59,21 +59,11 @@ def debug_enabled() -> bool:
     return recording
 
 
-def _backend_name(x: torch.Tensor) -> str:
-    from . import _backend, _dtensor
-
-    if _dtensor.is_dtensor(x):
-        x = x.to_local()
-    try:
-        return _backend.describe("cpu" if x.is_cpu else x.device.type)
-    except RuntimeError as exc:  # a forced backend that cannot run there
-        return f"none ({exc})"
-
-
-def served(op: str, path: str, x: torch.Tensor) -> None:
-    """Record that ``op`` on x takes ``path`` (called only while :data:`recording`)."""
+def served(op: str, path: str, x: torch.Tensor, backend: str) -> None:
+    """Record that ``op`` on x takes ``path`` with ``backend`` (called only while
+    :data:`recording`; the caller names the backend, so that this module, which the backends
+    themselves report to, imports none of the package)."""
     global _current
-    backend = "reference (the spec as torch operations)" if path == "spec" else _backend_name(x)
     record = {
         "path": path,
         "backend": backend,

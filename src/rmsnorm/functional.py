@@ -27,7 +27,7 @@ import torch
 from torch.overrides import handle_torch_function
 
 # _ops registers torch.ops.rmsnorm.*, which _opcall calls
-from . import _autograd, _calls, _dtensor, _launch, _layout, _opcall, _ops  # noqa: F401
+from . import _autograd, _backend, _calls, _dtensor, _launch, _layout, _opcall, _ops  # noqa: F401
 from . import reference as ref
 from .reference import ACTIVATIONS, CASTING_MODES, EPS_MODES, RMSOptions, default_eps, partial_size
 
@@ -206,6 +206,20 @@ def check_rms_options(
 # ----------------------------------------------------------------------------------------------
 # Paths
 # ----------------------------------------------------------------------------------------------
+def _served(op: str, path: int, x: torch.Tensor) -> None:
+    """Record the call (:func:`rmsnorm.set_debug`) with the backend that serves it."""
+    name = _PATH_NAMES[path]
+    if name == "spec":
+        backend = "reference (the spec as torch operations)"
+    else:
+        local = x.to_local() if _dtensor.is_dtensor(x) else x
+        try:
+            backend = _backend.describe("cpu" if local.is_cpu else local.device.type)
+        except RuntimeError as exc:  # a forced backend that cannot run there
+            backend = f"none ({exc})"
+    _calls.served(op, name, x, backend)
+
+
 def _path(x: torch.Tensor, p=None, q=None, r=None) -> int:
     """Which of the four paths (module docstring) a call on x and the tensors p, q, r (or None)
     takes. Written out rather than looped: at decoding sizes every step here is a visible part of
@@ -522,7 +536,7 @@ def _grouped_gated(input, gate, residual, norm_dims, n, weight, bias, opts, gati
     normalizes h with ``input``'s dtype as the casting mode's input dtype."""
     path = _path(input, gate if residual is None else residual, weight, bias)
     if _calls.recording:
-        _calls.served("gated_rms_norm", _PATH_NAMES[path], input)
+        _served("gated_rms_norm", path, input)
     x, h = input, None
     if residual is not None:
         x = h = _like_sum(ref.residual_sum(input, residual), input, residual)
@@ -620,7 +634,7 @@ def rms_norm(
             return _grouped_gated(input, None, None, norm_dims, n, weight, bias, opts, gating)[0]
     path = _path(input, weight, bias)
     if _calls.recording:
-        _calls.served("rms_norm", _PATH_NAMES[path], input)
+        _served("rms_norm", path, input)
     return _like(_PATHS[path].rms_norm(input, norm_dims, n, weight, bias, opts), input)
 
 
@@ -686,7 +700,7 @@ def add_rms_norm(
             return _grouped_gated(input, None, residual, norm_dims, n, weight, bias, opts, gating)
     path = _path(input, residual, weight, bias)
     if _calls.recording:
-        _calls.served("add_rms_norm", _PATH_NAMES[path], input)
+        _served("add_rms_norm", path, input)
     y, h = _PATHS[path].add_rms_norm(input, residual, norm_dims, n, weight, bias, opts)
     return _like(y, input), _like_sum(h, input, residual)
 
@@ -838,6 +852,6 @@ def layer_norm(
         input, weight, bias = _fp32(input), _fp32(weight), _fp32(bias)
     path = _path(input, weight, bias)
     if _calls.recording:
-        _calls.served("layer_norm", _PATH_NAMES[path], input)
+        _served("layer_norm", path, input)
     # contiguous whatever the input layout, as torch.nn.functional.layer_norm
     return _PATHS[path].layer_norm(input, norm_dims, n, weight, bias, eps)

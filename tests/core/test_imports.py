@@ -1,7 +1,9 @@
 """The package's import graph, read from the source: no module imports another that imports it back
-(directly or around a circle, imports inside functions included), and no floor imports a higher
+(directly or around a circle, imports inside functions and ``importlib.import_module`` calls with a
+constant name included), and no floor imports a higher
 one: the core never imports the applications (integrations, convert, the lab, the benchmark) nor
-the command, and the lab and the benchmark never import each other."""
+the command, the lab and the benchmark never import each other, and the conversion never imports
+the lab."""
 
 import ast
 from pathlib import Path
@@ -12,8 +14,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # The floor above the core: what the core must not import.
 APPLICATIONS = {"integrations", "convert", "lab", "bench"}
 COMMAND = {"cli", "__main__"}
-# Applications that must not import each other (either way).
-APART = {("lab", "bench"), ("bench", "lab")}
+# Imports between applications that are refused: the lab and the benchmark never import each
+# other; the lab uses the conversion, which never imports the lab (the lab registers its model).
+APART = {("lab", "bench"), ("bench", "lab"), ("convert", "lab")}
 
 
 def _modules(src: Path = SRC) -> dict[str, tuple[Path, bool]]:
@@ -44,6 +47,35 @@ def _imports(tree: ast.AST):
         yield from _imports(node)
 
 
+def _dynamic_imports(tree: ast.AST, name: str, package: bool):
+    """The modules named by ``importlib.import_module("a.b")`` / ``import_module(".b", __name__)``
+    calls with a constant name, at any depth (a name built at run time is not seen)."""
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        first = node.args[0]
+        if called != "import_module" or not isinstance(first, ast.Constant):
+            continue
+        target = first.value
+        if not isinstance(target, str):
+            continue
+        if target.startswith("."):
+            anchor = node.args[1] if len(node.args) > 1 else None
+            # import_module(".x", __name__) is relative to the module itself (as a package);
+            # (".x", __package__) to its package
+            base = (
+                name
+                if getattr(anchor, "id", None) == "__name__"
+                else (name if package else name.rpartition(".")[0])
+            )
+            level = len(target) - len(target.lstrip("."))
+            parts = base.split(".")[: len(base.split(".")) - (level - 1)]
+            target = ".".join(parts + [target.lstrip(".")])
+        yield target
+
+
 def import_graph(src: Path = SRC, unresolved: list | None = None) -> dict[str, set[str]]:
     """{module: the modules of this package it imports}. ``from X import y`` is an edge to
     ``X.y`` where that is a module, else to ``X``; an edge to one's own enclosing package is left
@@ -54,8 +86,9 @@ def import_graph(src: Path = SRC, unresolved: list | None = None) -> dict[str, s
     graph = {}
     for name, (path, package) in modules.items():
         here = name if package else name.rpartition(".")[0]
-        targets = set()
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        targets = set(_dynamic_imports(tree, name, package))
+        for node in _imports(tree):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
                 continue
@@ -131,6 +164,74 @@ def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+# The core's floors, lowest first, as docs/architecture.md's table lists them: a module imports only
+# from its own floor or the ones below. A name ending in "." is a package and all it holds.
+FLOORS = (
+    (
+        "spec",
+        {
+            "rmsnorm.reference",
+            "rmsnorm.testing",
+            "rmsnorm._calls",
+            "rmsnorm._contract",
+            "rmsnorm._validate",
+            "rmsnorm._timing",
+            "rmsnorm._progress",
+            "rmsnorm._files",
+        },
+    ),
+    ("kernels", {"rmsnorm.kernels."}),
+    ("dispatch", {"rmsnorm._backend", "rmsnorm._launch", "rmsnorm._layout"}),
+    ("ops", {"rmsnorm._ops", "rmsnorm._opcall", "rmsnorm._autograd", "rmsnorm._dtensor"}),
+    ("API", {"rmsnorm.functional", "rmsnorm.modules", "rmsnorm"}),
+)
+
+
+def _floor(module: str) -> int | None:
+    """The index in :data:`FLOORS` of a core module (None for the applications and the command)."""
+    for i, (_, members) in enumerate(FLOORS):
+        for m in members:
+            if module == m or (m.endswith(".") and (module + ".").startswith(m)):
+                return i
+    return None
+
+
+def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for every import of a core module from a higher floor of the core."""
+    bad = []
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            fa, fb = _floor(a), _floor(b)
+            if fa is not None and fb is not None and fb > fa:
+                bad.append(f"{a} ({FLOORS[fa][0]}) -> {b} ({FLOORS[fb][0]})")
+    return bad
+
+
+def test_every_core_module_has_a_floor_and_imports_none_above_it():
+    graph = import_graph()
+    core = [m for m in graph if _area(m) not in APPLICATIONS | COMMAND | {"info"}]
+    assert [m for m in core if _floor(m) is None] == []
+    assert upward_edges(graph) == []
+
+
+def test_the_floors_are_the_ones_the_architecture_page_lists():
+    """docs/architecture.md's floor table names the same files on each floor of the core."""
+    text = (SRC.parent / "docs" / "architecture.md").read_text()
+    for name, members in FLOORS:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {name} |"))
+        listed = row.split("|")[2]
+        named = set()
+        for token in listed.replace("`", " ").replace(",", " ").split():
+            if token.endswith(".py"):
+                named.add("rmsnorm." + token[:-3].replace("/", "."))
+            elif token.endswith("/"):
+                named.add("rmsnorm." + token.rstrip("/").replace("/", "."))
+        expected = {m.rstrip(".") for m in members if m != "rmsnorm"}
+        if name == "kernels":  # its two packages are listed
+            expected = {"rmsnorm.kernels.cpu", "rmsnorm.kernels.triton"}
+        assert named == expected, name
+
+
 def test_no_import_circles():
     unresolved = []
     assert cycles(import_graph(unresolved=unresolved)) == []
@@ -142,8 +243,9 @@ def test_no_import_goes_up_a_floor_and_the_lab_never_imports_the_benchmark():
 
 
 def test_the_checks_see_circles_and_forbidden_edges(tmp_path):
-    """The checks on a planted package: a circle through an import inside a function, an import
-    under TYPE_CHECKING (not one), the lab importing the benchmark, the core importing the lab."""
+    """The checks on a planted package: a circle through an import inside a function, one through
+    ``importlib.import_module`` calls (absolute and relative), an import under TYPE_CHECKING (not
+    one), the lab importing the benchmark, the core importing the lab."""
     files = {
         "rmsnorm/__init__.py": "",
         "rmsnorm/core.py": "def f():\n    from .lab import x\n",
@@ -154,12 +256,20 @@ def test_the_checks_see_circles_and_forbidden_edges(tmp_path):
         "    from .d import z\n",
         "rmsnorm/bench/d.py": "from .c import w\n",
         "rmsnorm/lab/__init__.py": "from ..bench.a import q\n",
+        "rmsnorm/kern/__init__.py": "import importlib\n"
+        "def load():\n    return importlib.import_module('.impl', __name__)\n",
+        "rmsnorm/kern/impl.py": "from .. import disp\n",
+        "rmsnorm/disp.py": "from importlib import import_module\n"
+        "def pick():\n    return import_module('rmsnorm.kern')\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     graph = import_graph(tmp_path)
-    assert cycles(graph) == [["rmsnorm.bench.a", "rmsnorm.bench.b"]]
+    assert cycles(graph) == [
+        ["rmsnorm.bench.a", "rmsnorm.bench.b"],
+        ["rmsnorm.disp", "rmsnorm.kern", "rmsnorm.kern.impl"],
+    ]
     assert forbidden_edges(graph) == [
         "rmsnorm.core -> rmsnorm.lab",
         "rmsnorm.lab -> rmsnorm.bench.a",
