@@ -394,6 +394,7 @@ def convert(
 
     from ._files import write_text
     from .convert import ConversionError, convert_directory
+    from .lab import transformer  # noqa: F401 (registers the lab's Transformer with the conversion)
 
     _check_json_target(json_out, overwrite)
     columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()

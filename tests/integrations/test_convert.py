@@ -252,8 +252,7 @@ def test_a_wrong_layout_in_the_table_is_refused(monkeypatch):
 
 
 def test_converting_hf_models_never_imports_the_lab():
-    """The lab's transformer is imported by its own table entry only, when a model is checked
-    against it."""
+    """The conversion never imports the lab (the lab registers its Transformer with it)."""
     pytest.importorskip("transformers")
     lab_package = Transformer.__module__.rpartition(".")[0]
     code = (
@@ -266,6 +265,42 @@ def test_converting_hf_models_never_imports_the_lab():
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+def test_the_lab_registers_its_transformer_and_a_saved_one_says_how_to_load_it(tmp_path):
+    """The conversion never imports the lab: a lab Transformer saved to a directory loads in a
+    process that imported the lab, and in one that did not the error says what to import; the
+    command line registers it itself."""
+    d = tmp_path / "lab"
+    save_model(lab(), d)
+    lab_package = Transformer.__module__.rpartition(".")[0]
+    code = (
+        "import sys, pytest\n"
+        "from rmsnorm.convert import load_model\n"
+        f"assert {lab_package!r} not in sys.modules\n"
+        "with pytest.raises(ValueError, match='import rmsnorm.lab first') as info:\n"
+        f"    load_model({str(d)!r})\n"
+        f"assert {str(d / 'config.json')!r} in str(info.value)\n"
+        "import rmsnorm.lab\n"
+        f"assert type(load_model({str(d)!r})).__name__ == 'Transformer'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+def test_register_architecture_adds_or_replaces_an_entry():
+    from rmsnorm.convert.architectures import ARCHITECTURES, LAB_TRANSFORMER, register_architecture
+
+    entry = ARCHITECTURES[LAB_TRANSFORMER]
+    assert list(ARCHITECTURES)[-1] == LAB_TRANSFORMER  # after every Hugging Face entry
+    register_architecture(dataclasses.replace(entry, description="another"))
+    try:
+        assert ARCHITECTURES[LAB_TRANSFORMER].description == "another"
+        assert list(ARCHITECTURES).count(LAB_TRANSFORMER) == 1
+    finally:
+        register_architecture(entry)
+    with pytest.raises(TypeError, match="architecture must be a rmsnorm.convert.Architecture"):
+        register_architecture({"name": "x"})
 
 
 def test_refuses_unknown_hf_architecture():

@@ -4,8 +4,6 @@ configurations it refuses. :func:`~rmsnorm.convert.layernorm_to_rmsnorm` reads o
 
 from __future__ import annotations
 
-import functools
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +15,8 @@ __all__ = [
     "Architecture",
     "ARCHITECTURES",
     "LAB_TRANSFORMER",
+    "POST_LN",
+    "register_architecture",
     "find_architecture",
     "architecture_of",
 ]
@@ -112,26 +112,14 @@ class Architecture:
         )
 
 
-@functools.cache
-def _lab_transformer() -> types.ModuleType:
-    # The conversion's only import of the lab, made when a model is first checked against the
-    # lab's entry (the last one, so converting a listed Hugging Face model never loads the lab).
-    from ..lab import transformer
-
-    return transformer
-
-
-def _build_lab_transformer(config: dict) -> nn.Module:
-    lab = _lab_transformer()
-    return lab.Transformer(lab.TransformerConfig(**config))
-
-
-_POST_LN = (
+POST_LN = (
     "post-LN model (norm_position='post'): each norm reads x + f(x) and its output, not a "
     "centered sum, is the residual stream, so centering the writers cannot make RMSNorm equal "
     "LayerNorm; only pre-LN models convert exactly"
 )
 
+# The format name of the lab's Transformer: its entry is registered by the lab
+# (rmsnorm.lab.transformer), which imports this module; the conversion never imports the lab.
 LAB_TRANSFORMER = "rmsnorm-lab-transformer"
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -170,24 +158,21 @@ ARCHITECTURES: dict[str, Architecture] = {
             final_norm="final_layer_norm",
             model_type="gpt_neox",
         ),
-        Architecture(
-            name=LAB_TRANSFORMER,
-            description="the lab's Transformer (norm='layernorm', norm_position='pre')",
-            embeddings=("tok_emb", "pos_emb"),
-            layers="blocks",
-            writers=(("attn.proj", "linear"), ("mlp.proj", "linear")),
-            norms=("norm1", "norm2"),
-            final_norm="norm_f",
-            requires=(("norm_position", "pre", _POST_LN),),
-            model_class=lambda: _lab_transformer().Transformer,
-            build=_build_lab_transformer,
-            base="",
-            config="cfg",
-            context="seq_len",
-            converted_config=(("norm", "layernorm", "rmsnorm"),),
-        ),
     )
 }
+
+
+def register_architecture(architecture: Architecture) -> None:
+    """Add ``architecture`` to :data:`ARCHITECTURES` (after the entries already there), or replace
+    the entry of its name: how a model defined outside this package (the lab's Transformer) makes
+    itself convertible without this package importing it."""
+    if not isinstance(architecture, Architecture):
+        raise TypeError(
+            "architecture must be a rmsnorm.convert.Architecture, "
+            f"got {type(architecture).__name__}"
+        )
+    ARCHITECTURES.pop(architecture.name, None)
+    ARCHITECTURES[architecture.name] = architecture
 
 
 def find_architecture(model: nn.Module) -> Architecture | None:

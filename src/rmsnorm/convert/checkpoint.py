@@ -26,6 +26,7 @@ from .._validate import ArgumentError, positive_int
 from ..integrations import replace_norms
 from .architectures import (
     ARCHITECTURES,
+    LAB_TRANSFORMER,
     Architecture,
     architecture_of,
     find_architecture,
@@ -354,6 +355,11 @@ def load_model(directory: str | Path) -> nn.Module:
     arch = ARCHITECTURES.get(fmt) if isinstance(fmt, str) else None
     if arch is not None and arch.build is not None:
         return _load_state_dict_format(arch, meta, directory, config_path)
+    if fmt == LAB_TRANSFORMER:  # its entry comes with the lab, which this package never imports
+        raise ValueError(
+            f"{config_path} holds the lab's Transformer ({LAB_TRANSFORMER}): import rmsnorm.lab "
+            "first, which registers its class with the conversion (rmsnorm convert does)"
+        )
     if "model_type" not in meta:
         formats = sorted(a.name for a in ARCHITECTURES.values() if a.build is not None)
         raise ValueError(

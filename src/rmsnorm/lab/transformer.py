@@ -212,3 +212,37 @@ class Transformer(nn.Module):
             if norm_kind(m) is not None
             for p in m.parameters(recurse=False)
         )
+
+
+def _register_conversion() -> None:
+    """Make the Transformer convertible by :func:`rmsnorm.convert.layernorm_to_rmsnorm` and
+    loadable by :func:`rmsnorm.convert.load_model`: its entry in the conversion's table (the lab
+    imports the conversion; the conversion never imports the lab)."""
+    from ..convert.architectures import (
+        LAB_TRANSFORMER,
+        POST_LN,
+        Architecture,
+        register_architecture,
+    )
+
+    register_architecture(
+        Architecture(
+            name=LAB_TRANSFORMER,
+            description="the lab's Transformer (norm='layernorm', norm_position='pre')",
+            embeddings=("tok_emb", "pos_emb"),
+            layers="blocks",
+            writers=(("attn.proj", "linear"), ("mlp.proj", "linear")),
+            norms=("norm1", "norm2"),
+            final_norm="norm_f",
+            requires=(("norm_position", "pre", POST_LN),),
+            model_class=lambda: Transformer,
+            build=lambda config: Transformer(TransformerConfig(**config)),
+            base="",
+            config="cfg",
+            context="seq_len",
+            converted_config=(("norm", "layernorm", "rmsnorm"),),
+        )
+    )
+
+
+_register_conversion()
