@@ -32,7 +32,7 @@ from rmsnorm.convert import (
 from rmsnorm.convert.architectures import find_architecture
 from rmsnorm.convert.checkpoint import _logits
 from rmsnorm.convert.exact import conversion_record, swap_norms
-from rmsnorm.lab.transformer import Transformer, TransformerConfig
+from rmsnorm.lab.models.transformer import Transformer, TransformerConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import tiny_hf
-from rmsnorm.lab import realmodels, weights
+from rmsnorm.lab.experiments import realmodels
+from rmsnorm.lab.models import weights
+from rmsnorm.lab.models.text import stdlib_docstrings
 from rmsnorm.lab.report import real_figures, real_prose
 from rmsnorm.lab.report.page import Page
-from rmsnorm.lab.text import stdlib_docstrings
 
 tf = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

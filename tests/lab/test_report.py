@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from rmsnorm._progress import LogProgress
-from rmsnorm.lab.iid import iid_reference
+from rmsnorm.lab.experiments.simulation.seeds import centering_verdict
 from rmsnorm.lab.report import Page, ReportConfig, build_report
 from rmsnorm.lab.report.prose import centering_vs_iid, verdict_sentence
-from rmsnorm.lab.seeds import centering_verdict
 from rmsnorm.lab.stats import row_stats
+from rmsnorm.lab.stats.iid import iid_reference
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

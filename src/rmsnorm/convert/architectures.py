@@ -116,7 +116,7 @@ class Architecture:
 def _lab_transformer() -> types.ModuleType:
     # The conversion's only import of the lab, made when a model is first checked against the
     # lab's entry (the last one, so converting a listed Hugging Face model never loads the lab).
-    from ..lab import transformer
+    from ..lab.models import transformer
 
     return transformer
 

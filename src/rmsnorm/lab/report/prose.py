@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..inspection.render import kind_label, kind_notes
-from ..transformer import NORM_NAMES
+from ..experiments.inspection.render import kind_label, kind_notes
+from ..models.transformer import NORM_NAMES
 from .page import Page
 from .real_prose import real_answer, real_section
 
@@ -76,9 +76,9 @@ def verdict_sentence(
     against: str = "i.i.d. Gaussian rows of its width",
     more: str = "more seeds",
 ) -> str:
-    """The words for a :class:`~rmsnorm.lab.seeds.Verdict` (its dict form) on a ratio to a
-    reference level: the verdict, then what the interval says; for "cannot tell", what would
-    tell."""
+    """The words for a :class:`~rmsnorm.lab.experiments.simulation.seeds.Verdict` (its dict form) on
+    a ratio to a reference level: the verdict, then what the interval says; for "cannot tell", what
+    would tell."""
     conf = f"{100 * v['confidence']:.0f}%"
     interval = f"{_f(v['ci_low'], '.2f')}–{_f(v['ci_high'], '.2f')}"
     margin = f"±{100 * v['margin']:.0f}%"

@@ -448,9 +448,9 @@ def _predictor(page: Page, real: dict, figures: dict[str, Path]) -> None:
 
 
 def model_markdown(m: dict) -> str:
-    """One model's study (:func:`~rmsnorm.lab.realmodels.run_model`) as Markdown: its statistics
-    per kind of site, outlier channels, the centering's cost, and the predictors' correlations
-    (what ``rmsnorm inspect --swap`` prints)."""
+    """One model's study (:func:`~rmsnorm.lab.experiments.realmodels.run_model`) as Markdown: its
+    statistics per kind of site, outlier channels, the centering's cost, and the predictors'
+    correlations (what ``rmsnorm inspect --swap`` prints)."""
     page = Page(f"{m['model']}: norm sites and the centering's cost")
     if "missing" in m:
         page.p(m["missing"])

@@ -11,15 +11,15 @@ from pathlib import Path
 import torch
 
 from ..._progress import ensure
+from ..experiments.inspection import inspect_layers
+from ..experiments.simulation import cosine_by_layer, mean_histograms
+from ..experiments.simulation.render import decomposition_figure, iid_lines, seed_ratio_by_layer
 from ..figures import layer_ticks, legend_below, pyplot, save_figure
-from ..iid import iid_reference
-from ..inspection import inspect_layers
 from ..io import write_json, write_text
-from ..outliers import iid_max_over_rms
-from ..simulation import cosine_by_layer, mean_histograms
-from ..simulation.render import decomposition_figure, iid_lines, seed_ratio_by_layer
-from ..stats import median
-from ..transformer import NORM_NAMES
+from ..models.transformer import NORM_NAMES
+from ..stats.iid import iid_reference
+from ..stats.outliers import iid_max_over_rms
+from ..stats.rows import median
 from . import real_figures
 from .prose import report_page
 from .run import ReportConfig, ReportResults, run_report

@@ -16,22 +16,28 @@ import torch
 from ... import __version__, info
 from ..._progress import ensure
 from ..._validate import ArgumentError, finite_number, positive_int
-from ..conventions import eps_table, stream_shrink
-from ..iid import iid_reference
-from ..outliers import MASSIVE_SHARE_FACTOR, blind_spot
-from ..planted import planted_in_block
-from ..realmodels import RealConfig
-from ..seeds import CONFIDENCE, SeedStudy, centering_verdict, paired_spread_test, replicate
-from ..simulation import SimulationConfig, SimulationResult
-from ..stats import (
+from ..experiments.planted import planted_in_block
+from ..experiments.realmodels import RealConfig
+from ..experiments.simulation import SimulationConfig, SimulationResult
+from ..experiments.simulation.seeds import (
+    CONFIDENCE,
+    SeedStudy,
+    centering_verdict,
+    paired_spread_test,
+    replicate,
+)
+from ..experiments.sweep import SweepConfig, SweepResult, run_sweep
+from ..experiments.trained import TrainStudy, TrainStudyConfig, run_training_study
+from ..stats.conventions import eps_table, stream_shrink
+from ..stats.iid import iid_reference
+from ..stats.outliers import MASSIVE_SHARE_FACTOR, blind_spot
+from ..stats.rows import (
     RowStats,
     identity_check,
     measured_divergence,
     median,
     predicted_divergence,
 )
-from ..sweep import SweepConfig, SweepResult, run_sweep
-from ..trained import TrainStudy, TrainStudyConfig, run_training_study
 from .timing import SHAPES, time_norms
 
 __all__ = [
@@ -59,8 +65,8 @@ class ReportConfig:
     (None skips both); ``planted_bias``: the mean planted on block 1's MLP output, in
     ``planted_seeds`` seeds of each norm (0 skips it); ``model``: a built-in name or a local
     Hugging Face directory to inspect (None skips it), on ``text`` or random tokens; ``real``:
-    the pretrained models' study (:mod:`~rmsnorm.lab.realmodels`, on ``text`` or the standard
-    library's docstrings; None skips it, as ``--quick`` does)."""
+    the pretrained models' study (:mod:`~rmsnorm.lab.experiments.realmodels`, on ``text`` or the
+    standard library's docstrings; None skips it, as ``--quick`` does)."""
 
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     seeds: int = 8
@@ -453,7 +459,7 @@ SWAP_SEQUENCES = 8
 
 
 def _swap_section(study: TrainStudy) -> dict:
-    from ..swap import swap_costs
+    from ..experiments.swap import swap_costs
 
     per_seed = []
     tokens = study.eval_tokens[:SWAP_SEQUENCES]
@@ -682,7 +688,7 @@ def _identity(study: SeedStudy, inspected: dict | None) -> dict:
 def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
     """Run everything in ``cfg``, one progress task per stage: the seeds, the sweep, the planted
     mean, the training and the swap, the optional model and the timing."""
-    from ..inspection import inspect_model, load_runnable_model, make_inputs
+    from ..experiments.inspection import inspect_model, load_runnable_model, make_inputs
 
     t_start = time.perf_counter()
     progress = ensure(progress)
@@ -708,7 +714,7 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
     if cfg.planted_bias:
         t0 = time.perf_counter()
         # The simulation's network, pre-LN whatever its position: the planted contrast's
-        # derivation (lab/planted.py) holds in pre-LN networks only.
+        # derivation (lab/experiments/planted.py) holds in pre-LN networks only.
         base = replace(cfg.simulation.transformer_config(), norm_position="pre")
         with progress.task("planted mean inside a block", total=1) as advance:
             planted = planted_in_block(
@@ -741,8 +747,8 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
             advance()
     real = None
     if cfg.real is not None:
-        from ..realmodels import run_real_models
-        from ..text import stdlib_docstrings, text_string
+        from ..experiments.realmodels import run_real_models
+        from ..models.text import stdlib_docstrings, text_string
 
         t0 = time.perf_counter()
         source = stdlib_docstrings() if cfg.text is None else text_string(cfg.text, "--text-file")
