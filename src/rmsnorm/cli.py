@@ -655,7 +655,7 @@ def inspect(
     if swap:
         from .lab.experiments import realmodels
         from .lab.models import text as lab_text
-        from .lab.report.real_prose import model_markdown
+        from .lab.report.sections.real_models import model_markdown
 
         with _reported("inspect", ValueError, OSError, ImportError):
             source = (

@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .page import Page
+from ..page import Page
 from .real_figures import PANELS, measured
 
 __all__ = ["real_answer", "real_section", "model_markdown", "LITERATURE"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..figures import legend_below, pyplot, save_figure
+from ...figures import legend_below, pyplot, save_figure
 
 __all__ = ["ratio_by_block", "largest_by_block", "predictor_scatter", "measured"]
 
