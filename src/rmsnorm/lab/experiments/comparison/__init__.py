@@ -3,7 +3,8 @@ trained with LayerNorm, RMSNorm, partial RMSNorm and no normalization, changing 
 normalization (and, in a sweep, the learning rate). One module per job: :mod:`.config` (what runs),
 :mod:`.models` (models that differ only in the norm), :mod:`.run` (the training and timing),
 :mod:`.paired` (paired statistics), :mod:`.summary` (rate choice, stability, verdicts),
-:mod:`.render` (JSON, PNG and Markdown)."""
+:mod:`.markdown` (``summary.md``), :mod:`.plots` (the figures), :mod:`.render` (the
+output folder and ``results.json``)."""
 
 from .config import (
     BASELINE,
@@ -27,17 +28,11 @@ from .config import (
     torch_threads,
     training_flops,
 )
+from .markdown import render_markdown, reproduce_command
 from .models import build_models, fingerprint, norm_parameter_names, shared_parameters
 from .paired import Paired, minimal_detectable_effect, paired, power, seeds_needed
-from .render import (
-    OUTPUT_FILES,
-    load_results,
-    output_dir,
-    plot_losses,
-    render_markdown,
-    reproduce_command,
-    write_outputs,
-)
+from .plots import plot_losses
+from .render import OUTPUT_FILES, load_results, output_dir, write_outputs
 from .run import busy_machine_warnings, machine_info, run_comparison
 from .summary import (
     FLAT_TOLERANCE,
