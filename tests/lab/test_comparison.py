@@ -458,9 +458,9 @@ def test_summary_verdicts_come_from_the_paired_interval():
 
 
 # --------------------------------------------------------------------------------------------------
-# What a training comparison writes (lab/experiments/comparison/render.py): the figures, the
-# Markdown summary, the command that reproduces a run, and an output folder that is not silently
-# reused.
+# What a training comparison writes (lab/experiments/comparison/: plots.py, markdown.py,
+# render.py): the figures, the Markdown summary, the command that reproduces a run, and an output
+# folder that is not silently reused.
 
 
 def test_files_and_summary(comparison_run):

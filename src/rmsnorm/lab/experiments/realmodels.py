@@ -24,8 +24,9 @@ from ..io import jsonable, write_json
 
 __all__ = ["RealConfig", "PREDICTORS", "run_model", "run_real_models", "predictor_points"]
 
-# The statistics set against the measured cost: (variant, statistic) of :mod:`.sitestats`, or a
-# site-level number; averaged over the sites of a block or kind (the largest |x|: the maximum).
+# The statistics set against the measured cost: (variant, statistic) of
+# :mod:`~rmsnorm.lab.stats.sitestats`, or a site-level number; averaged over the sites of a block
+# or kind (the largest |x|: the maximum).
 PREDICTORS = {
     "|μ|/σ median": ("all", "ratio_median"),
     "|μ|/σ p95": ("all", "ratio_p95"),

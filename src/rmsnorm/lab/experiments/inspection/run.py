@@ -190,7 +190,7 @@ def inspect_model(
     if not capture.layers:
         raise ValueError(
             f"{name or type(model).__name__} has no LayerNorm / RMSNorm layers that the detection "
-            "rule recognises (see rmsnorm.lab.experiments.inspection.capture)"
+            "rule recognises (see rmsnorm.lab.models.norm_layers)"
         )
     was_training = model.training
     model.eval()
