@@ -183,7 +183,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     import transformers
 
-    from rmsnorm.lab.pretrained import load_pretrained
+    from rmsnorm.lab.models.pretrained import load_pretrained
 
     transformers.logging.set_verbosity_error()
     load_before = " ".join(f"{v:.2f}" for v in os.getloadavg())

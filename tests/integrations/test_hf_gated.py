@@ -430,7 +430,7 @@ def test_axk2_gated_container_is_refused_and_its_norm_patched():
 
 def test_gated_norms_count_as_norm_layers():
     from rmsnorm.integrations.distributed import norm_parameters
-    from rmsnorm.lab.capture import find_norm_layers
+    from rmsnorm.lab.models.norm_layers import find_norm_layers
 
     model = build("mamba2")
     gated = {n for n, m in model.named_modules() if type(m).__name__ == _MAMBA2_GATED()}

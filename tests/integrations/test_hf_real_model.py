@@ -23,8 +23,8 @@ PROMPT = "The centering of LayerNorm subtracts the mean of every hidden vector b
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from rmsnorm.lab import weights
-    from rmsnorm.lab.pretrained import load_pretrained
+    from rmsnorm.lab.models import weights
+    from rmsnorm.lab.models.pretrained import load_pretrained
 
     try:
         weights.resolve("smollm2-135m")

@@ -1,6 +1,6 @@
-"""Norm-layer capture and model inspection (lab/capture.py, lab/inspection/): which modules are
-norm layers, what the hooks record on plain, grouped and gated norms, and the models
-``rmsnorm inspect`` reads."""
+"""Norm-layer capture and model inspection (lab/models/norm_layers.py,
+lab/experiments/inspection/): which modules are norm layers, what the hooks record on plain, grouped
+and gated norms, and the models ``rmsnorm inspect`` reads."""
 
 from __future__ import annotations
 
@@ -13,16 +13,19 @@ import torch
 from torch import nn
 
 import rmsnorm
-from rmsnorm.lab import capture, inspection
+from rmsnorm.lab.experiments import inspection
+from rmsnorm.lab.experiments.inspection import capture
 from rmsnorm.lab.inspection import inspect_model
+from rmsnorm.lab.models import norm_layers
+from rmsnorm.lab.models.transformer import Transformer, TransformerConfig
 from rmsnorm.lab.stats import summarize
-from rmsnorm.lab.transformer import Transformer, TransformerConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # --------------------------------------------------------------------------------------------------
-# Norm-layer detection and the capture hooks (lab/capture.py) on torch modules: which modules are
-# norm layers and of which kind, what the hooks record, and the swap they measure.
+# Norm-layer detection (lab/models/norm_layers.py) and the capture hooks
+# (lab/experiments/inspection/capture.py) on torch modules: which modules are norm layers and of
+# which kind, what the hooks record, and the swap they measure.
 
 
 class T5StyleLayerNorm(nn.Module):
@@ -82,7 +85,7 @@ class MyLayerNorm(nn.Module):
     ],
 )
 def test_norm_kind(module, kind):
-    assert capture.norm_kind(module) == kind
+    assert norm_layers.norm_kind(module) == kind
 
 
 def test_counts_in_torch_models():
@@ -94,10 +97,10 @@ def test_counts_in_torch_models():
         nn.BatchNorm1d(8),
         nn.Sequential(rmsnorm.RMSNorm(8), MyLayerNorm(8)),
     )
-    kinds = [k for _, _, k in capture.find_norm_layers(model)]
+    kinds = [k for _, _, k in norm_layers.find_norm_layers(model)]
     assert kinds == ["layernorm", "rmsnorm", "rmsnorm", "layernorm"]
     cfg = TransformerConfig(n_layers=3, d_model=32, n_heads=2, seq_len=8)
-    found = capture.find_norm_layers(Transformer(cfg))
+    found = norm_layers.find_norm_layers(Transformer(cfg))
     assert len(found) == 2 * 3 + 1  # norm1, norm2 per block + the final norm
 
 
@@ -133,11 +136,11 @@ def test_swap_difference_matches_the_relation():
 
 
 # --------------------------------------------------------------------------------------------------
-# The capture (lab/capture.py) on grouped and gated RMSNorm: the statistics are of what each norm
-# normalizes (x, or x·act(z) when it gates first), per group, and the swap is the centering
-# LayerNorm of that (then the same gate), all checked against hand computations in float64, for
-# this library's modules, the Hugging Face gated classes (patched and not) inside a small module,
-# the tiny gated models of ``rmsnorm inspect``, and the layers it cannot read.
+# The capture (lab/experiments/inspection/capture.py) on grouped and gated RMSNorm: the statistics
+# are of what each norm normalizes (x, or x·act(z) when it gates first), per group, and the swap is
+# the centering LayerNorm of that (then the same gate), all checked against hand computations in
+# float64, for this library's modules, the Hugging Face gated classes (patched and not) inside a
+# small module, the tiny gated models of ``rmsnorm inspect``, and the layers it cannot read.
 
 N, EPS = 12, 1e-3
 NTG, GTN = capture.NORM_THEN_GATE, capture.GATE_THEN_NORM
@@ -400,7 +403,7 @@ def test_an_unknown_gated_class_is_not_measured_until_registered():
 
     norm = randomized(LocalRMSNormGated(N, 4))
     model = Mixer(norm)
-    assert capture.norm_kind(norm) == "rmsnorm"  # by its name and the probe
+    assert norm_layers.norm_kind(norm) == "rmsnorm"  # by its name and the probe
     layer = run(model, torch.float32)
     assert layer["tokens"] == 0 and layer["calls"] == 1
     assert re.search(r"recognised by its name only.*argument 1.*hf\.register", layer["swap_error"])
@@ -512,8 +515,9 @@ def test_inspect_command_on_a_saved_gated_model(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# Model inspection (lab/inspection/run.py): the built-in and tiny Hugging Face models (built
-# from a config, offline), local model directories, inputs, and errors naming what was looked for.
+# Model inspection (lab/experiments/inspection/run.py): the built-in and tiny Hugging Face models
+# (built from a config, offline), local model directories, inputs, and errors naming what was looked
+# for.
 
 
 def test_inspect_builtin_and_errors():
@@ -540,7 +544,7 @@ def transformers():
 @pytest.mark.parametrize("name, n_layers", [("tiny-gpt2", 2), ("tiny-llama", 2)])
 def test_tiny_hf_models(transformers, name, n_layers):
     loaded = inspection.load_runnable_model(name)
-    found = capture.find_norm_layers(loaded.model)
+    found = norm_layers.find_norm_layers(loaded.model)
     assert len(found) == 2 * n_layers + 1
     expected = "layernorm" if name == "tiny-gpt2" else "rmsnorm"
     assert {k for _, _, k in found} == {expected}
@@ -557,4 +561,4 @@ def test_hf_directory_round_trip(transformers, tmp_path):
     loaded.model.save_pretrained(tmp_path)
     again = inspection.load_runnable_model(str(tmp_path))
     assert again.kind == "hf" and again.tokenizer is None
-    assert len(capture.find_norm_layers(again.model)) == 5
+    assert len(norm_layers.find_norm_layers(again.model)) == 5

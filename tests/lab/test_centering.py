@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tiny_hf
-from rmsnorm.lab import centering, sites
+from rmsnorm.lab.experiments import centering, sites
 from rmsnorm.lab.inspection import RunnableModel
 
 tf = pytest.importorskip("transformers")
@@ -41,7 +41,7 @@ class WordTokenizer:
 
 @pytest.fixture(scope="module")
 def source():
-    from rmsnorm.lab.text import stdlib_docstrings
+    from rmsnorm.lab.models.text import stdlib_docstrings
 
     return stdlib_docstrings()
 
@@ -139,8 +139,8 @@ def test_quantization_effect_on_an_encoder(source):
     """Rounding the weights through Q4_1 moves the statistics and the swap's cost a little, and
     says by how much."""
     pytest.importorskip("gguf")
-    from rmsnorm.lab import realmodels
-    from rmsnorm.lab.sites import site_study
+    from rmsnorm.lab.experiments import realmodels
+    from rmsnorm.lab.experiments.sites import site_study
 
     model = tiny_hf.bert(tf, vocab_size=200, seed=1)
     loaded = RunnableModel("tiny-bert", model, 200, 512, WordTokenizer(200, frame=True), "hf")

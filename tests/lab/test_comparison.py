@@ -1,5 +1,5 @@
-"""The training comparison (lab/comparison/): what it runs, models that differ only in the norm,
-the run itself, its paired statistics and verdicts, and what it writes."""
+"""The training comparison (lab/experiments/comparison/): what it runs, models that differ only in
+the norm, the run itself, its paired statistics and verdicts, and what it writes."""
 
 import json
 import math
@@ -33,12 +33,12 @@ from rmsnorm.lab.comparison import (
     summarize,
     training_flops,
 )
-from rmsnorm.lab.comparison.summary import failed, final_loss, flattening
-from rmsnorm.lab.transformer import TransformerConfig
+from rmsnorm.lab.experiments.comparison.summary import failed, final_loss, flattening
+from rmsnorm.lab.models.transformer import TransformerConfig
 from rmsnorm.reference import partial_size
 
 # --------------------------------------------------------------------------------------------------
-# What a training comparison runs (lab/comparison/config.py): presets and overrides, the
+# What a training comparison runs (lab/experiments/comparison/config.py): presets and overrides, the
 # learning-rate sweep, the checked options, the corpus and the lower bound of the run's time.
 
 
@@ -116,7 +116,7 @@ def test_training_flops_counts_the_matrix_products():
 
 
 # --------------------------------------------------------------------------------------------------
-# Models that differ only in the norm (lab/comparison/models.py): bit-identical shared
+# Models that differ only in the norm (lab/experiments/comparison/models.py): bit-identical shared
 # parameters, norm parameters at their own init, and the fingerprint that checks it.
 
 
@@ -149,9 +149,10 @@ def test_variants_differ_only_in_the_norm():
 
 
 # --------------------------------------------------------------------------------------------------
-# The run of a training comparison (lab/comparison/run.py): every variant learns at every rate,
-# runs of a seed share their initialization, a rerun is bit for bit the same (in worker processes
-# too), a diverging run stops and is kept, any text file trains, a busy machine is warned about.
+# The run of a training comparison (lab/experiments/comparison/run.py): every variant learns at
+# every rate, runs of a seed share their initialization, a rerun is bit for bit the same (in worker
+# processes too), a diverging run stops and is kept, any text file trains, a busy machine is warned
+# about.
 
 
 def test_results_hold_every_run_and_timing(comparison_run):
@@ -270,7 +271,7 @@ def test_busy_machine_warning():
 
 
 # --------------------------------------------------------------------------------------------------
-# The statistics and verdicts of a training comparison (lab/comparison/summary.py and
+# The statistics and verdicts of a training comparison (lab/experiments/comparison/summary.py and
 # paired.py): paired differences with their interval and rank tests against scipy, the power
 # arithmetic, the learning-rate choice that never sees the reported seed or bytes, stability, the
 # flattening criterion, and verdicts written from the interval alone.
@@ -457,8 +458,9 @@ def test_summary_verdicts_come_from_the_paired_interval():
 
 
 # --------------------------------------------------------------------------------------------------
-# What a training comparison writes (lab/comparison/render.py): the figures, the Markdown
-# summary, the command that reproduces a run, and an output folder that is not silently reused.
+# What a training comparison writes (lab/experiments/comparison/: plots.py, markdown.py,
+# render.py): the figures, the Markdown summary, the command that reproduces a run, and an output
+# folder that is not silently reused.
 
 
 def test_files_and_summary(comparison_run):

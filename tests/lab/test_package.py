@@ -16,9 +16,12 @@ import rmsnorm.lab
 def test_importing_the_lab_needs_no_extra():
     code = (
         "import sys, rmsnorm.lab, rmsnorm.lab.simulation, rmsnorm.lab.inspection, "
-        "rmsnorm.lab.comparison, rmsnorm.lab.report, rmsnorm.lab.seeds, rmsnorm.lab.sweep, "
-        "rmsnorm.lab.trained, rmsnorm.lab.swap, rmsnorm.lab.outliers, rmsnorm.lab.planted, "
-        "rmsnorm.lab.conventions, rmsnorm.lab.decomposition; "
+        "rmsnorm.lab.comparison, rmsnorm.lab.report, rmsnorm.lab.models, rmsnorm.lab.stats, "
+        "rmsnorm.lab.experiments, rmsnorm.lab.experiments.simulation.seeds, "
+        "rmsnorm.lab.experiments.sweep, rmsnorm.lab.experiments.trained, "
+        "rmsnorm.lab.experiments.swap, rmsnorm.lab.experiments.planted, "
+        "rmsnorm.lab.stats.outliers, rmsnorm.lab.stats.conventions, "
+        "rmsnorm.lab.stats.decomposition; "
         "bad = [m for m in ('matplotlib', 'rich', 'scipy', 'transformers', 'triton') "
         "if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"

@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from rmsnorm.lab import centering, pretrained, sites, weights
-from rmsnorm.lab.text import stdlib_docstrings
+from rmsnorm.lab.experiments import centering, sites
+from rmsnorm.lab.models import pretrained, weights
+from rmsnorm.lab.models.text import stdlib_docstrings
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")

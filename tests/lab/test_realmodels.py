@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import tiny_hf
-from rmsnorm.lab import realmodels, weights
-from rmsnorm.lab.report import real_figures, real_prose
+from rmsnorm.lab.experiments import realmodels
+from rmsnorm.lab.models import weights
+from rmsnorm.lab.models.text import stdlib_docstrings
 from rmsnorm.lab.report.page import Page
-from rmsnorm.lab.text import stdlib_docstrings
+from rmsnorm.lab.report.sections import real_figures, real_models
 
 tf = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -88,10 +89,10 @@ def test_missing_model_is_a_result_that_says_how_to_install(monkeypatch, source)
     assert m["install"] == "rmsnorm weights install stand-in"
     j = {"real_models": out}
     page = Page("t")
-    real_prose.real_section(page, j, {})
+    real_models.real_section(page, j, {})
     text = page.markdown(".")
     assert "stand-in: missing" in text and "rmsnorm weights install stand-in" in text
-    assert real_prose.real_answer(j) == []
+    assert real_models.real_answer(j) == []
 
 
 def test_rank_correlations():
@@ -114,14 +115,14 @@ def test_section_and_figures_from_a_study(tmp_path, source):
     assert all(p.stat().st_size > 1000 for p in figures.values())
     j = {"real_models": json.loads(json.dumps(real))}
     page = Page("t")
-    for paragraph in real_prose.real_answer(j):
+    for paragraph in real_models.real_answer(j):
         page.p(paragraph)
-    real_prose.real_section(page, j, figures)
+    real_models.real_section(page, j, figures)
     text = page.markdown(tmp_path)
     assert "Real pretrained transformers" in text and "pre-norm (4, 32)" in text
     assert "Does a per-site statistic predict the cost?" in text
     assert "2305.14858" in text and "safetensors, the original checkpoint" in text
-    assert real_prose.model_markdown(real["models"][0]).count("|") > 50
+    assert real_models.model_markdown(real["models"][0]).count("|") > 50
 
 
 def test_inspect_swap_command(tmp_path, monkeypatch):

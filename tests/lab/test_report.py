@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from rmsnorm._progress import LogProgress
-from rmsnorm.lab.iid import iid_reference
+from rmsnorm.lab.experiments.simulation.seeds import centering_verdict
 from rmsnorm.lab.report import Page, ReportConfig, build_report
-from rmsnorm.lab.report.prose import centering_vs_iid, verdict_sentence
-from rmsnorm.lab.seeds import centering_verdict
+from rmsnorm.lab.report.sections.common import verdict_sentence
+from rmsnorm.lab.report.sections.simulation import centering_vs_iid
 from rmsnorm.lab.stats import row_stats
+from rmsnorm.lab.stats.iid import iid_reference
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -36,7 +37,7 @@ def test_page_renders_escaped_tables():
 def test_model_section_labels_gated_and_grouped_norms():
     """The report's model table uses the inspection's kinds (RMS→z, z→RMS, /G) and says what
     they mean below it, as `rmsnorm inspect` does."""
-    from rmsnorm.lab.report.prose import _model
+    from rmsnorm.lab.report.sections import model
 
     def layer(name, kind, **extra):
         stats = {"q50": 0.1, "q95": 0.2}
@@ -58,7 +59,7 @@ def test_model_section_labels_gated_and_grouped_norms():
     ]
     j = {"model": {"model": "m", "norm_layers": 3, "inputs": "ids", "layers": layers}}
     page = Page("t")
-    _model(page, j, {"model_layers": Path("m.png")})
+    model.words(page, j, {"model_layers": Path("m.png")})
     md = page.markdown(Path("."))
     assert "| LN |" in md and "| z→RMS/2 |" in md and "| RMS→z |" in md
     assert "statistics and swap per group" in md and "swap LN(x)·act(z)" in md
@@ -75,7 +76,7 @@ def test_figure_alt_text_keeps_its_brackets_inside(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# The report's text (lab/report/prose.py): the verdicts in words follow the seed spreads, the
+# The report's text (lab/report/sections/): the verdicts in words follow the seed spreads, the
 # i.i.d. comparison sets median against median, and a conclusion the numbers do not support is not
 # written.
 

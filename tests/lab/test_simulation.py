@@ -1,6 +1,6 @@
-"""The simulated transformer at initialization (lab/simulation/, seeds.py, decomposition.py,
-planted.py): its run, figures and files, the statistics over seeds and their verdicts, and who
-writes the token-shared part of μ."""
+"""The simulated transformer at initialization (lab/experiments/simulation/, seeds.py,
+decomposition.py, planted.py): its run, figures and files, the statistics over seeds and their
+verdicts, and who writes the token-shared part of μ."""
 
 import json
 import math
@@ -11,24 +11,24 @@ import pytest
 import torch
 from scipy import stats
 
-from rmsnorm.lab.decomposition import capture_writes, shared_share
-from rmsnorm.lab.iid import iid_reference
-from rmsnorm.lab.planted import planted_in_block
-from rmsnorm.lab.seeds import (
+from rmsnorm.lab.experiments.planted import planted_in_block
+from rmsnorm.lab.experiments.simulation.seeds import (
     centering_verdict,
     paired_spread_test,
     replicate,
     seed_verdicts,
     token_test_verdicts,
 )
+from rmsnorm.lab.models.transformer import Transformer, TransformerConfig
 from rmsnorm.lab.simulation import SimulationConfig, simulate, write_simulation
-from rmsnorm.lab.transformer import Transformer, TransformerConfig
+from rmsnorm.lab.stats.decomposition import capture_writes, shared_share
+from rmsnorm.lab.stats.iid import iid_reference
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # --------------------------------------------------------------------------------------------------
-# The simulation (lab/simulation/run.py): shapes, the centered default, planted-mean detection,
-# the short training run and argument checks.
+# The simulation (lab/experiments/simulation/run.py): shapes, the centered default, planted-mean
+# detection, the short training run and argument checks.
 
 TINY = dict(n_layers=2, d_model=32, n_heads=2, seq_len=16, batch=4)
 
@@ -133,7 +133,7 @@ def test_missing_text_file():
 
 
 # --------------------------------------------------------------------------------------------------
-# The simulation's figures and files (lab/simulation/render.py).
+# The simulation's figures and files (lab/experiments/simulation/render.py).
 
 
 def test_write_simulation(tmp_path):
@@ -151,7 +151,7 @@ def test_ratio_figure_draws_the_iid_reference_of_the_statistic_it_shows():
     row_stats computes it, for rows of d i.i.d. Gaussian entries at the simulation's d: checked
     against Monte Carlo, not against the formula that drew them."""
     pytest.importorskip("matplotlib")
-    from rmsnorm.lab.simulation.render import IID_LABEL, ratio_by_layer_figure
+    from rmsnorm.lab.experiments.simulation.render import IID_LABEL, ratio_by_layer_figure
     from rmsnorm.lab.stats import row_stats
 
     res = simulate(SimulationConfig(**TINY))
@@ -185,7 +185,7 @@ def test_simulation_json_carries_the_decomposition(tmp_path):
 
 def test_seed_study_files(tmp_path):
     pytest.importorskip("matplotlib")
-    from rmsnorm.lab.seeds import replicate
+    from rmsnorm.lab.experiments.simulation.seeds import replicate
     from rmsnorm.lab.simulation import write_seed_study
 
     files = write_seed_study(replicate(SimulationConfig(**TINY), 3), tmp_path)
@@ -194,9 +194,9 @@ def test_seed_study_files(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# The simulation over seeds and its verdicts (lab/seeds.py): the statistics against hand and
-# scipy computations, and the calibration the verdict promises: at initialization with the default
-# architecture, at least 90% of seeds are called as centered as i.i.d. rows.
+# The simulation over seeds and its verdicts (lab/experiments/simulation/seeds.py): the statistics
+# against hand and scipy computations, and the calibration the verdict promises: at initialization
+# with the default architecture, at least 90% of seeds are called as centered as i.i.d. rows.
 
 
 def test_centering_verdict_is_a_t_interval_on_the_logs():
@@ -322,8 +322,8 @@ def test_activation_means_and_a_more_centered_placement():
 
 # --------------------------------------------------------------------------------------------------
 # μ split into its token-shared and per-token parts and who wrote the shared part
-# (lab/decomposition.py, through the simulation), the activations of the transformer, and the mean
-# planted inside a block (lab/planted.py).
+# (lab/stats/decomposition.py, through the simulation), the activations of the transformer, and the
+# mean planted inside a block (lab/experiments/planted.py).
 
 TINY3 = dict(n_layers=3, d_model=32, n_heads=2, seq_len=16, batch=4)
 

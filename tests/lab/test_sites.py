@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import tiny_hf
-from rmsnorm.lab import sites, sitestats
+from rmsnorm.lab.experiments import sites
+from rmsnorm.lab.stats import sitestats
 
 # ----------------------------------------------------------------------------------------------
 # Planted rows

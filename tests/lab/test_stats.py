@@ -1,6 +1,6 @@
-"""The lab's statistics against known answers (lab/stats.py, iid.py, conventions.py, outliers.py):
-row statistics and the LayerNorm-vs-RMSNorm relation, |μ|/σ of i.i.d. rows, the two ε placements
-with the least-squares β, and per-channel outliers."""
+"""The lab's statistics against known answers (lab/stats/rows.py, iid.py, conventions.py,
+outliers.py): row statistics and the LayerNorm-vs-RMSNorm relation, |μ|/σ of i.i.d. rows, the two ε
+placements with the least-squares β, and per-channel outliers."""
 
 import math
 import statistics
@@ -12,17 +12,22 @@ from scipy import stats as scipy_stats
 
 import rmsnorm
 from rmsnorm.lab import inspect_model, stats
-from rmsnorm.lab.conventions import beta_fit, eps_table, shrink_factors, stream_shrink
-from rmsnorm.lab.iid import iid_ratio_cdf, iid_ratio_quantile, iid_reference
-from rmsnorm.lab.outliers import OutlierAccumulator, blind_spot, channel_outliers, iid_max_over_rms
+from rmsnorm.lab.models.transformer import Transformer, TransformerConfig
 from rmsnorm.lab.stats import row_stats
-from rmsnorm.lab.transformer import Transformer, TransformerConfig
+from rmsnorm.lab.stats.conventions import beta_fit, eps_table, shrink_factors, stream_shrink
+from rmsnorm.lab.stats.iid import iid_ratio_cdf, iid_ratio_quantile, iid_reference
+from rmsnorm.lab.stats.outliers import (
+    OutlierAccumulator,
+    blind_spot,
+    channel_outliers,
+    iid_max_over_rms,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # --------------------------------------------------------------------------------------------------
 # Known answers for the row statistics and the LayerNorm-vs-RMSNorm relation
-# (lab/stats.py).
+# (lab/stats/rows.py).
 
 
 def rows_with_ratio(ratios, d=64, sigma=0.5, seed=0):
@@ -122,8 +127,8 @@ def test_median_is_numpys():
 
 
 # --------------------------------------------------------------------------------------------------
-# |μ|/σ of rows of i.i.d. Gaussian entries (lab/iid.py): the exact Student-t distribution against
-# tabulated t quantiles and against Monte Carlo of the statistic as the lab computes it.
+# |μ|/σ of rows of i.i.d. Gaussian entries (lab/stats/iid.py): the exact Student-t distribution
+# against tabulated t quantiles and against Monte Carlo of the statistic as the lab computes it.
 
 
 def iid_ratios(d: int, rows: int, seed: int = 0) -> torch.Tensor:
@@ -194,7 +199,7 @@ def test_limits_and_errors():
 
 
 # --------------------------------------------------------------------------------------------------
-# The two ε placements and the least-squares β (lab/conventions.py), against hand and numpy
+# The two ε placements and the least-squares β (lab/stats/conventions.py), against hand and numpy
 # computations and this library's actual outputs.
 
 
@@ -255,8 +260,8 @@ def test_beta_fit_is_least_squares():
 
 
 # --------------------------------------------------------------------------------------------------
-# Per-channel outliers and the blind spot of |μ|/σ (lab/outliers.py), and the same columns in
-# `rmsnorm inspect` (lab/capture.py).
+# Per-channel outliers and the blind spot of |μ|/σ (lab/stats/outliers.py), and the same columns in
+# `rmsnorm inspect` (lab/experiments/inspection/capture.py).
 
 
 def test_channel_outliers_against_numpy():

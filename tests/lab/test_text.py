@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rmsnorm.lab import text
+from rmsnorm.lab.models import text
 
 
 class ByteTokenizer:

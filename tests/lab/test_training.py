@@ -1,4 +1,4 @@
-"""Training in the lab (lab/train.py, transformer.py, trained.py, swap.py, sweep.py): the one
+"""Training in the lab (lab/models/train.py, transformer.py, trained.py, swap.py, sweep.py): the one
 training loop and its model, networks trained with either norm, the swap's cost on them and the
 architecture sweep, at tiny sizes."""
 
@@ -9,21 +9,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rmsnorm.lab.corpus import Corpus
+from rmsnorm.lab.experiments.swap import logit_cost, naive_swap, norm_slots, swap_costs
+from rmsnorm.lab.experiments.sweep import SweepConfig, run_sweep
+from rmsnorm.lab.experiments.trained import TrainStudyConfig, measure_state, run_training_study
+from rmsnorm.lab.models.corpus import Corpus
+from rmsnorm.lab.models.train import TrainConfig, Trainer, evaluate, train, val_parts
+from rmsnorm.lab.models.transformer import Transformer, TransformerConfig
 from rmsnorm.lab.simulation import SimulationConfig
-from rmsnorm.lab.swap import logit_cost, naive_swap, norm_slots, swap_costs
-from rmsnorm.lab.sweep import SweepConfig, run_sweep
-from rmsnorm.lab.train import TrainConfig, Trainer, evaluate, train, val_parts
-from rmsnorm.lab.trained import TrainStudyConfig, measure_state, run_training_study
-from rmsnorm.lab.transformer import Transformer, TransformerConfig
 from rmsnorm.modules import RMSNorm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # --------------------------------------------------------------------------------------------------
-# The one training loop (lab/train.py) and the model it trains (lab/transformer.py): what a run
-# records per step and per evaluation, the disjoint held-out parts, stopping at a non-finite loss,
-# and the MLP activations.
+# The one training loop (lab/models/train.py) and the model it trains (lab/models/transformer.py):
+# what a run records per step and per evaluation, the disjoint held-out parts, stopping at a
+# non-finite loss, and the MLP activations.
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -180,8 +180,8 @@ def test_a_larger_final_evaluation_keeps_the_curve_on_the_same_windows():
 
 
 # --------------------------------------------------------------------------------------------------
-# Trained networks of both kinds (lab/trained.py), the swap's cost on them (lab/swap.py) and the
-# architecture sweep (lab/sweep.py), at tiny sizes.
+# Trained networks of both kinds (lab/experiments/trained.py), the swap's cost on them
+# (lab/experiments/swap.py) and the architecture sweep (lab/experiments/sweep.py), at tiny sizes.
 
 TINY = dict(n_layers=2, d_model=32, n_heads=2, seq_len=16)
 

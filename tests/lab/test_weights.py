@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from rmsnorm.lab import pretrained, weights
+from rmsnorm.lab.models import pretrained, weights
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")

@@ -119,7 +119,7 @@ POST_LN = (
 )
 
 # The format name of the lab's Transformer: its entry is registered by the lab
-# (rmsnorm.lab.transformer), which imports this module; the conversion never imports the lab.
+# (rmsnorm.lab.models.transformer), which imports this module; the conversion never imports the lab.
 LAB_TRANSFORMER = "rmsnorm-lab-transformer"
 
 ARCHITECTURES: dict[str, Architecture] = {

@@ -1,23 +1,46 @@
-"""The lab: when can RMSNorm replace LayerNorm? Statistics of rows (μ, σ, RMS), the simulated
-transformer over seeds with a calibrated verdict, where its mean comes from, trained models of both
-kinds, the swap's cost, per-channel outliers, hooks on any model's norm layers, the training
-comparison and the report. Importing it never imports matplotlib, rich, scipy or transformers."""
+"""The lab: when can RMSNorm replace LayerNorm? Its parts, one folder each:
+
+- :mod:`.models`: the models it studies (the simulated transformer and its training loop, the real
+  pretrained models and their loaders, which modules of a model are norm layers);
+- :mod:`.stats`: the statistics (rows' μ, σ, RMS and the two norms' divergence, the i.i.d.
+  reference, where the mean comes from, outliers, the ε and β conventions, norm-site statistics);
+- :mod:`.experiments`: the experiments run on those models with those statistics (the simulation
+  over seeds with a calibrated verdict, the sweep, trained models, the swap's cost, a planted mean,
+  the training comparison, the hooks on any model's norm layers, the real models' study);
+- :mod:`.report`: ``rmsnorm report``, every experiment's numbers, figures and words in one page.
+
+:mod:`.io` (JSON and atomic writes) and :mod:`.figures` (matplotlib, imported only when a figure
+is drawn) are what all of them share. ``rmsnorm.lab.simulation``, ``.comparison`` and
+``.inspection`` are the public paths of those experiments' names. Importing the lab never imports
+matplotlib, rich, scipy or transformers."""
 
 from . import stats
-from .capture import NormCapture, find_norm_layers, norm_kind
-from .conventions import beta_fit, eps_table, shrink_factors
-from .decomposition import MeanDecomposition
-from .iid import IIDReference, iid_reference
-from .inspection import RunnableModel, inspect_model, inspect_source, load_runnable_model
-from .outliers import blind_spot, channel_outliers
-from .planted import planted_in_block
+from .experiments.inspection import (
+    RunnableModel,
+    inspect_model,
+    inspect_source,
+    load_runnable_model,
+)
+from .experiments.inspection.capture import NormCapture
+from .experiments.planted import planted_in_block
+from .experiments.simulation import SimulationConfig, SimulationResult, simulate, write_simulation
+from .experiments.simulation.seeds import (
+    SeedStudy,
+    Verdict,
+    centering_verdict,
+    replicate,
+    seed_verdicts,
+)
+from .experiments.swap import naive_swap, swap_costs
+from .experiments.sweep import SweepConfig, SweepResult, run_sweep
+from .experiments.trained import TrainStudy, TrainStudyConfig, run_training_study
+from .models.norm_layers import find_norm_layers, norm_kind
 from .report import ReportConfig, build_report
-from .seeds import SeedStudy, Verdict, centering_verdict, replicate, seed_verdicts
-from .simulation import SimulationConfig, SimulationResult, simulate, write_simulation
-from .stats import *  # noqa: F403 (row statistics: stats.__all__ but median)
-from .swap import naive_swap, swap_costs
-from .sweep import SweepConfig, SweepResult, run_sweep
-from .trained import TrainStudy, TrainStudyConfig, run_training_study
+from .stats.conventions import beta_fit, eps_table, shrink_factors
+from .stats.decomposition import MeanDecomposition
+from .stats.iid import IIDReference, iid_reference
+from .stats.outliers import blind_spot, channel_outliers
+from .stats.rows import *  # noqa: F403 (row statistics: stats.__all__ but median)
 
 __all__ = [
     *(name for name in stats.__all__ if name != "median"),

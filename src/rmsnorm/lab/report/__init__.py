@@ -3,9 +3,10 @@ transformer at initialization over seeds, where its mean comes from, an architec
 LayerNorm and RMSNorm models trained over seeds, the swap's cost, outliers, a mean planted inside
 a block, optionally a real model, and a timing) and write the figures, ``report.json``,
 ``report.md`` and a self-contained ``report.html``. :mod:`.run` runs it into one
-:class:`ReportResults`; :mod:`.prose` (the text), :mod:`.render` (figures and files; and
-:func:`build_report`, run then write) and
-:mod:`.page` (Markdown and HTML) render it; :mod:`.timing` is its speed measurement."""
+:class:`ReportResults`; :mod:`.sections` holds each section's part of ``report.json``, its figure
+and its words side by side, one module per section; :mod:`.render` draws the figures, assembles
+the page and writes the files (and :func:`build_report`: run then write); :mod:`.page` is the
+document model (Markdown and HTML); :mod:`.timing` is its speed measurement."""
 
 from .page import Page
 from .render import build_report, write_report

@@ -1,0 +1,61 @@
+"""What every section's code shares: a number in words (``_f``: '–' for a missing or non-finite
+one), a spread's min–max, a capital first letter, the words of a verdict on a ratio over seeds,
+and a spread of numbers over seeds for ``report.json``."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def _f(x, spec: str = ".3g") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return format(x, spec)
+
+
+def _range(s: dict, spec: str = ".3g", unit: str = "") -> str:
+    """'a–b' from a {min, max} dict (one number when they print the same)."""
+    lo, hi = _f(s["min"], spec), _f(s["max"], spec)
+    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
+
+
+def _upper(text: str) -> str:
+    """``text`` with its first letter upper-cased (str.capitalize lower-cases the rest)."""
+    return text[:1].upper() + text[1:]
+
+
+def verdict_sentence(
+    v: dict,
+    what: str = "the stream",
+    against: str = "i.i.d. Gaussian rows of its width",
+    more: str = "more seeds",
+) -> str:
+    """The words for a :class:`~rmsnorm.lab.experiments.simulation.seeds.Verdict` (its dict form) on
+    a ratio to a reference level: the verdict, then what the interval says; for "cannot tell", what
+    would tell."""
+    conf = f"{100 * v['confidence']:.0f}%"
+    interval = f"{_f(v['ci_low'], '.2f')}–{_f(v['ci_high'], '.2f')}"
+    margin = f"±{100 * v['margin']:.0f}%"
+    if v["n"] < 2:
+        return (
+            f"one seed has no spread, so we cannot tell whether {what} is as centered as "
+            f"{against}; several seeds (`--seeds 8`) would tell"
+        )
+    where = f"the {conf} interval of the ratio over {v['n']} seeds is {interval}"
+    if v["verdict"] == "as centered":
+        return f"{what} is as centered as {against} ({where}, within {margin} of 1)"
+    if v["verdict"] in ("less centered", "more centered"):
+        side = "above" if v["verdict"] == "less centered" else "below"
+        return f"{what} is {v['verdict']} than {against} ({where}, all of it {side} 1)"
+    return (
+        f"we cannot tell whether {what} is as centered as {against} ({where}: it contains 1 but "
+        f"is wider than {margin}); {more} would tell (the interval narrows as 1/√seeds)"
+    )
+
+
+def _spread(values: list[float]) -> dict:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return {"min": math.nan, "median": math.nan, "max": math.nan}
+    return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
