@@ -32,7 +32,7 @@ def test_large_rows_and_many_blocks(dtype):
     x, w, dy = randn(m, n, dtype=dtype), randn(n, dtype=dtype), randn(m, n, dtype=dtype)
     opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
     (y, rstd), _, exact = check_launcher(cpu, "rms_norm_fwd", x, w, None, opts)
-    assert torch.equal(y, R.rms_norm_apply(x, rstd, w, None, "gemma", 0.0, dtype))
+    assert torch.equal(y, R.rms_norm_apply(x, rstd, w, None, opts, dtype))
     check_launcher(cpu, "rms_norm_bwd", dy, x, w, None, exact[1].float(), None, opts, dtype, True)
 
 
