@@ -74,11 +74,14 @@ class RMSOptions(NamedTuple):
     """The options of one RMSNorm call, resolved (``eps`` a float, ``k`` a count), as one immutable
     value: the functional API builds it once per call after its checks, and autograd, the launch
     layer, the backends' launchers and the custom ops take it whole. A NamedTuple rather than a
-    dataclass: it costs a tuple to build (~0.2 µs), its fields read at C speed (a launcher unpacks
-    the five in ~40 ns), and ``*options`` gives the flat arguments of the ops' schemas
-    (:mod:`rmsnorm._ops` writes them from the fields' annotations, which are schema types). A new
-    option is a new field here, with its check in :func:`rmsnorm.functional.check_rms_options`
-    and its formula in the spec's and the kernels' launchers.
+    dataclass: it costs a tuple to build (~0.2 µs), it hashes and compares at C speed (the CPU and
+    Triton launchers look their cached plans up by it, and a plan holds the fields as the kernels
+    take them), and ``*options`` gives the flat arguments of the ops' schemas (:mod:`rmsnorm._ops`
+    writes them from the fields' annotations, which are schema types). A new option is a new
+    field here, with its check in :func:`rmsnorm.functional.check_rms_options`, its formula in
+    the spec's functions that take the value (:func:`rms_rstd`, :func:`rms_norm_apply`,
+    :func:`rms_norm_bwd`, the gated forms'), and its kernel arguments in the one function of each
+    backend's launchers that reads the fields.
 
     Fields: ``eps`` (ε ≥ 0), ``eps_mode`` (one of :data:`EPS_MODES`), ``casting_mode`` (one of
     :data:`CASTING_MODES`), ``offset`` (added to the weight), ``k`` (1 ≤ k ≤ N, the leading elements
