@@ -59,8 +59,9 @@ else:
 out = []
 for m, n in shapes:
     x, w = torch.randn(m, n), torch.randn(n)
-    y, r = L.rms_norm_fwd(x, w, None, RMSOptions(1e-6, "mean_square", "gemma", 0.0, n))
-    flags = L._rms_fwd_plans[(x.dtype, w.dtype, None, None, "gemma", "mean_square")][1]
+    opts = RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
+    y, r = L.rms_norm_fwd(x, w, None, opts)
+    flags = L._rms_fwd_plans[(x.dtype, w.dtype, None, None, opts)][1]
     args = (x.data_ptr(), n, 0, 0, 0, y.data_ptr(), w.data_ptr(), 1, 0, 0, 0, r.data_ptr(), m, n,
             n, 1e-6, 0.0, flags)
     want = y.clone()

@@ -42,7 +42,7 @@ def _spec_rms_backward(dy, dh, x, norm_dims, weight, bias, opts, input_dtype, ne
     x2 = ref.row_matrix(x, n)
     cd = torch.promote_types(ref.compute_dtype(x.dtype), ref.compute_dtype(input_dtype))
     # rstd recomputed: its derivative in x is needed
-    rstd = ref.rms_rstd(x2.to(cd), opts.eps, opts.eps_mode, opts.k)
+    rstd = ref.rms_rstd(x2.to(cd), opts)
     w, b = ref.param_vector(weight), ref.param_vector(bias)
     dy2, dh2 = ref.row_matrix(dy, n), ref.row_matrix(dh, n)
     dx, dw, db = ref.rms_norm_bwd(dy2, x2, w, b, rstd, dh2, opts, input_dtype, need_params)

@@ -384,16 +384,17 @@ class _Rows:
         included); the gradient is the spec's backward (docs/spec.md, section 3): that of the
         unrounded function in the compute dtype, with x̂ rounded to the input dtype for d weight
         in ``"llama"`` mode."""
-        eps, eps_mode, casting_mode, offset, k = opts
+        casting_mode = opts.casting_mode
         cd = torch.promote_types(ref.compute_dtype(xl.dtype), ref.compute_dtype(in_dtype))
         xc = xl.to(cd)  # gradients meet here, in fp32 or fp64
-        r = self.rms_rstd(xc.to(torch.float64), eps, eps_mode, k).to(cd)
+        r = self.rms_rstd(xc.to(torch.float64), opts).to(cd)
         w, b = self.param(weight), self.param(bias)
         xhat = xc * r[:, None]
         if casting_mode == "llama":  # d weight sees x̂ as the forward rounded it
             xhat = xhat + (xhat.detach().to(in_dtype).to(cd) - xhat.detach())
         y = xhat
         if w is not None:
+            offset = opts.offset
             y = y * (w.to(cd) + offset if offset != 0.0 else w.to(cd))
         if b is not None:
             y = y + b.to(cd)
@@ -407,16 +408,16 @@ class _Rows:
                 r.detach(),
                 None if w is None else w.detach(),
                 None if b is None else b.detach(),
-                casting_mode,
-                offset,
+                opts,
                 in_dtype,
             )
         return _ValueOf.apply(value, y)
 
-    def rms_rstd(self, xd: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
-        """r per row from the first k elements, x given in float64 (squares of any float32 value
-        and their sums cannot overflow there): Σx² of this rank's part of each row,
-        all-reduced."""
+    def rms_rstd(self, xd: torch.Tensor, opts) -> torch.Tensor:
+        """r per row from the first k elements (ε, its form and k from ``opts``), x given in
+        float64 (squares of any float32 value and their sums cannot overflow there): Σx² of this
+        rank's part of each row, all-reduced."""
+        eps, eps_mode, k = opts.eps, opts.eps_mode, opts.k
         sq = xd.square()
         mask = self._first_k(k)
         if mask is not None:

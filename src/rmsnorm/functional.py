@@ -177,13 +177,16 @@ def _real(value: object) -> float | None:
     return None
 
 
-def check_rms_options(
-    eps_mode: str, casting_mode: str, offset: float, partial: float | None, weight
-) -> float:
-    if eps_mode not in EPS_MODES:
-        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
-    if casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+def check_rms_options(opts: RMSOptions, partial: float | None, weight) -> RMSOptions:
+    """The checks of a call's options: ``opts`` as the call gives them (its eps checked on its
+    own, its k the size of a row or group), ``partial`` and whether there is a ``weight``.
+    Returns ``opts`` completed: offset a float, k the ⌊p·k⌋ of ``partial``
+    (:func:`rmsnorm.reference.partial_size`); ``opts`` itself where that changes nothing."""
+    if opts.eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {opts.eps_mode!r}")
+    if opts.casting_mode not in CASTING_MODES:
+        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {opts.casting_mode!r}")
+    offset = given = opts.offset
     if type(offset) is not float:
         real = _real(offset)
         if real is None:
@@ -196,11 +199,12 @@ def check_rms_options(
             f"offset={offset} scales the weight (offset + weight) and needs a weight, "
             "got weight=None"
         )
-    if partial is not None:
-        p = _real(partial)
-        if p is None or not (0.0 < p <= 1.0):
-            raise ValueError(f"partial must be a float in (0, 1] or None, got {partial!r}")
-    return offset
+    if partial is None:
+        return opts if offset is given else opts._replace(offset=offset)
+    p = _real(partial)
+    if p is None or not (0.0 < p <= 1.0):
+        raise ValueError(f"partial must be a float in (0, 1] or None, got {partial!r}")
+    return opts._replace(offset=offset, k=partial_size(opts.k, p))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,6 +449,7 @@ def _rms_arguments(
     if bias is not None:
         _check_param(bias, "bias", input, norm_dims, n)
     eps = _default_eps[input.dtype] if eps is None else _check_eps(eps, input)
+    opts = _new(RMSOptions, (eps, eps_mode, casting_mode, offset, n))
     if (
         type(offset) is not float
         or offset != 0.0
@@ -452,9 +457,8 @@ def _rms_arguments(
         or eps_mode != "mean_square"
         or casting_mode != "gemma"
     ):
-        offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight)
-    k = n if partial is None else partial_size(n, float(partial))
-    return norm_dims, n, _new(RMSOptions, (eps, eps_mode, casting_mode, offset, k))
+        opts = check_rms_options(opts, partial, weight)
+    return norm_dims, n, opts
 
 
 def _check_like_input(t, name: str, input: torch.Tensor) -> None:

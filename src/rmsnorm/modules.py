@@ -23,6 +23,7 @@ from .functional import (
     layer_norm,
     rms_norm,
 )
+from .reference import RMSOptions
 
 __all__ = ["RMSNorm", "AddRMSNorm", "GatedRMSNorm", "LayerNorm"]
 
@@ -52,14 +53,18 @@ def _init_options(
     """What RMSNorm and GatedRMSNorm set up alike once ``norm.normalized_shape`` is set: the
     options, checked and stored, and the ``bias`` parameter (or its None)."""
     weight_marker = True if elementwise_affine else None
-    offset = check_rms_options(eps_mode, casting_mode, offset, partial, weight_marker)
+    n = math.prod(norm.normalized_shape)
+    # a call's checks of the options (eps is checked per call: None is the input dtype's)
+    opts = check_rms_options(
+        RMSOptions(0.0, eps_mode, casting_mode, offset, n), partial, weight_marker
+    )
     if bias and not elementwise_affine:
         raise ValueError("bias=True needs elementwise_affine=True (no parameters otherwise)")
     if group_size is not None:
-        _group_arguments(group_size, math.prod(norm.normalized_shape), partial)
+        _group_arguments(group_size, n, partial)
     norm.eps_mode = eps_mode
     norm.casting_mode = casting_mode
-    norm.offset = offset
+    norm.offset = opts.offset
     norm.partial = partial
     norm.group_size = group_size
     if bias:

@@ -74,11 +74,14 @@ class RMSOptions(NamedTuple):
     """The options of one RMSNorm call, resolved (``eps`` a float, ``k`` a count), as one immutable
     value: the functional API builds it once per call after its checks, and autograd, the launch
     layer, the backends' launchers and the custom ops take it whole. A NamedTuple rather than a
-    dataclass: it costs a tuple to build (~0.2 µs), its fields read at C speed (a launcher unpacks
-    the five in ~40 ns), and ``*options`` gives the flat arguments of the ops' schemas
-    (:mod:`rmsnorm._ops` writes them from the fields' annotations, which are schema types). A new
-    option is a new field here, with its check in :func:`rmsnorm.functional.check_rms_options`
-    and its formula in the spec's and the kernels' launchers.
+    dataclass: it costs a tuple to build (~0.2 µs), it hashes and compares at C speed (the CPU and
+    Triton launchers look their cached plans up by it, and a plan holds the fields as the kernels
+    take them), and ``*options`` gives the flat arguments of the ops' schemas (:mod:`rmsnorm._ops`
+    writes them from the fields' annotations, which are schema types). A new option is a new
+    field here, with its check in :func:`rmsnorm.functional.check_rms_options`, its formula in
+    the spec's functions that take the value (:func:`rms_rstd`, :func:`rms_norm_apply`,
+    :func:`rms_norm_bwd`, the gated forms'), and its kernel arguments in the one function of each
+    backend's launchers that reads the fields.
 
     Fields: ``eps`` (ε ≥ 0), ``eps_mode`` (one of :data:`EPS_MODES`), ``casting_mode`` (one of
     :data:`CASTING_MODES`), ``offset`` (added to the weight), ``k`` (1 ≤ k ≤ N, the leading elements
@@ -222,12 +225,13 @@ def _mean_square(xf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(over, ms_s, ms), _ones_but(over, s, ms)
 
 
-def rms_rstd(xf: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tensor:
+def rms_rstd(xf: torch.Tensor, opts: RMSOptions) -> torch.Tensor:
     """r per row of xf (*, N), in its dtype (a compute dtype), from the first k elements of each
-    row: ``"mean_square"`` r = 1/sqrt(mean(x²) + ε);
+    row (ε, the ε form and k from ``opts``): ``"mean_square"`` r = 1/sqrt(mean(x²) + ε);
     ``"rms"`` r = 1/(sqrt(mean(x²)) + ε); for a row whose mean(x²) overflows, the same from s·x:
     r = s/sqrt(mean((s·x)²) + ε·s²) or s/(sqrt(mean((s·x)²)) + ε·s)."""
-    ms, sc = _mean_square(xf, k)  # (*), (*)
+    ms, sc = _mean_square(xf, opts.k)  # (*), (*)
+    eps, eps_mode = opts.eps, opts.eps_mode
     if eps_mode == "mean_square":
         return torch.rsqrt(ms + eps * sc * sc) * sc
     if eps_mode == "rms":
@@ -235,18 +239,20 @@ def rms_rstd(xf: torch.Tensor, eps: float, eps_mode: str, k: int) -> torch.Tenso
     raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
 
 
-def _scale(weight: torch.Tensor | None, offset: float, dtype: torch.dtype) -> torch.Tensor | None:
+def _scale(
+    weight: torch.Tensor | None, opts: RMSOptions, dtype: torch.dtype
+) -> torch.Tensor | None:
     """The factor the normalized row is multiplied by: offset + γ, in ``dtype``."""
     if weight is None:
         return None
-    w = weight.to(dtype)
+    w, offset = weight.to(dtype), opts.offset
     return w + offset if offset != 0.0 else w
 
 
-def _affine(y, weight, bias, offset: float, dtype: torch.dtype) -> torch.Tensor:
+def _affine(y, weight, bias, opts: RMSOptions, dtype: torch.dtype) -> torch.Tensor:
     """y ⊙ (offset + γ) + β, each product and sum rounded to ``dtype`` (an absent γ or β: no
     product or sum)."""
-    s = _scale(weight, offset, dtype)
+    s = _scale(weight, opts, dtype)
     if s is not None:
         y = y * s
     return y if bias is None else y + bias.to(dtype)
@@ -257,25 +263,26 @@ def rms_norm_apply(
     rstd: torch.Tensor,  # (*), compute dtype
     weight: torch.Tensor | None,  # (N,)
     bias: torch.Tensor | None,  # (N,)
-    casting_mode: str,
-    offset: float,
+    opts: RMSOptions,
     in_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """y from x and its per-row r in the chosen casting mode (the table in docs/conventions.md),
-    ``in_dtype`` the input dtype the mode rounds to (x's own, or the forward input's for h)."""
+    """y from x and its per-row r in the casting mode of ``opts`` (the table in
+    docs/conventions.md), with its offset, ``in_dtype`` the input dtype the mode rounds to (x's
+    own, or the forward input's for h)."""
+    casting_mode = opts.casting_mode
     cd = compute_dtype(in_dtype)
     out_dtype = output_dtype(in_dtype, weight, casting_mode)
     if casting_mode == "gemma":
         # statistics and the weight product in fp32; one cast at the end.
-        return _affine(x.to(cd) * rstd[..., None], weight, bias, offset, cd).to(out_dtype)
+        return _affine(x.to(cd) * rstd[..., None], weight, bias, opts, cd).to(out_dtype)
     if casting_mode == "llama":
         # normalize in fp32, cast to the input dtype, then × weight in promote(input, weight).
         y = (x.to(cd) * rstd[..., None]).to(in_dtype).to(out_dtype)
-        return _affine(y, weight, bias, offset, out_dtype)
+        return _affine(y, weight, bias, opts, out_dtype)
     if casting_mode == "none":
         # rstd rounded to the input dtype; x·rstd and × weight each rounded in the input dtype.
         y = x.to(in_dtype) * rstd.to(in_dtype)[..., None]
-        return _affine(y, weight, bias, offset, in_dtype)
+        return _affine(y, weight, bias, opts, in_dtype)
     raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
 
@@ -287,8 +294,8 @@ def rms_norm_fwd(x, weight, bias, opts, stats=True):
     ``stats=False``.
     """
     cd = compute_dtype(x.dtype)
-    rstd = rms_rstd(x.to(cd), opts.eps, opts.eps_mode, opts.k)
-    y = rms_norm_apply(x, rstd, weight, bias, opts.casting_mode, opts.offset, x.dtype)
+    rstd = rms_rstd(x.to(cd), opts)
+    y = rms_norm_apply(x, rstd, weight, bias, opts, x.dtype)
     return y, _flat(rstd)
 
 
@@ -300,8 +307,8 @@ def add_rms_norm_fwd(x, residual, weight, bias, opts, stats=True):
     """
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(residual.dtype))
     h = (x.to(cd) + _as(residual, x).to(cd)).to(residual.dtype)  # (*, N)
-    rstd = rms_rstd(h.to(cd), opts.eps, opts.eps_mode, opts.k)
-    y = rms_norm_apply(h, rstd, weight, bias, opts.casting_mode, opts.offset, x.dtype)
+    rstd = rms_rstd(h.to(cd), opts)
+    y = rms_norm_apply(h, rstd, weight, bias, opts, x.dtype)
     return y, h, _flat(rstd)
 
 
@@ -328,13 +335,13 @@ def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_w
     (dx in x's dtype, dγ in γ's dtype, dβ in β's dtype); dγ / dβ are empty tensors where there is no
     weight / bias or ``need_weight_grad`` is false.
     """
-    _, eps_mode, casting_mode, offset, k = opts
+    eps_mode, k = opts.eps_mode, opts.k
     cd = torch.promote_types(compute_dtype(x.dtype), compute_dtype(input_dtype))
     xf = x.to(cd)
     dyf = _as(dy, x).to(cd)
     r = _lead(rstd.to(cd), x)[..., None]  # (*, 1)
     xhat = xf * r  # (*, N)
-    s = _scale(weight, offset, cd)
+    s = _scale(weight, opts, cd)
     g = dyf * s if s is not None else dyf
     # Where r = inf (eps = 0 on a row whose squares underflow), S = r·Σ g·x: the sum stays finite
     # and the products after it are ±inf where torch's autograd has them, not inf − inf = NaN.
@@ -357,7 +364,7 @@ def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_w
     dw = x.new_empty((0,), dtype=compute_dtype(x.dtype))  # distinct tensors: outputs never alias
     db = x.new_empty((0,), dtype=compute_dtype(x.dtype))
     if need_weight_grad and weight is not None:
-        xh = xhat.to(input_dtype).to(cd) if casting_mode == "llama" else xhat
+        xh = xhat.to(input_dtype).to(cd) if opts.casting_mode == "llama" else xhat
         dw = _column_sum(dyf * xh).to(weight.dtype)
     if need_weight_grad and bias is not None:
         db = _column_sum(dyf).to(bias.dtype)
@@ -427,30 +434,31 @@ def _gated_compute_dtype(x: torch.Tensor, input_dtype: torch.dtype) -> torch.dty
     return torch.promote_types(compute_dtype(x.dtype), compute_dtype(input_dtype))
 
 
-def _gated_input(x, gate, activation, casting_mode, in_dtype, cd):
+def _gated_input(x, gate, opts, gating, in_dtype, cd):
     """u = x ⊙ act(z), what gate-then-norm normalizes: in the compute dtype, unrounded (HF
     Mamba2's ``x.float() * silu(gate.float())``), or, in ``"none"`` mode, act(z) rounded to the
     input dtype and the product rounded in it."""
-    a = gate_activation(gate.reshape(x.shape).to(cd), activation)
-    if casting_mode == "none":
+    a = gate_activation(gate.reshape(x.shape).to(cd), gating.activation)
+    if opts.casting_mode == "none":
         return x.to(in_dtype) * a.to(in_dtype)
     return x.to(cd) * a
 
 
-def _normed_then_gated(vg, rstd, weight, bias, a, casting_mode, offset, in_dtype, cd):
+def _normed_then_gated(vg, rstd, weight, bias, a, opts, in_dtype, cd):
     """y = n ⊙ act(z) for norm-then-gate, n the norm of vg (*, G, g), a = act(z) (*, G, g) in
     the compute dtype: ``"gemma"`` n and the product in the compute dtype, one cast at the end;
     ``"llama"`` n as the plain ``"llama"`` mode gives it (x̂ rounded to the input dtype, × weight in
     promote(input, weight)), the product in the compute dtype, rounded to the input dtype;
     ``"none"`` n in the input dtype, a rounded to it and the product rounded in it."""
+    casting_mode = opts.casting_mode
     if casting_mode == "gemma":
-        n = rms_norm_apply(vg, rstd, weight, bias, "gemma", offset, cd)  # unrounded, in cd
+        n = rms_norm_apply(vg, rstd, weight, bias, opts, cd)  # unrounded, in cd
         return (n * a).to(in_dtype)
     if casting_mode == "llama":
-        n = rms_norm_apply(vg, rstd, weight, bias, "llama", offset, in_dtype)
+        n = rms_norm_apply(vg, rstd, weight, bias, opts, in_dtype)
         return (n.to(cd) * a).to(in_dtype)
     if casting_mode == "none":
-        n = rms_norm_apply(vg, rstd, weight, bias, "none", offset, in_dtype)
+        n = rms_norm_apply(vg, rstd, weight, bias, opts, in_dtype)
         return n * a.to(in_dtype)
     raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
@@ -471,21 +479,20 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
     form's input for h). Returns (y in :func:`gated_output_dtype`, r of shape (M·G,): the (M, G)
     statistics in row-major order, (M,) when G = 1), r in the compute dtype.
     """
-    eps, eps_mode, casting_mode, offset, k = opts
     group_size, norm_before_gate, activation = gating
     in_dtype = x.dtype if input_dtype is None else input_dtype
     cd = _gated_compute_dtype(x, in_dtype)
     g = x.shape[-1] if group_size is None else group_size
     gate_first = gate is not None and not norm_before_gate
-    v = _gated_input(x, gate, activation, casting_mode, in_dtype, cd) if gate_first else x
+    v = _gated_input(x, gate, opts, gating, in_dtype, cd) if gate_first else x
     vg = _grouped(v, g)  # (*, G, g)
-    rstd = rms_rstd(vg.to(cd), eps, eps_mode, k)  # (*, G)
+    rstd = rms_rstd(vg.to(cd), opts)  # (*, G)
     w, b = _grouped(weight, g), _grouped(bias, g)  # (G, g)
     if gate is None or gate_first:
-        y = rms_norm_apply(vg, rstd, w, b, casting_mode, offset, in_dtype)
+        y = rms_norm_apply(vg, rstd, w, b, opts, in_dtype)
     else:
         a = gate_activation(_grouped(gate.reshape(x.shape), g).to(cd), activation)  # (*, G, g)
-        y = _normed_then_gated(vg, rstd, w, b, a, casting_mode, offset, in_dtype, cd)
+        y = _normed_then_gated(vg, rstd, w, b, a, opts, in_dtype, cd)
     # a tensor of its own, not a view of the grouped result (the backend contract's outputs)
     return y.reshape(x.shape).clone(), _flat(rstd)
 
@@ -510,7 +517,6 @@ def gated_rms_norm_bwd(
     returns (dx in x's dtype, dz in the gate's, dγ in γ's, dβ in β's), each of the last three an
     empty tensor where there is none (or ``need_weight_grad`` is false, for dγ and dβ).
     """
-    _, _, casting_mode, offset, _ = opts
     group_size, norm_before_gate, activation = gating
     cd = _gated_compute_dtype(x, input_dtype)
     g = x.shape[-1] if group_size is None else group_size
@@ -523,25 +529,28 @@ def gated_rms_norm_bwd(
         da = gate_activation_grad(zf, activation)
     v = xf
     if gate_first:
-        v = _gated_input(x, gate, activation, casting_mode, input_dtype, cd).to(cd)
+        v = _gated_input(x, gate, opts, gating, input_dtype, cd).to(cd)
     vg = _grouped(v, g)  # (*, G, g)
     r = _lead(rstd.to(cd), vg)  # (*, G)
     vhat = vg * r[..., None]  # (*, G, g)
     w, b = _grouped(weight, g), _grouped(bias, g)  # (G, g)
-    s = _scale(w, offset, cd)
+    s = _scale(w, opts, cd)
+    llama = opts.casting_mode == "llama"
     dz = None
     if gate is not None and norm_before_gate:
         # n as the forward multiplied it by the gate: rounded in "llama", exact otherwise
-        mode = "llama" if casting_mode == "llama" else "gemma"
-        n = rms_norm_apply(vg, r, w, b, mode, offset, input_dtype if mode == "llama" else cd)
+        if llama:
+            n = rms_norm_apply(vg, r, w, b, opts, input_dtype)
+        else:
+            n = rms_norm_apply(vg, r, w, b, opts._replace(casting_mode="gemma"), cd)
         dz = dyf * n.reshape(x.shape).to(cd) * da
         dn = dyf * a
     else:
         dn = dyf
     dng = _grouped(dn, g)
     gs = dng * s if s is not None else dng
-    plain = opts._replace(casting_mode="gemma", offset=0.0)  # s is applied above
-    dv, _, _ = rms_norm_bwd(gs, vg, None, None, r, None, plain, cd, need_weight_grad=False)
+    # no weight (s is applied above) and no d weight (the one thing the casting mode rounds)
+    dv, _, _ = rms_norm_bwd(gs, vg, None, None, r, None, opts, cd, need_weight_grad=False)
     dv = dv.reshape(x.shape)  # (*, N)
     if gate_first:
         dx = dv * a
@@ -555,7 +564,7 @@ def gated_rms_norm_bwd(
     dw = x.new_empty((0,), dtype=empty)  # distinct tensors: outputs never alias
     db = x.new_empty((0,), dtype=empty)
     if need_weight_grad and weight is not None:
-        vh = vhat.to(input_dtype).to(cd) if casting_mode == "llama" else vhat
+        vh = vhat.to(input_dtype).to(cd) if llama else vhat
         dw = _column_sum(dn * vh.reshape(x.shape)).to(weight.dtype)
     if need_weight_grad and bias is not None:
         db = _column_sum(dn).to(bias.dtype)

@@ -32,7 +32,7 @@ def test_large_rows_and_many_blocks(dtype):
     x, w, dy = randn(m, n, dtype=dtype), randn(n, dtype=dtype), randn(m, n, dtype=dtype)
     opts = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, n)
     (y, rstd), _, exact = check_launcher(cpu, "rms_norm_fwd", x, w, None, opts)
-    assert torch.equal(y, R.rms_norm_apply(x, rstd, w, None, "gemma", 0.0, dtype))
+    assert torch.equal(y, R.rms_norm_apply(x, rstd, w, None, opts, dtype))
     check_launcher(cpu, "rms_norm_bwd", dy, x, w, None, exact[1].float(), None, opts, dtype, True)
 
 
@@ -65,6 +65,35 @@ def test_float64_and_mixed_float64_go_to_the_reference():
     y, _ = cpu.rms_norm_fwd(xf, w, None, llama._replace(casting_mode="gemma"))
     assert y.dtype == torch.float32
     assert cpu.layer_norm_fwd(x, None, None, 1e-5)[0].dtype == torch.float64
+
+
+def test_plans_hold_the_options_of_their_key(monkeypatch):
+    # a plan is keyed by the RMSOptions value and holds its k, eps and offset as the kernels take
+    # them: options that differ in one of those alone each get a plan of their own
+    from rmsnorm.kernels.cpu import gated_launchers as GL
+    from rmsnorm.kernels.cpu import launchers as L
+
+    x, w, dy, z = randn(4, 64), randn(64), randn(4, 64), randn(4, 64)
+    base = R.RMSOptions(1e-6, "mean_square", "gemma", 0.0, 64)
+    for opts in (base, base._replace(eps=0.5), base._replace(offset=1.0), base._replace(k=16)):
+        (_, rstd), _, _ = check_launcher(cpu, "rms_norm_fwd", x, w, None, opts)
+        check_launcher(cpu, "rms_norm_bwd", dy, x, w, None, rstd, None, opts, x.dtype)
+        gating = R.GateOptions(32, True, "silu")
+        grouped = opts._replace(k=min(opts.k, 32))
+        (_, rstd), _, _ = check_launcher(cpu, "gated_rms_norm_fwd", x, z, w, None, grouped, gating)
+        args = (dy, x, z, w, None, rstd, None, grouped, gating, x.dtype)
+        check_launcher(cpu, "gated_rms_norm_bwd", *args)
+    # a NaN scalar is not kept (no later key would equal it), and a cache is bounded
+    before = len(L._rms_fwd_plans)
+    cpu.rms_norm_fwd(x, w, None, base._replace(eps=float("nan")))
+    assert len(L._rms_fwd_plans) == before
+    monkeypatch.setattr(L, "_MAX_PLANS", 2)
+    for eps in (0.1, 0.2, 0.3):
+        cpu.rms_norm_fwd(x, w, None, base._replace(eps=eps))
+        cpu.gated_rms_norm_fwd(
+            x, z, w, None, base._replace(eps=eps), R.GateOptions(None, True, "silu")
+        )
+    assert len(L._rms_fwd_plans) <= 2 and len(GL._fwd_plans) <= 2
 
 
 # ----------------------------------------------------------------------------------------------

@@ -231,7 +231,7 @@ def _check_rms_case(backend, c: dict) -> None:
         if backend.bitwise:  # h is one add rounded to the residual's dtype: the spec's exactly
             assert h.dtype == rdt and torch.equal(h, xin)
     if backend.bitwise:  # the element-wise part rounds where the spec rounds
-        assert torch.equal(y, R.rms_norm_apply(xin, rstd, w, b, c["casting"], c["offset"], dt))
+        assert torch.equal(y, R.rms_norm_apply(xin, rstd, w, b, opts, dt))
 
     dy = relayout(randn(m, n, dtype=y.dtype, device=dev), lay)
     rstd = exact[-1].to(eager[-1].dtype)
@@ -316,7 +316,7 @@ def test_rows_of_stride_zero(backend):
     (y, rstd), _, _ = check_launcher(backend.mod, "rms_norm_fwd", x, None, None, opts)
     assert torch.equal(y[0], y[5]) and y.is_contiguous()
     if backend.bitwise:
-        assert torch.equal(y, R.rms_norm_apply(x, rstd, None, None, "gemma", 0.0, x.dtype))
+        assert torch.equal(y, R.rms_norm_apply(x, rstd, None, None, opts, x.dtype))
 
 
 @pytest.mark.parametrize("need_weight_grad", [True, False])
@@ -542,7 +542,7 @@ def test_gated_rms_norm(backend, case):
     dev, mod = backend.device, backend.mod
     args, in_dt = _gated_inputs(case, dev)
     x, z, w, b, opts, gating = args
-    casting, offset, g = opts.casting_mode, opts.offset, gating.group_size
+    g = gating.group_size
     (y, rstd), eager, exact = check_launcher(mod, "gated_rms_norm_fwd", *args, True, in_dt)
     m, n = x.shape
     groups = 1 if g is None else n // g
@@ -554,8 +554,7 @@ def test_gated_rms_norm(backend, case):
             rstd.reshape(m, groups),
             None if w is None else w.reshape(groups, gs),
             None if b is None else b.reshape(groups, gs),
-            casting,
-            offset,
+            opts,
             x.dtype if in_dt is None else in_dt,
         )
         assert torch.equal(y, want.reshape(m, n))

@@ -10,8 +10,14 @@ from ..modules import GatedRMSNorm, LayerNorm, RMSNorm
 
 __all__ = ["norm_kind", "replace_norms", "restore_norms"]
 
-# Our subclasses' extra attributes, at the values that compute exactly what torch's modules do.
-_RMS_EXTRAS = dict(eps_mode="mean_square", casting_mode="gemma", offset=0.0, partial=None)
+# Our subclasses' extra attributes, at the values that compute exactly what torch's modules do:
+# the constructor's keyword options at their defaults, but for bias (a parameter, registered as
+# None) and group_size (a class attribute, None).
+_RMS_EXTRAS = {
+    name: value
+    for name, value in RMSNorm.__init__.__kwdefaults__.items()
+    if name not in ("bias", "group_size")
+}
 # replace_norms swaps exactly torch's two classes (a subclass may override forward), so it looks
 # classes up here rather than asking norm_kind, which also answers for subclasses.
 _SWAPS = {nn.RMSNorm: RMSNorm, nn.LayerNorm: LayerNorm}

@@ -110,7 +110,6 @@ def _check_rank(module: nn.Module, conv: Convention, x: torch.Tensor) -> None:
 
 
 def _gated_forward(conv: Convention):
-    casting, offset = conv.casting_mode, conv.offset
     required = conv.gate == "required"
     order, order_attr = conv.norm_before_gate, conv.norm_before_gate_attr
     act, act_attr = conv.activation, conv.activation_attr
@@ -141,8 +140,8 @@ def _gated_forward(conv: Convention):
             group_size=group_size(self, conv, n),
             norm_before_gate=getattr(self, order_attr) if order_attr else order,
             activation=activation,
-            casting_mode=casting,
-            offset=offset,
+            casting_mode=conv.casting_mode,
+            offset=conv.offset,
         )
 
     return forward
@@ -150,7 +149,6 @@ def _gated_forward(conv: Convention):
 
 def _extended_forward(conv: Convention):
     """The forward of an ungated RMSNorm with an option of :attr:`Convention.extended`."""
-    casting, offset = conv.casting_mode, conv.offset
     flag, with_weight, with_bias = conv.weight_flag, conv.weight, conv.bias
     in_weight_dtype, reductions = conv.offset_in_weight_dtype, conv.fp32_reductions_attr
 
@@ -166,11 +164,12 @@ def _extended_forward(conv: Convention):
             _parameter(self, "weight") if (getattr(self, flag) if flag else with_weight) else None
         )
         bias = _parameter(self, "bias") if with_bias else None
-        scale_offset = offset
+        scale_offset = conv.offset
         if in_weight_dtype:  # offset + γ rounded in γ's dtype, as the class sums it
-            weight, scale_offset = offset + weight, 0.0
+            weight, scale_offset = scale_offset + weight, 0.0
         eps = conv.eps_of(self)
         g = group_size(self, conv, n)
+        casting = conv.casting_mode
         if bias is not None and casting == "llama":
             out = (
                 hidden_states.dtype

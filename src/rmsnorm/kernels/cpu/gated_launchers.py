@@ -30,28 +30,35 @@ STATUS = rt.load("the grouped and gated RMSNorm kernels", G.ENTRIES)
 _forward, _backward = (rt.entry_point(d) for d in (G.forward, G.backward))
 _FWD_BLOCK, _BWD_BLOCK = G.FWD_BLOCK.address, G.BWD_BLOCK.address
 
+# Plans, keyed by the dtypes and the RMSOptions and GateOptions values: (the output (forward) or
+# dx (backward) dtype, the kernel flags, k, and eps (forward only) and offset as the kernel takes
+# them), as in launchers.py
 _fwd_plans: dict[tuple, tuple] = {}
 _bwd_plans: dict[tuple, tuple] = {}
-_REFERENCE = (None, 0)
+_REFERENCE = L._RMS_REFERENCE
+_BWD_REFERENCE = L._RMS_BWD_REFERENCE
 
 
-def _check(eps_mode: str, casting_mode: str, activation: str) -> None:
+def _kernel_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
+    """The options as the numba kernels take them (a kernel cannot take the NamedTuples), for
+    the input dtype ``in_dt`` (the one the casting mode rounds to), the parameters' and the
+    gate's: (the flag fields the forward and backward share, or None where the norm's output
+    dtype has no kernel; that dtype; the scalar arguments (k, eps, offset)). The one place this
+    module reads the options: a new option is read here, and computed in gated.py."""
+    eps_mode, casting_mode, activation = opts.eps_mode, opts.casting_mode, gating.activation
     L._check_modes(eps_mode, casting_mode)
     if activation not in ref.ACTIVATIONS:
         raise ValueError(f"activation must be one of {ref.ACTIVATIONS}, got {activation!r}")
-
-
-def _option_fields(key_in, wdt, bdt, zdt, casting_mode, eps_mode, gate_first, activation):
-    """The flag fields the forward and backward share, and the norm's rounding dtype."""
-    cin = L._CODES[key_in]
+    scalars = (opts.k, float(opts.eps), float(opts.offset))
     # the norm's output dtype (reference.output_dtype): promote(input, weight) in "llama"
-    norm_out = key_in
+    norm_out = in_dt
     if casting_mode == "llama" and wdt is not None:
-        norm_out = torch.promote_types(key_in, wdt)
-    cout = L._CODES.get(norm_out)
-    if cout is None:
-        return None, None
+        norm_out = torch.promote_types(in_dt, wdt)
+    cin, cout = L._CODES.get(in_dt), L._CODES.get(norm_out)
+    if cin is None or cout is None:
+        return None, norm_out, scalars
     param = {"gemma": K.F32, "llama": cout, "none": cin}[casting_mode]
+    gate_first = zdt is not None and not gating.norm_before_gate
     fields = dict(
         z=(G.GZ, L._pc(zdt)), cin=(G.GIN, cin), cout=(G.GOUT, cout),
         cast=(G.GCAST, _CAST[casting_mode]), has_gate=(G.GHAS_GATE, zdt is not None),
@@ -60,22 +67,20 @@ def _option_fields(key_in, wdt, bdt, zdt, casting_mode, eps_mode, gate_first, ac
         b=(G.GB, L._pc(bdt)), has_b=(G.GHAS_B, bdt is not None), param=(G.GPARAM, param),
         gated=(G.GATED, 1),
     )  # fmt: skip
-    return fields, norm_out
+    return fields, norm_out, scalars
 
 
 def _fwd_plan(key: tuple) -> tuple:
-    xdt, zdt, wdt, bdt, in_dt, casting_mode, eps_mode, gate_first, activation = key
-    _check(eps_mode, casting_mode, activation)
+    xdt, zdt, wdt, bdt, in_dt, opts, gating = key
+    fields, norm_out, (k, eps, offset) = _kernel_options(opts, gating, in_dt, wdt, bdt, zdt)
     plan = _REFERENCE
     if L._kernel_dtypes(xdt, in_dt, params=(wdt, bdt, zdt)):
-        fields, norm_out = _option_fields(
-            in_dt, wdt, bdt, zdt, casting_mode, eps_mode, gate_first, activation
-        )
         if fields is not None:
+            # (the options as _kernel_options gives them to the kernel)
+            cast, gate_first, sigmoid = (fields[f][1] for f in ("cast", "first", "sigmoid"))
             gate_last = zdt is not None and not gate_first
             out = in_dt if gate_last else norm_out
-            cast, cin, cx = G._CAST_CODES[casting_mode], L._CODES[in_dt], L._CODES[xdt]
-            sigmoid = activation == "sigmoid"
+            cin, cx = L._CODES[in_dt], L._CODES[xdt]
             # the fused loops of gated.py: the output loop reads the raw gate where it has the
             # input's dtype; gate-first's input loop reads x and the gate, both of that dtype
             raw = gate_last and zdt == in_dt == xdt
@@ -87,32 +92,29 @@ def _fwd_plan(key: tuple) -> tuple:
                 raw, outv = False, G.out_variant(cast, cin, L._CODES[norm_out], G.PRE)
             inv = -1
             if gate_first and zdt == in_dt == xdt:
-                inv = G.in_variant(cx, sigmoid, casting_mode == "none")
+                inv = G.in_variant(cx, sigmoid, cast == G.NONE)
             flags = K.pack(
                 x=(G.GX, cx), y=(G.GY, L._CODES[out]), outv=(G.GOUTV, outv + 1),
                 inv=(G.GINV, inv + 1), raw=(G.GRAW, raw), **fields,
             )  # fmt: skip
-            plan = (out, flags)
-    _fwd_plans[key] = plan
-    return plan
+            plan = (out, flags, k, eps, offset)
+    return L._keep(_fwd_plans, key, plan, (eps, offset))
 
 
 def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
     """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
-    eps, eps_mode, casting_mode, offset, k = opts
-    group_size, norm_before_gate, activation = gating
     in_dt = x.dtype if input_dtype is None else input_dtype
     key = (
         x.dtype, None if gate is None else gate.dtype, None if weight is None else weight.dtype,
-        None if bias is None else bias.dtype, in_dt, casting_mode, eps_mode,
-        gate is not None and not norm_before_gate, activation,
+        None if bias is None else bias.dtype, in_dt, opts, gating,
     )  # fmt: skip
-    out, flags = _fwd_plans.get(key) or _fwd_plan(key)
+    out, flags, k, eps, offset = _fwd_plans.get(key) or _fwd_plan(key)
     n = x.shape[-1]
     m = x.numel() // n if n else 0
     if out is None or not m:
         L._to_reference("gated_rms_norm_fwd", out is None)
         return ref.gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats, input_dtype)
+    group_size = gating.group_size
     g = n if group_size is None else group_size
     if x.is_contiguous():
         xs = n
@@ -135,8 +137,8 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
         rstd = None
         rp = L._scratch(count)
     args = (
-        _FWD_BLOCK, x.data_ptr(), xs, zp, zs, y.data_ptr(), wp, ws, bp, bs, rp, m, n, g, k,
-        float(eps), float(offset), flags,
+        _FWD_BLOCK, x.data_ptr(), xs, zp, zs, y.data_ptr(), wp, ws, bp, bs, rp, m, n, g, k, eps,
+        offset, flags,
     )  # fmt: skip
     if m * n < L.PARALLEL_MIN:
         _forward(0, *args)
@@ -146,22 +148,18 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
 
 
 def _bwd_plan(key: tuple) -> tuple:
-    dydt, xdt, zdt, wdt, bdt, drdt, in_dt, casting_mode, eps_mode, gate_first, activation, sdt = key
-    _check(eps_mode, casting_mode, activation)
-    plan = _REFERENCE
+    dydt, xdt, zdt, wdt, bdt, drdt, in_dt, sdt, opts, gating = key
+    fields, _, (k, eps, offset) = _kernel_options(opts, gating, in_dt, wdt, bdt, zdt)
+    plan = _BWD_REFERENCE
     if sdt == torch.float32 and L._kernel_dtypes(dydt, xdt, drdt, in_dt, params=(wdt, bdt, zdt)):
-        fields, _ = _option_fields(
-            in_dt, wdt, bdt, zdt, casting_mode, eps_mode, gate_first, activation
-        )
         if fields is not None:
             flags = K.pack(
                 x=(G.GX, L._CODES[xdt]), dy=(G.GDY, L._CODES[dydt]),
                 dr=(G.GDR, L._CODES[drdt] if drdt else 0), has_dr=(G.GHAS_DR, drdt is not None),
                 dz=(G.GDZ, L._pc(zdt)), **fields,
             )  # fmt: skip
-            plan = (xdt, flags)
-    _bwd_plans[key] = plan
-    return plan
+            plan = (xdt, flags, k, offset)
+    return L._keep(_bwd_plans, key, plan, (eps, offset))
 
 
 _NEED_DW = K.pack(f=(G.GNEED_DW, 1))
@@ -172,15 +170,12 @@ def gated_rms_norm_bwd(
     dy, x, gate, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_weight_grad=True
 ):
     """Grouped and gated RMSNorm backward (:func:`rmsnorm.reference.gated_rms_norm_bwd`)."""
-    _, eps_mode, casting_mode, offset, k = opts
-    group_size, norm_before_gate, activation = gating
     key = (
         dy.dtype, x.dtype, None if gate is None else gate.dtype,
         None if weight is None else weight.dtype, None if bias is None else bias.dtype,
-        None if dresidual is None else dresidual.dtype, input_dtype, casting_mode, eps_mode,
-        gate is not None and not norm_before_gate, activation, rstd.dtype,
+        None if dresidual is None else dresidual.dtype, input_dtype, rstd.dtype, opts, gating,
     )  # fmt: skip
-    dxdt, flags = _bwd_plans.get(key) or _bwd_plan(key)
+    dxdt, flags, k, offset = _bwd_plans.get(key) or _bwd_plan(key)
     if dxdt is None or not x.numel():
         L._to_reference("gated_rms_norm_bwd", dxdt is None)
         return ref.gated_rms_norm_bwd(
@@ -188,6 +183,7 @@ def gated_rms_norm_bwd(
         )
     n = x.shape[-1]
     m = x.numel() // n
+    group_size = gating.group_size
     g = n if group_size is None else group_size
     x, xs = L._row_layout(x, n)
     dy, dys = L._row_layout(dy, n)
@@ -220,7 +216,7 @@ def gated_rms_norm_bwd(
     args = (
         _BWD_BLOCK, dy.data_ptr(), dys, x.data_ptr(), xs, zp, zs, drp, drs, dx.data_ptr(),
         dz.data_ptr(), wp, ws, bp, bs, rstd.data_ptr(), dw.data_ptr(), db.data_ptr(), m, n, g,
-        k, float(offset), flags,
+        k, offset, flags,
     )  # fmt: skip
     if m * n < L.PARALLEL_MIN:
         _backward(0, *args)

@@ -44,13 +44,29 @@ _forward, _backward = (rt.entry_point(d) for d in (K.forward, K.backward))
 
 
 # ----------------------------------------------------------------------------------------------
-# Plans: the output dtype and kernel flags of each combination of dtypes and options, built once
+# Plans: the output dtype, kernel flags and scalar arguments of each combination of dtypes and
+# options, built once. The RMSNorm plans are keyed by the dtypes and the RMSOptions value itself
+# and hold its fields as the kernel takes them: a launcher reads no option of its own.
 # ----------------------------------------------------------------------------------------------
 _REFERENCE = (None, 0)
+_RMS_REFERENCE = (None, 0, 0, 0.0, 0.0)  # (a forward's out dtype, flags, k, eps, offset)
+_RMS_BWD_REFERENCE = (None, 0, 0, 0.0)  # (a backward's dx dtype, flags, k, offset)
 _rms_fwd_plans: dict[tuple, tuple] = {}
 _rms_bwd_plans: dict[tuple, tuple] = {}
 _ln_fwd_plans: dict[tuple, tuple] = {}
 _ln_bwd_plans: dict[tuple, tuple] = {}
+# A bound on the plans kept per cache (distinct ε, offset and k values each have theirs): a cache
+# that reaches it starts over
+_MAX_PLANS = 1024
+
+
+def _keep(plans: dict, key: tuple, plan: tuple, scalars: tuple) -> tuple:
+    """plans[key] = plan, unless a scalar of the key is NaN (no later key would equal it)."""
+    if all(v == v for v in scalars):
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[key] = plan
+    return plan
 
 
 def _check_modes(eps_mode: str, casting_mode: str) -> None:
@@ -96,50 +112,64 @@ def _bwd_flags(dydt, xdt, wdt, bdt, norm: int, **fields) -> int:
     )  # fmt: skip
 
 
-def _rms_fwd_plan(key: tuple) -> tuple:
-    xdt, wdt, bdt, rdt, casting_mode, eps_mode = key
+def _rms_options(opts: ref.RMSOptions, in_dt, wdt, backward: bool = False) -> tuple:
+    """The RMS options as the numba kernels take them (a kernel cannot take the NamedTuple), for
+    the input dtype ``in_dt`` (the one the casting mode rounds to) and the weight dtype ``wdt``:
+    (the output dtype, the forward's or the ``backward``'s option flag fields, and the scalar
+    arguments (k, eps, offset)). The one place this module reads the options: a new option is
+    read here, and computed in kernels.py."""
+    eps_mode, casting_mode = opts.eps_mode, opts.casting_mode
     _check_modes(eps_mode, casting_mode)
-    out = torch.promote_types(xdt, wdt) if casting_mode == "llama" and wdt is not None else xdt
-    plan = _REFERENCE
-    if _kernel_dtypes(xdt, rdt, out, params=(wdt, bdt)):
-        cin, cout = _CODES[xdt], _CODES[out]
+    llama = casting_mode == "llama"
+    out = torch.promote_types(in_dt, wdt) if llama and wdt is not None else in_dt
+    cin, cout = _CODES.get(in_dt), _CODES.get(out)  # (None: a dtype the reference serves)
+    form = K.RMS if eps_mode == "rms" else K.MEAN_SQUARE
+    if backward:
+        fields = dict(eps=(K.BEPS, form), xhat=(K.BC_XHAT, cin if llama else K.F32))
+    else:
         # rounding points as in reference.rms_norm_apply: "gemma" rounds once at the store;
         # "llama" rounds x·r to the input dtype and the products to the output dtype; "none"
-        # rounds the input, r and every product to the input dtype. The parameters are rounded to
-        # the dtype their product is taken in.
+        # rounds the input, r and every product to the input dtype. The parameters are rounded
+        # to the dtype their product is taken in.
         pre, r, mul, last = {
             "gemma": (K.F32,) * 4,
             "llama": (K.F32, K.F32, cin, cout),
             "none": (cin,) * 4,
         }[casting_mode]
         param = {"gemma": K.F32, "llama": cout, "none": cin}[casting_mode]
+        fields = dict(
+            eps=(K.FEPS, form), pre=(K.FC_PRE, pre), cr=(K.FC_R, r), mul=(K.FC_MUL, mul),
+            out=(K.FC_OUT, last), param=(K.FC_PARAM, param),
+        )  # fmt: skip
+    return out, fields, (opts.k, float(opts.eps), float(opts.offset))
+
+
+def _rms_fwd_plan(key: tuple) -> tuple:
+    xdt, wdt, bdt, rdt, opts = key
+    out, fields, (k, eps, offset) = _rms_options(opts, xdt, wdt)
+    plan = _RMS_REFERENCE
+    if _kernel_dtypes(xdt, rdt, out, params=(wdt, bdt)):
         flags = _fwd_flags(
             xdt, out, wdt, bdt, K.RMS_NORM,
-            r=(K.FR, _CODES[rdt] if rdt else 0), res=(K.FHAS_RES, rdt is not None),
-            eps=(K.FEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
-            pre=(K.FC_PRE, pre), cr=(K.FC_R, r), mul=(K.FC_MUL, mul), out=(K.FC_OUT, last),
-            param=(K.FC_PARAM, param),
+            r=(K.FR, _CODES[rdt] if rdt else 0), res=(K.FHAS_RES, rdt is not None), **fields,
         )  # fmt: skip
-        plan = (out, flags)
-    _rms_fwd_plans[key] = plan
-    return plan
+        plan = (out, flags, k, eps, offset)
+    return _keep(_rms_fwd_plans, key, plan, (eps, offset))
 
 
 def _rms_bwd_plan(key: tuple) -> tuple:
-    dydt, xdt, wdt, bdt, drdt, input_dtype, casting_mode, eps_mode, sdt = key
-    _check_modes(eps_mode, casting_mode)
-    plan = _REFERENCE
+    dydt, xdt, wdt, bdt, drdt, input_dtype, sdt, opts = key
+    _, fields, (k, eps, offset) = _rms_options(opts, input_dtype, wdt, backward=True)
+    plan = _RMS_BWD_REFERENCE
     stats_ok = sdt == _F32
     if stats_ok and _kernel_dtypes(dydt, xdt, drdt, input_dtype, params=(wdt, bdt)):
         flags = _bwd_flags(
             dydt, xdt, wdt, bdt, K.RMS_NORM,
             dr=(K.BDR, _CODES[drdt] if drdt else 0), has_dr=(K.BHAS_DR, drdt is not None),
-            eps=(K.BEPS, K.RMS if eps_mode == "rms" else K.MEAN_SQUARE),
-            xhat=(K.BC_XHAT, _CODES[input_dtype] if casting_mode == "llama" else K.F32),
+            **fields,
         )  # fmt: skip
-        plan = (xdt, flags)
-    _rms_bwd_plans[key] = plan
-    return plan
+        plan = (xdt, flags, k, offset)
+    return _keep(_rms_bwd_plans, key, plan, (eps, offset))
 
 
 def _row_layout(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
@@ -202,7 +232,7 @@ def _ln_fwd_plan(key: tuple) -> tuple:
 def _fwd(x, residual, weight, bias, out, k, eps, offset, flags, stats, layer_norm=False):
     """The forward kernel's call for the three forward launchers: (y, h, mean, rstd) with h None
     without a residual, mean None for RMSNorm, and the statistics None where ``stats`` is false
-    (the kernel then writes them to scratch)."""
+    (the kernel then writes them to scratch). ``eps`` and ``offset`` are Python floats."""
     x, xs, n, m = _rows(x)
     rp = rs = hp = mp = wp = ws = bp = bs = 0
     h = mean = rstd = None
@@ -228,25 +258,24 @@ def _fwd(x, residual, weight, bias, out, k, eps, offset, flags, stats, layer_nor
         flags |= _STREAM
     if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
         _forward(
-            0, x.data_ptr(), xs, rp, rs, hp, y.data_ptr(), wp, ws, bp, bs, mp, sp, m, n, k,
-            float(eps), float(offset), flags,
+            0, x.data_ptr(), xs, rp, rs, hp, y.data_ptr(), wp, ws, bp, bs, mp, sp, m, n, k, eps,
+            offset, flags,
         )  # fmt: skip
     else:
         _shared(
             _forward, x.data_ptr(), xs, rp, rs, hp, y.data_ptr(), wp, ws, bp, bs, mp, sp, m, n,
-            k, float(eps), float(offset), flags,
+            k, eps, offset, flags,
         )  # fmt: skip
     return y, h, mean, rstd
 
 
 def rms_norm_fwd(x, weight, bias, opts, stats=True):
     """RMSNorm forward (:func:`rmsnorm.reference.rms_norm_fwd`)."""
-    eps, eps_mode, casting_mode, offset, k = opts
     key = (
         x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
-        None, casting_mode, eps_mode,
+        None, opts,
     )  # fmt: skip
-    out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
+    out, flags, k, eps, offset = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
     if out is None or not x.numel():
         _to_reference("rms_norm_fwd", out is None)
         return ref.rms_norm_fwd(x, weight, bias, opts)
@@ -256,12 +285,11 @@ def rms_norm_fwd(x, weight, bias, opts, stats=True):
 
 def add_rms_norm_fwd(x, residual, weight, bias, opts, stats=True):
     """Residual add + RMSNorm forward (:func:`rmsnorm.reference.add_rms_norm_fwd`)."""
-    eps, eps_mode, casting_mode, offset, k = opts
     key = (
         x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype,
-        residual.dtype, casting_mode, eps_mode,
+        residual.dtype, opts,
     )  # fmt: skip
-    out, flags = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
+    out, flags, k, eps, offset = _rms_fwd_plans.get(key) or _rms_fwd_plan(key)
     if out is None or not x.numel():
         _to_reference("add_rms_norm_fwd", out is None)
         return ref.add_rms_norm_fwd(x, residual, weight, bias, opts)
@@ -279,7 +307,8 @@ def _param_grad(param, need: bool, n: int) -> tuple[torch.Tensor, int]:
 
 
 def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weight_grad):
-    """The backward kernel's call: (dx, dw, db) with empty float32 tensors for absent gradients."""
+    """The backward kernel's call: (dx, dw, db) with empty float32 tensors for absent gradients
+    (``offset`` a Python float)."""
     x, xs, n, m = _rows(x)
     dy, dys = (dy, n) if dy.is_contiguous() else _row_layout(dy, n)
     drp = drs = meanp = wp = ws = 0
@@ -302,25 +331,24 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
         _backward(
             0, dy.data_ptr(), dys, x.data_ptr(), xs, drp, drs, dx.data_ptr(), wp, ws, meanp,
-            rstd.data_ptr(), dwp, dbp, m, n, k, float(offset), flags,
+            rstd.data_ptr(), dwp, dbp, m, n, k, offset, flags,
         )  # fmt: skip
     else:
         _shared(
             _backward, dy.data_ptr(), dys, x.data_ptr(), xs, drp, drs, dx.data_ptr(), wp, ws,
-            meanp, rstd.data_ptr(), dwp, dbp, m, n, k, float(offset), flags,
+            meanp, rstd.data_ptr(), dwp, dbp, m, n, k, offset, flags,
         )  # fmt: skip
     return dx, dw, db
 
 
 def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_weight_grad=True):
     """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
-    _, eps_mode, casting_mode, offset, k = opts
     key = (
         dy.dtype, x.dtype, None if weight is None else weight.dtype,
         None if bias is None else bias.dtype, None if dresidual is None else dresidual.dtype,
-        input_dtype, casting_mode, eps_mode, rstd.dtype,
+        input_dtype, rstd.dtype, opts,
     )  # fmt: skip
-    dxdt, flags = _rms_bwd_plans.get(key) or _rms_bwd_plan(key)
+    dxdt, flags, k, offset = _rms_bwd_plans.get(key) or _rms_bwd_plan(key)
     if dxdt is None or not x.numel():
         _to_reference("rms_norm_bwd", dxdt is None)
         return ref.rms_norm_bwd(
@@ -339,7 +367,8 @@ def layer_norm_fwd(x, weight, bias, eps, stats=True):
     if out is None or not x.numel():
         _to_reference("layer_norm_fwd", out is None)
         return ref.layer_norm_fwd(x, weight, bias, eps)
-    y, _, mean, rstd = _fwd(x, None, weight, bias, out, x.shape[-1], eps, 0.0, flags, stats, True)
+    n = x.shape[-1]
+    y, _, mean, rstd = _fwd(x, None, weight, bias, out, n, float(eps), 0.0, flags, stats, True)
     return y, mean, rstd
 
 

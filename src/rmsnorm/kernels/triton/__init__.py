@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..._contract import LAUNCHERS
-from ...reference import ACTIVATIONS, compute_dtype, gated_output_dtype, output_dtype
+from ...reference import ACTIVATIONS, compute_dtype, output_dtype
 
 # Triton 3.3 passes the kernels' dtype-annotated scalars (eps, offset: tl.float64) as float32,
 # which float64 inputs need exactly, and rejects chained boolean operators; both checked by
@@ -62,12 +62,19 @@ def _check_mode(eps_mode: str, casting_mode: str) -> None:
         raise ValueError(f"casting_mode must be one of {tuple(_CAST)}, got {casting_mode!r}")
 
 
-def _rms_flags(opts, size: int) -> int:
-    """The kernel flags of the RMS options (checked here): the ε form, a partial RMS (k below
-    ``size``, the row or the group) and the casting mode; OR-ed with a launch's other flags."""
-    _check_mode(opts.eps_mode, opts.casting_mode)
-    rms_eps, partial = opts.eps_mode == "rms", opts.k < size
-    return flag.flags(rms_eps=rms_eps, partial=partial, cast=_CAST[opts.casting_mode])
+def _rms_options(opts, size: int, in_dtype: torch.dtype, weight) -> tuple:
+    """The RMS options as the jit kernels take them (checked here), for rows or groups of
+    ``size`` elements and the input dtype ``in_dtype`` the casting mode rounds to: (the kernel
+    flags of the ε form, a partial RMS (k below ``size``) and the casting mode, OR-ed with a
+    launch's other flags; the norm's output dtype (:func:`rmsnorm.reference.output_dtype`); the
+    scalar arguments (k, eps, offset)). The one place the launchers read the options: a launch
+    plan is keyed by the value and keeps what this returns."""
+    eps_mode, casting_mode = opts.eps_mode, opts.casting_mode
+    _check_mode(eps_mode, casting_mode)
+    rms_eps, partial = eps_mode == "rms", opts.k < size
+    flags = flag.flags(rms_eps=rms_eps, partial=partial, cast=_CAST[casting_mode])
+    scalars = (opts.k, float(opts.eps), float(opts.offset))
+    return flags, output_dtype(in_dtype, weight, casting_mode), scalars
 
 
 def _unit_stride(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -96,6 +103,9 @@ def _acc(*dtypes: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
 # options, device), computed once. A call then allocates, looks up its plan and launches.
 # ----------------------------------------------------------------------------------------------
 _launch_plans: dict = {}
+# A bound on the plans kept (the RMSNorm plans are keyed by the options value, so distinct ε,
+# offset and k values each have theirs): the cache starts over when it reaches it
+_MAX_PLANS = 1024
 
 
 def _launch_plan(key: tuple, build):
@@ -105,6 +115,8 @@ def _launch_plan(key: tuple, build):
     if plan is None or _config.overridden():
         plan = build()
         if not _config.overridden():
+            if len(_launch_plans) >= _MAX_PLANS:
+                _launch_plans.clear()
             _launch_plans[key] = plan
     return plan
 
@@ -201,7 +213,6 @@ def _workspace(cfg: Config, m: int, nv: int, acc: torch.dtype, x: torch.Tensor):
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
 def _rms_fwd(x, residual, weight, bias, opts):
-    eps, eps_mode, casting_mode, offset, k = opts
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -211,19 +222,18 @@ def _rms_fwd(x, residual, weight, bias, opts):
     dev = x.device
     rdt = None if residual is None else residual.dtype
     wdt = None if weight is None else weight.dtype
-    key = ("fwd", n, k < n, x.dtype, rdt, wdt, bias is not None, eps_mode, casting_mode, dev)
+    key = ("fwd", n, x.dtype, rdt, wdt, bias is not None, opts, dev)
 
     def build():
-        option_flags = _rms_flags(opts, n)
+        option_flags, y_dtype, scalars = _rms_options(opts, n, x.dtype, weight)
         acc, acc_tl = _acc(x.dtype) if rdt is None else _acc(x.dtype, rdt)
         # Registers hold the widest input's tile: an fp32 residual sizes the tile as fp32.
         size_dtype = x.dtype if rdt is None or rdt.itemsize <= x.dtype.itemsize else rdt
         cfg = _config.choose("fwd", n, size_dtype, dev)
         option_flags |= flag.flags(res=rdt is not None, w=wdt is not None, b=bias is not None)
-        y_dtype = output_dtype(x.dtype, weight, casting_mode)
-        return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc
+        return cfg, _launches(cfg, option_flags, {"ACC": acc_tl}), y_dtype, acc, scalars
 
-    cfg, launches, y_dtype, acc = _launch_plan(key, build)
+    cfg, launches, y_dtype, acc, (k, eps, offset) = _launch_plan(key, build)
     weight, bias = _unit_stride(weight), _unit_stride(bias)
     y = torch.empty_like(x, dtype=y_dtype)
     h = None if rdt is None else torch.empty_like(x, dtype=rdt)
@@ -308,7 +318,6 @@ def _zero_grads(dw, db, need_dw, need_db):
 @_split_fallback
 def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_weight_grad=True):
     """RMSNorm backward (:func:`rmsnorm.reference.rms_norm_bwd`)."""
-    _, eps_mode, casting_mode, offset, k = opts
     n = x.shape[-1]
     m = x.numel() // n
     x, xs = _row_layout(x, n)
@@ -319,20 +328,17 @@ def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_w
     dx = torch.empty_like(x)
     dw, db, need_dw, need_db = _param_grads(x, weight, bias, need_weight_grad)
     has_w, has_dres = weight is not None, dresidual is not None
-    key = (
-        "bwd", n, k < n, x.dtype, input_dtype, has_w, has_dres, need_dw, need_db, eps_mode,
-        casting_mode, x.device,
-    )  # fmt: skip
+    key = ("bwd", n, x.dtype, input_dtype, has_w, has_dres, need_dw, need_db, opts, x.device)
 
     def build():
-        option_flags = _rms_flags(opts, n)
+        option_flags, _, scalars = _rms_options(opts, n, input_dtype, weight)
         acc, acc_tl = _acc(x.dtype, input_dtype)
         cfg = _config.choose("bwd", n, x.dtype, x.device)
         option_flags |= flag.flags(res=has_dres, w=has_w, dw=need_dw, db=need_db)
         extra = {"IN": _TL[input_dtype], "ACC": acc_tl}
-        return cfg, _launches(cfg, option_flags, extra), acc, acc_tl
+        return cfg, _launches(cfg, option_flags, extra), acc, acc_tl, scalars
 
-    cfg, launches, acc, acc_tl = _launch_plan(key, build)
+    cfg, launches, acc, acc_tl, (k, _, offset) = _launch_plan(key, build)
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dw, db
@@ -447,7 +453,6 @@ def _gating(gate, norm_before_gate: bool, activation: str) -> int:
 
 def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
     """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
-    eps, eps_mode, casting_mode, offset, k = opts
     group_size, norm_before_gate, activation = gating
     n = x.shape[-1]
     m = x.numel() // n
@@ -460,25 +465,25 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
     wdt = None if weight is None else weight.dtype
     gate_code = _gating(gate, norm_before_gate, activation)
     key = (
-        "gated_fwd", n, g, k < g, x.dtype, None if gate is None else gate.dtype, in_dt, wdt,
-        bias is not None, eps_mode, casting_mode, gate_code, x.device,
+        "gated_fwd", n, g, x.dtype, None if gate is None else gate.dtype, in_dt, wdt,
+        bias is not None, opts, gate_code, x.device,
     )  # fmt: skip
 
     def build():
-        option_flags = _rms_flags(opts, g)
+        option_flags, norm_out, scalars = _rms_options(opts, g, in_dt, weight)
         acc, acc_tl, cfg = _gated_setup("gated_fwd", x, in_dt, n, g)
         option_flags |= flag.flags(w=wdt is not None, b=bias is not None, loop=cfg.loop)
-        y_dtype = gated_output_dtype(in_dt, weight, casting_mode, gate_code % 4 == 1)
-        norm_out = output_dtype(in_dt, weight, casting_mode)
+        # (reference.gated_output_dtype: the input dtype where the gate product comes last)
+        y_dtype = in_dt if gate_code % 4 == 1 else norm_out
         extra = {
             "BLOCK_M": cfg.block_m, "GP": 1 if cfg.loop else _pow2(n // g),
             "BLOCK_G": cfg.block_n, "FLAGS": option_flags, "GATING": gate_code,
             "IN": _TL[in_dt], "OUT": _TL[norm_out], "ACC": acc_tl,
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
         }  # fmt: skip
-        return cfg, extra, y_dtype, acc
+        return cfg, extra, y_dtype, acc, scalars
 
-    cfg, extra, y_dtype, acc = _launch_plan(key, build)
+    cfg, extra, y_dtype, acc, (k, eps, offset) = _launch_plan(key, build)
     weight, bias = _unit_stride(weight), _unit_stride(bias)
     y = torch.empty_like(x, dtype=y_dtype)
     rstd = torch.empty((m * (n // g),), dtype=acc, device=x.device)
@@ -498,7 +503,6 @@ def gated_rms_norm_bwd(
     dy, x, gate, weight, bias, rstd, dresidual, opts, gating, input_dtype, need_weight_grad=True
 ):
     """Grouped and gated RMSNorm backward (:func:`rmsnorm.reference.gated_rms_norm_bwd`)."""
-    _, eps_mode, casting_mode, offset, k = opts
     group_size, norm_before_gate, activation = gating
     n = x.shape[-1]
     m = x.numel() // n
@@ -518,13 +522,13 @@ def gated_rms_norm_bwd(
     has_w, has_b = weight is not None, bias is not None
     gate_code = _gating(gate, norm_before_gate, activation)
     key = (
-        "gated_bwd", n, g, k < g, x.dtype, None if gate is None else gate.dtype, input_dtype,
+        "gated_bwd", n, g, x.dtype, None if gate is None else gate.dtype, input_dtype,
         None if weight is None else weight.dtype, has_b, dresidual is not None, need_dw, need_db,
-        eps_mode, casting_mode, gate_code, x.device,
+        opts, gate_code, x.device,
     )  # fmt: skip
 
     def build():
-        option_flags = _rms_flags(opts, g)
+        option_flags, norm_out, scalars = _rms_options(opts, g, input_dtype, weight)
         acc, acc_tl, cfg = _gated_setup("gated_bwd", x, input_dtype, n, g)
         option_flags |= flag.flags(
             res=dresidual is not None, w=has_w, b=has_b, dw=need_dw, db=need_db, loop=cfg.loop
@@ -532,12 +536,12 @@ def gated_rms_norm_bwd(
         extra = {
             "BLOCK_M": cfg.block_m, "GP": 1 if cfg.loop else _pow2(n // g),
             "BLOCK_G": cfg.block_n, "FLAGS": option_flags, "GATING": gate_code,
-            "IN": _TL[input_dtype], "OUT": _TL[output_dtype(input_dtype, weight, casting_mode)],
-            "ACC": acc_tl, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+            "IN": _TL[input_dtype], "OUT": _TL[norm_out], "ACC": acc_tl,
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
         }  # fmt: skip
-        return cfg, extra, acc, acc_tl
+        return cfg, extra, acc, acc_tl, scalars
 
-    cfg, extra, acc, acc_tl = _launch_plan(key, build)
+    cfg, extra, acc, acc_tl, (k, _, offset) = _launch_plan(key, build)
     if m == 0:
         _zero_grads(dw, db, need_dw, need_db)
         return dx, dz, dw, db
