@@ -122,6 +122,14 @@ def test_section_and_figures_from_a_study(tmp_path, source):
     assert "Real pretrained transformers" in text and "pre-norm (4, 32)" in text
     assert "Does a per-site statistic predict the cost?" in text
     assert "2305.14858" in text and "safetensors, the original checkpoint" in text
+    # the pre-norm inputs' angle to the uniform vector beside what centering them costs
+    m = real["models"][0]
+    angles = [s["variants"]["all"]["angle_median"]["value"] for s in m["stats"]["sites"]
+              if s["kind"] == "pre-norm"]  # fmt: skip
+    kl = m["swap"]["variants"]["kind:pre-norm"]["kl"]
+    assert "Orthogonal to the uniform vector on average is not free to center" in text
+    assert f"sit at {real_models._span(angles, '.3g')}° to it" in text
+    assert f"alone costs KL {real_models._ci(kl, '.2g')} nats/token" in text
     assert real_models.model_markdown(real["models"][0]).count("|") > 50
 
 

@@ -235,6 +235,37 @@ def real_section(page: Page, j: dict, figures: dict[str, Path]) -> None:
         "(measured above). These runs are 135M–270M models on 2k tokens of English "
         "docstrings, quantized where marked; the papers' models, text and sizes differ."
     )
+    angle = _angle_against_cost(real)
+    if angle:
+        page.p(angle)
+
+
+def _angle_against_cost(real: dict) -> str:
+    """The pre-norm inputs' angle to 𝟙 beside what centering them costs, per model measured by KL:
+    "orthogonal to the uniform vector on average" is not "free to center"."""
+    bits = []
+    for m in measured(real):
+        if m["cost"] != "kl":
+            continue
+        rows = {r["kind"]: r for r in _kind_rows(m)}
+        kind = m["swap"]["variants"].get("kind:pre-norm")
+        if kind is None or "pre-norm" not in rows:
+            continue
+        bits.append(
+            f"{m['model']}'s pre-norm inputs sit at {_span(rows['pre-norm']['angle'], '.3g')}° "
+            f"to it (per-site medians over tokens), and centering those sites alone costs KL "
+            f"{_ci(kind['kl'], '.2g')} nats/token"
+        )
+    if not bits:
+        return ""
+    return (
+        "Orthogonal to the uniform vector on average is not free to center: "
+        + "; ".join(bits)
+        + ". The angle's cosine is μ / RMS over all of a token's channels, so a few huge "
+        "channels, which set the RMS, hold it near 90°; the centering moves every channel by the "
+        "same μ, which the ordinary channels feel against their own spread (the shift / σ of the "
+        "ordinary channels, the better predictor above)."
+    )
 
 
 def _model_part(page: Page, m: dict, quant: dict | None = None) -> None:
