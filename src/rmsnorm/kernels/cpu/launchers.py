@@ -254,7 +254,9 @@ def _fwd(x, residual, weight, bias, out, k, eps, offset, flags, stats, layer_nor
     else:
         sp = _scratch(2 * m)
         mp = sp + 4 * m if layer_norm else 0
-    if m * n * (x.element_size() + y.element_size()) >= _STREAM_AT:
+    # (the first test spares a decoding-size call the element sizes: 24 bytes bounds the element
+    # of any call's tensors together)
+    if m * n * 24 >= _STREAM_AT and m * n * (x.element_size() + y.element_size()) >= _STREAM_AT:
         flags |= _STREAM
     if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
         _forward(
@@ -324,8 +326,9 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     dw, dwp = _param_grad(weight, need_weight_grad, n)
     db, dbp = _param_grad(bias, need_weight_grad, n)
     flags |= (_NEED_DW if dwp else 0) | (_NEED_DB if dbp else 0)
-    if m * n * (2 * x.element_size() + dy.element_size()) >= _STREAM_AT:
-        flags |= _STREAM_BWD
+    if m * n * 24 >= _STREAM_AT:  # (as in _fwd)
+        if m * n * (2 * x.element_size() + dy.element_size()) >= _STREAM_AT:
+            flags |= _STREAM_BWD
     if weight is not None:
         wp, ws = weight.data_ptr(), weight.stride(0)
     if m * n < PARALLEL_MIN:  # the decoding-size case: called directly, no argument tuple
