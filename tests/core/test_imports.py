@@ -65,11 +65,8 @@ def _dynamic_imports(tree: ast.AST, name: str, package: bool):
             anchor = node.args[1] if len(node.args) > 1 else None
             # import_module(".x", __name__) is relative to the module itself (as a package);
             # (".x", __package__) to its package
-            base = (
-                name
-                if getattr(anchor, "id", None) == "__name__"
-                else (name if package else name.rpartition(".")[0])
-            )
+            as_package = package or getattr(anchor, "id", None) == "__name__"
+            base = name if as_package else name.rpartition(".")[0]
             level = len(target) - len(target.lstrip("."))
             parts = base.split(".")[: len(base.split(".")) - (level - 1)]
             target = ".".join(parts + [target.lstrip(".")])
