@@ -34,7 +34,7 @@ from ..._progress import ensure
 from ..models.text import sentences, token_windows
 from .sites import Site, find_sites
 
-__all__ = ["centered", "causal_swap_study", "encoder_swap_study", "variants_of"]
+__all__ = ["centered", "rms_instead", "causal_swap_study", "encoder_swap_study", "variants_of"]
 
 _BOOTSTRAP = 200
 _LOGIT_ELEMENTS = 48 * 2**20  # one batch's logits at most (192 MB in float32)
@@ -178,7 +178,7 @@ def causal_swap_study(
 # A LayerNorm encoder: the naive swap and the centered writers
 # ----------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _rms_instead(chosen: list[Site]):
+def rms_instead(chosen: list[Site]):
     """Each chosen LayerNorm outputs γ·x/√(mean(x²) + ε) + β instead (same γ, β, ε)."""
 
     def hook(module, args, output):
@@ -264,7 +264,7 @@ def encoder_swap_study(
     out = {}
     with ensure(progress).task("encoder variants", len(variants) + 1) as tick:
         for name, chosen in variants.items():
-            with _rms_instead(chosen):
+            with rms_instead(chosen):
                 out[name] = {
                     "sites": [s.name for s in chosen],
                     **_agreement(ref, _embed(model, batch)),
@@ -281,7 +281,7 @@ def encoder_swap_study(
         changed = _center_writers(writers)
         moved = _agreement(ref, _embed(writers, batch))  # centering the writers alone
         swapped = [s for s in find_sites(writers) if s.norm == "layernorm"]
-        with _rms_instead(swapped):
+        with rms_instead(swapped):
             out["centered-writers:all"] = {
                 "sites": [s.name for s in swapped],
                 "writers_centered": changed,
