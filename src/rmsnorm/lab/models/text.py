@@ -1,6 +1,8 @@
 """English text for the pretrained models, offline: the docstrings of this interpreter's standard
 library (the modules of :data:`~rmsnorm.lab.models.corpus.STDLIB_FILES`, read with :mod:`ast`, in
-that order), or a user's text file.
+that order), a second kind of text that ships with it (the reference manual's help topics of
+:mod:`pydoc_data.topics`: language reference prose, grammar and examples, not docstrings), or a
+user's text file.
 
 The text is split in two once, by document: every fourth document (docstring, or paragraph of a
 user's file) is held out for the swap's end-to-end metrics, the rest feeds the statistics, so no
@@ -30,6 +32,9 @@ from .corpus import STDLIB_FILES
 __all__ = [
     "TextSource",
     "stdlib_docstrings",
+    "pydoc_topics",
+    "TEXTS",
+    "builtin_text",
     "text_file",
     "text_string",
     "token_windows",
@@ -102,6 +107,40 @@ def stdlib_docstrings() -> TextSource:
         f"library ({', '.join(files)})"
     )
     return TextSource("python-stdlib-docstrings", tuple(docs), origin)
+
+
+def pydoc_topics() -> TextSource:
+    """The help topics of :mod:`pydoc_data.topics` (the text ``help("assert")`` prints), in
+    sorted topic order, split at blank lines into paragraphs of at least 40 characters, each once:
+    the language reference's prose, with its grammar rules and code examples."""
+    from pydoc_data import topics
+
+    docs: list[str] = []
+    seen = set()
+    for name in sorted(topics.topics):
+        for para in re.split(r"\n\s*\n", topics.topics[name]):
+            para = inspect.cleandoc(para)
+            if len(para) >= _MIN_CHARS and para not in seen:
+                seen.add(para)
+                docs.append(para)
+    if not docs:
+        raise FileNotFoundError("pydoc_data.topics holds no help topics in this interpreter")
+    origin = (
+        f"the {len(topics.topics)} help topics of pydoc_data.topics (Python "
+        f"{platform.python_version()}'s reference manual as help() prints it)"
+    )
+    return TextSource("python-help-topics", tuple(docs), origin)
+
+
+# The built-in texts by name: the first is the lab's primary text.
+TEXTS = {"docstrings": stdlib_docstrings, "help-topics": pydoc_topics}
+
+
+def builtin_text(name: str) -> TextSource:
+    """A built-in text of :data:`TEXTS` by name."""
+    if name not in TEXTS:
+        raise ValueError(f"text must be one of {', '.join(TEXTS)}, got {name!r}")
+    return TEXTS[name]()
 
 
 def text_file(path: str | Path) -> TextSource:
