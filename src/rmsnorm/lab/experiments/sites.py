@@ -28,7 +28,7 @@ from torch import nn
 
 from ..models.norm_layers import find_norm_layers
 
-__all__ = ["Site", "site_kind", "find_sites", "capture_inputs", "KINDS"]
+__all__ = ["Site", "site_kind", "find_sites", "capture_inputs", "effective_weight", "KINDS"]
 
 KINDS = ("pre-norm", "post-sublayer", "qk-norm", "final", "post-ln", "embedding", "other")
 _LAYER = re.compile(r"\.(\d+)\.")
@@ -86,6 +86,25 @@ def find_sites(model: nn.Module) -> list[Site]:
         layer = int(match.group(1)) if match else None
         sites.append(Site(name, layer, site_kind(name, modules), norm, module))
     return sites
+
+
+@torch.no_grad()
+def effective_weight(module: nn.Module, width: int) -> torch.Tensor | None:
+    """The per-channel scale a norm layer applies after normalizing, in its own convention (Gemma's
+    1 + γ included), float64 (width,); None for a norm without one. An RMSNorm is probed with
+    the all-ones row, whose RMS is 1, so its output is the scale over √(1 + ε) (ε = 0 in the
+    "rms" placement of x/(RMS + ε) but 1 + ε there too): only ratios of the scale are used. A
+    LayerNorm's scale is its weight."""
+    from ..models.norm_layers import norm_kind
+
+    kind = norm_kind(module)
+    if kind == "layernorm":
+        w = getattr(module, "weight", None)
+        return None if w is None else w.detach().to(torch.float64).reshape(-1)
+    p = next(module.parameters(), None)
+    dtype = p.dtype if p is not None else torch.float32
+    y = module(torch.ones(1, width, dtype=dtype))
+    return y.detach().to(torch.float64).reshape(-1)
 
 
 def _as_rows(x: torch.Tensor, batch: int, tokens: int) -> torch.Tensor:
@@ -165,12 +184,20 @@ def capture_inputs(
 
 
 def site_study(
-    loaded, source, *, sequences: int = 16, seq_len: int = 128, batch: int = 4, progress=None
+    loaded,
+    source,
+    *,
+    sequences: int = 16,
+    seq_len: int = 128,
+    batch: int = 4,
+    bootstrap: int = 100,
+    progress=None,
 ) -> dict:
     """The statistics of :mod:`~rmsnorm.lab.stats.sitestats` at every norm site of a loaded
     pretrained model (:func:`~rmsnorm.lab.models.pretrained.load_pretrained`) on ``sequences``
     windows of ``seq_len`` tokens of the statistics part of ``source``
-    (:mod:`~rmsnorm.lab.models.text`)."""
+    (:mod:`~rmsnorm.lab.models.text`); ``bootstrap``: resamples of the intervals (0: values
+    alone)."""
     from ..._progress import ensure
     from ..models.text import token_windows
     from ..stats.sitestats import site_statistics
@@ -187,7 +214,8 @@ def site_study(
     with progress.task("site statistics", len(found)) as advance:
         for site in found:
             if site.name in inputs:
-                rows.append(site.to_dict() | site_statistics(inputs.pop(site.name)))
+                stats = site_statistics(inputs.pop(site.name), bootstrap=bootstrap)
+                rows.append(site.to_dict() | stats)
             advance()
     return {
         "model": loaded.name,
