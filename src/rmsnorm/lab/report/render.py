@@ -96,6 +96,11 @@ def write_figures(r: ReportResults, fig_dir: Path, progress=None) -> dict[str, P
     if r.real is not None and sections.real_figures.measured(r.real):
         jobs.append(("real_ratio", lambda p: sections.real_figures.ratio_by_block(r.real, p)))
         jobs.append(("real_largest", lambda p: sections.real_figures.largest_by_block(r.real, p)))
+        jobs.append(("real_blocks", lambda p: sections.real_figures.block_costs(r.real, p)))
+        if any(m["cost"] == "kl" for m in sections.real_figures.measured(r.real)):
+            jobs.append(
+                ("real_mechanism", lambda p: sections.real_figures.mechanism_bars(r.real, p))
+            )
         jobs.append(
             ("real_predictor", lambda p: sections.real_figures.predictor_scatter(r.real, p))
         )

@@ -95,6 +95,7 @@ class ReportConfig:
             sweep=SweepConfig(seeds=16, widths=(64, 128, 256, 512, 1024), depths=(4, 12, 24, 48)),
             training=TrainStudyConfig(steps=300, seeds=5),
             planted_seeds=8,
+            real=RealConfig(cost_seq_len=128, blocks_on_every_text=True),
             mode="full",
         )
         return replace(base, **overrides)
@@ -131,7 +132,8 @@ class ReportConfig:
             if sweep_cfg is not None:
                 sweep_cfg = replace(sweep_cfg, seeds=max(2, seeds))
         if real is not None:
-            cfg = replace(cfg, real=RealConfig() if real else None)
+            keep = cfg.real if cfg.real is not None else RealConfig()
+            cfg = replace(cfg, real=keep if real else None)
         return replace(
             cfg,
             model=model,
@@ -295,11 +297,11 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
     real = None
     if cfg.real is not None:
         from ..experiments.realmodels import run_real_models
-        from ..models.text import stdlib_docstrings, text_string
+        from ..models.text import text_string
 
         t0 = time.perf_counter()
-        source = stdlib_docstrings() if cfg.text is None else text_string(cfg.text, "--text-file")
-        real = run_real_models(cfg.real, source, progress)
+        sources = None if cfg.text is None else {"text": text_string(cfg.text, "--text-file")}
+        real = run_real_models(cfg.real, sources, progress)
         stage("real_models", t0)
     t0 = time.perf_counter()
     timing = time_norms(cfg.timing_shapes, rounds=cfg.timing_rounds, progress=progress)

@@ -10,6 +10,16 @@ from .decomposition import _ablation_sentence
 from .real_models import real_answer
 
 
+def recovered_cells(j: dict) -> dict:
+    """The verdict table's recovered-cost cells, from the fine-tuning section when it ran."""
+    rec = j.get("recovery")
+    if not rec or "skipped" in rec:
+        return {}
+    from . import recovery
+
+    return recovery.verdict_cells(j)
+
+
 def words(page: Page, j: dict) -> None:
     sim, sc = j["simulation"], j["simulation"]["config"]
     v = sim["verdict"]
@@ -20,8 +30,11 @@ def words(page: Page, j: dict) -> None:
         "and β = 0 the two outputs differ only through the ratio μ/σ: RMSNorm(x) = "
         "(σ/RMS)·LN(x) + (μ/RMS)·𝟙, so the cosine between them is σ/RMS = 1/√(1 + (μ/σ)²)."
     )
-    for paragraph in real_answer(j):
-        page.p(paragraph)
+    for part in real_answer(j, recovered_cells(j)):
+        if isinstance(part, tuple):
+            page.table(*part)
+        else:
+            page.p(part)
     text = (
         f"**At initialization.** In the simulated {sc['n_layers']}-layer {sc['norm_position']}-LN "
         f"transformer (d = {sim['d']}, {v['n']} seeds) the median token has |μ|/σ = "
