@@ -1,0 +1,321 @@
+"""How sensitive the lab's numbers on a GGUF checkpoint are to the rounding it already carries:
+every quantized tensor of the file goes through its own GGUF type once more, at its own block
+boundaries or with them shifted along the row, and the loss and statistics are measured again.
+
+The block formats are GGUF's: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 through the gguf package's quantizers
+(llama.cpp's reference rounding), Q4_K and Q6_K through :func:`quantize_q4_k` and
+:func:`quantize_q6_k` here, which follow llama.cpp's reference scale searches step for step in
+float32 and write the packed bytes that ``gguf.quants.dequantize`` reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "QK_K",
+    "quantize",
+    "dequantize",
+    "quantize_q4_k",
+    "quantize_q6_k",
+    "round_trip",
+    "grid_steps",
+    "HALF_GROUP",
+]
+
+QK_K = 256  # elements of a K-quant super-block
+_UNQUANTIZED = ("F32", "F16", "BF16", "F64")
+_F = np.float32
+
+
+def _qtype(qtype):
+    """``qtype`` (a GGMLQuantizationType or its name, "Q4_K") as a GGMLQuantizationType."""
+    from gguf import GGMLQuantizationType
+
+    if isinstance(qtype, GGMLQuantizationType):
+        return qtype
+    try:
+        return GGMLQuantizationType[str(qtype)]
+    except KeyError:
+        raise ValueError(f"qtype must be a GGUF type name such as 'Q4_K', got {qtype!r}") from None
+
+
+def _rows(x: np.ndarray, block: int, what: str) -> np.ndarray:
+    """``x`` as contiguous float32 rows whose length is a multiple of ``block``."""
+    x = np.ascontiguousarray(x, dtype=_F)
+    if x.ndim == 0 or x.shape[-1] % block:
+        raise ValueError(
+            f"{what} quantizes rows whose length is a multiple of {block}; got shape {x.shape}"
+        )
+    return x
+
+
+def _fp16(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``v`` rounded to float16 (to nearest, ties to even, as ggml's conversion): its bytes and
+    its value back in float32."""
+    h = v.astype(np.float16)
+    return h.view(np.uint8).reshape(*v.shape, 2), h.astype(_F)
+
+
+# ----------------------------------------------------------------------------------------------
+# Q4_K: 256-element super-blocks of 8 sub-blocks of 32, x ≈ d·sc_j·q − dmin·m_j with q in 0..15
+# and 6-bit sc_j, m_j: 144 bytes (d, dmin as float16, 12 bytes of packed scales, 128 of nibbles)
+# ----------------------------------------------------------------------------------------------
+def _fit_min_scale(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama.cpp's weighted search for an affine 4-bit grid (make_qkx2_quants with its Q4_K
+    settings: 21 candidate inverse scales (15 − 1 + 0.1·k)/(max − min), each refined by weighted
+    least squares, the one of least Σ w·err² kept, min clamped to ≤ 0), vectorized over the
+    columns of ``x`` (32, n) with weights ``w`` (32, n). Sums run over axis 0 so that numpy adds
+    in the reference's left-to-right order. Returns (scale (n,), -min (n,), q (32, n))."""
+    nmax = _F(15)
+    lo = np.minimum(x.min(0), _F(0))
+    hi = x.max(0)
+    flat = hi == lo  # all elements equal (and <= 0): q = 0, scale 0
+    span = np.where(flat, _F(1), hi - lo)
+    sum_w = w.sum(0)
+    sum_x = (w * x).sum(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = nmax / span
+        scale = _F(1) / iscale
+        q = np.clip(np.rint(iscale * (x - lo)), 0, 15)
+        diff = scale * q + lo - x
+        best = (w * (diff * diff)).sum(0)
+        for step in range(21):
+            # the reference's (rmin + rdelta·is + nmax) in float32, over the current (max − min):
+            # min moves when a candidate wins, and later candidates use the moved one
+            iscale = (_F(-1) + _F(0.1) * _F(step) + nmax) / np.where(flat, _F(1), hi - lo)
+            aux = np.clip(np.rint(iscale * (x - lo)), 0, 15)
+            wl = w * aux
+            sum_l = wl.sum(0)
+            sum_l2 = (wl * aux).sum(0)
+            sum_xl = (wl * x).sum(0)
+            det = sum_w * sum_l2 - sum_l * sum_l
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            positive = this_min > 0
+            this_scale = np.where(positive, sum_xl / sum_l2, this_scale)
+            this_min = np.where(positive, _F(0), this_min)
+            diff = this_scale * aux + this_min - x
+            err = (w * (diff * diff)).sum(0)
+            better = (det > 0) & (err < best) & ~flat
+            q = np.where(better, aux, q)
+            best = np.where(better, err, best)
+            scale = np.where(better, this_scale, scale)
+            lo = np.where(better, this_min, lo)
+    scale = np.where(flat, _F(0), scale)
+    q = np.where(flat, _F(0), q)
+    return scale.astype(_F), (-lo).astype(_F), q
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """``x`` (..., n) with n a multiple of 256 as Q4_K bytes (..., n // 256 · 144), by llama.cpp's
+    reference quantizer (quantize_row_q4_K_ref: per sub-block weights √mean(x²) + |x|, the
+    weighted grid search above, 6-bit sub-block scales and mins under float16 super-block ones,
+    then every element rounded to its final grid)."""
+    x = _rows(x, QK_K, "Q4_K")
+    lead = x.shape[:-1]
+    blocks = x.reshape(-1, 8, 32)  # (nb, 8, 32)
+    nb = blocks.shape[0]
+    sub = np.ascontiguousarray(blocks.reshape(-1, 32).T)  # (32, nb·8)
+    av = np.sqrt((sub * sub).sum(0) / _F(32))
+    scale, mins, q = _fit_min_scale(sub, av + np.abs(sub))
+    scale, mins = scale.reshape(nb, 8), mins.reshape(nb, 8)
+    max_scale = np.maximum(scale.max(1), _F(0))
+    max_min = np.maximum(mins.max(1), _F(0))
+    with np.errstate(divide="ignore"):
+        inv_scale = np.where(max_scale > 0, _F(63) / max_scale, _F(0))
+        inv_min = np.where(max_min > 0, _F(63) / max_min, _F(0))
+    # the reference stores the rounded integer in a uint8 (wrapping), then caps it at 63
+    ls = np.minimum(np.rint(inv_scale[:, None] * scale).astype(np.int64) & 0xFF, 63)
+    lm = np.minimum(np.rint(inv_min[:, None] * mins).astype(np.int64) & 0xFF, 63)
+    d_bytes, d = _fp16(max_scale / _F(63))
+    m_bytes, dmin = _fp16(max_min / _F(63))
+    step = (d[:, None] * ls.astype(_F)).reshape(-1)  # (nb·8,)
+    offset = (dmin[:, None] * lm.astype(_F)).reshape(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        final = np.clip(np.rint((sub + offset) / step), 0, 15)
+    # a sub-block whose scale rounds to 0 keeps the search's q (its values all decode to -dm)
+    q = np.where(step != 0, final, q).T.reshape(nb, 4, 2, 32).astype(np.uint8)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(nb, 128)
+    ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
+    scales = np.concatenate(
+        [
+            ls[:, :4] | ((ls[:, 4:] >> 4) << 6),
+            lm[:, :4] | ((lm[:, 4:] >> 4) << 6),
+            (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4),
+        ],
+        axis=1,
+    )
+    out = np.concatenate([d_bytes, m_bytes, scales, qs], axis=1)  # (nb, 144)
+    return out.reshape(*lead, -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Q6_K: 256-element super-blocks of 16 groups of 16, x ≈ d·sc_j·(q − 32) with q in 0..63 and
+# signed 8-bit sc_j: 210 bytes (128 of low nibbles, 64 of high bit pairs, 16 scales, d float16)
+# ----------------------------------------------------------------------------------------------
+def _fit_scale(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's search for a symmetric 6-bit grid (make_qx_quants with Q6_K's settings:
+    inverse scales −(32 + 0.1·k)/max for k in −9..9, where max is the element of largest |x|,
+    the least-squares scale under weights x² kept when it explains more of Σ w·x²), vectorized
+    over the columns of ``x`` (16, n). Returns (scale (n,), q + 32 (16, n))."""
+    nmax = _F(32)
+    at = np.abs(x).argmax(0)
+    peak = np.take_along_axis(x, at[None], 0)[0]
+    zero = np.abs(peak) < _F(1e-15)  # an all-zero group: scale 0, q = 0
+    peak = np.where(zero, _F(1), peak)
+    w = x * x
+
+    def fit(iscale):
+        q = np.clip(np.rint(iscale * x), -32, 31)
+        return q, ((w * x) * q).sum(0), ((w * q) * q).sum(0)
+
+    q, sum_lx, sum_l2 = fit(-nmax / peak)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(sum_l2 != 0, sum_lx / sum_l2, _F(0))
+        best = scale * sum_lx
+        for k in range(-9, 10):
+            if k == 0:
+                continue
+            aux, sum_lx, sum_l2 = fit(-(nmax + _F(0.1) * _F(k)) / peak)
+            better = (sum_l2 > 0) & (sum_lx * sum_lx > best * sum_l2)
+            q = np.where(better, aux, q)
+            scale = np.where(better, sum_lx / sum_l2, scale)
+            best = np.where(better, scale * sum_lx, best)
+    return np.where(zero, _F(0), scale).astype(_F), np.where(zero, _F(0), q + nmax)
+
+
+def quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """``x`` (..., n) with n a multiple of 256 as Q6_K bytes (..., n // 256 · 210), by llama.cpp's
+    reference quantizer (quantize_row_q6_K_ref: the scale search above per group of 16, the
+    groups' scales rounded to 8 bits against the one of largest |scale|, which maps to −128,
+    then every element rounded to its final grid)."""
+    x = _rows(x, QK_K, "Q6_K")
+    lead = x.shape[:-1]
+    nb = x.size // QK_K
+    groups = np.ascontiguousarray(x.reshape(-1, 16).T)  # (16, nb·16)
+    scale, first = _fit_scale(groups)
+    scale = scale.reshape(nb, 16)
+    at = np.abs(scale).argmax(1)
+    max_scale = np.take_along_axis(scale, at[:, None], 1)[:, 0]
+    empty = np.abs(max_scale) < _F(1e-15)  # an all-zero super-block: every byte 0
+    with np.errstate(divide="ignore"):
+        iscale = np.where(empty, _F(0), _F(-128) / np.where(empty, _F(1), max_scale))
+        d_bytes, d = _fp16(np.where(empty, _F(0), _F(1) / iscale))
+    sc = np.minimum(np.rint(iscale[:, None] * scale), 127).astype(np.int8)  # (nb, 16)
+    step = (d[:, None] * sc.astype(_F)).reshape(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        final = np.clip(np.rint(groups / step), -32, 31) + 32
+    # a group whose scale rounds to 0 keeps the search's q (its values all decode to 0)
+    q = np.where(step != 0, final, first)
+    q = np.where(np.repeat(empty, 16)[None], 0, q).T.reshape(nb, 2, 4, 32).astype(np.uint8)
+    low = q & 0xF
+    ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], 2)
+    high = q >> 4
+    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    sc = np.where(empty[:, None], 0, sc).astype(np.int8).view(np.uint8)
+    out = np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64), sc, d_bytes], axis=1)
+    return out.reshape(*lead, -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every type of the two GGUF files, and the grid each block's bytes describe
+# ----------------------------------------------------------------------------------------------
+# elements rounded at once: 256 KiB of float32 stays in cache through the ~10 passes of a round
+# trip (Gemma 3's Q8_0 embedding: 2.3 s of CPU against 3.9 s in chunks of 4M elements)
+_CHUNK = 1 << 16
+_GGUF_QUANTIZERS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf's, llama.cpp's reference
+
+
+def quantize(x: np.ndarray, qtype) -> np.ndarray:
+    """``x`` (..., n) as GGUF ``qtype`` bytes (..., bytes per row), n a multiple of the type's
+    block: Q4_K and Q6_K here, the other block types by the gguf package's quantizers."""
+    import gguf
+
+    qtype = _qtype(qtype)
+    if qtype == gguf.GGMLQuantizationType.Q4_K:
+        return quantize_q4_k(x)
+    if qtype == gguf.GGMLQuantizationType.Q6_K:
+        return quantize_q6_k(x)
+    if qtype.name not in _GGUF_QUANTIZERS:
+        raise ValueError(
+            f"qtype {qtype.name} has no quantizer here (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)"
+        )
+    x = _rows(x, gguf.GGML_QUANT_SIZES[qtype][0], qtype.name)
+    # the type's own row function: gguf.quants.quantize splits arrays into groups of rows and
+    # costs 3× as much on a 262,144-row embedding
+    return getattr(gguf.quants, qtype.name).quantize_rows(x)
+
+
+def dequantize(data: np.ndarray, qtype) -> np.ndarray:
+    """GGUF ``qtype`` bytes (..., bytes per row) as float32 values (..., n), by gguf's decoder."""
+    import gguf
+
+    qtype = _qtype(qtype)
+    data = np.asarray(data, dtype=np.uint8)
+    if qtype.name in _GGUF_QUANTIZERS or qtype.name in ("Q4_K", "Q6_K"):
+        return getattr(gguf.quants, qtype.name).dequantize_rows(data)
+    return np.asarray(gguf.quants.dequantize(data, qtype))
+
+
+def _roll_round(x: np.ndarray, qtype, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes of ``x`` rolled by ``shift`` along its rows, the values they decode to, rolled
+    back), a few million elements at a time."""
+    x = np.ascontiguousarray(x, dtype=_F)
+    rows = x.reshape(-1, x.shape[-1])
+    step = max(1, _CHUNK // rows.shape[1])
+    packed, values = [], []
+    for start in range(0, rows.shape[0], step):
+        part = (
+            np.roll(rows[start : start + step], shift, axis=1)
+            if shift
+            else rows[start : start + step]
+        )
+        data = quantize(part, qtype)
+        back = dequantize(data, qtype)
+        packed.append(data)
+        values.append(np.roll(back, -shift, axis=1) if shift else back)
+    return (
+        np.concatenate(packed).reshape(*x.shape[:-1], -1),
+        np.concatenate(values).reshape(x.shape),
+    )
+
+
+# Half of each type's scale group (32 elements; Q6_K's 16): the shift at which every block
+# straddles two of the file's groups, so that no group's grid survives. Whole groups keep most
+# grids: on Gemma 3's file Q4_K moves by 0.063 of its RMS at 16 against 0.016 at 128, Q6_K by
+# 0.015 at 8 against 0.0016 at 16 (0.084 and 0.021 for weights uniform within their cells)
+HALF_GROUP = {"Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16, "Q8_0": 16, "Q4_K": 16, "Q6_K": 8}
+
+
+def round_trip(x: np.ndarray, qtype, *, shift: int = 0) -> np.ndarray:
+    """``x`` (..., n) rounded through GGUF ``qtype`` and back to float32, each row rolled by
+    ``shift`` elements first (so the blocks start ``shift`` elements later, wrapping round the
+    row) and rolled back after."""
+    if not isinstance(shift, (int, np.integer)) or shift < 0:
+        raise ValueError(f"shift must be a non-negative number of elements, got {shift!r}")
+    x = np.asarray(x)
+    return _roll_round(x, qtype, int(shift) % max(1, x.shape[-1]))[1]
+
+
+def grid_steps(data: np.ndarray, qtype) -> tuple[np.ndarray, int]:
+    """The spacing of the rounding grid in each group of GGUF ``qtype`` bytes ``data`` (the unit
+    its integer codes are multiplied by), and how many elements share one spacing: 32 for the
+    32-element types and Q4_K's sub-blocks, 16 for Q6_K's groups. A value rounded to a grid of
+    spacing s is off by s/√12 RMS when it falls uniformly within its cell."""
+    import gguf
+
+    qtype = _qtype(qtype)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    b = np.asarray(data, dtype=np.uint8).reshape(-1, size)
+    half = lambda lo, hi: b[:, lo:hi].copy().view(np.float16).astype(_F)[:, 0]  # noqa: E731
+    T = gguf.GGMLQuantizationType
+    if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
+        return np.abs(half(0, 2)), block
+    if qtype == T.Q4_K:
+        sc, _ = gguf.quants.Q4_K.get_scale_min(b[:, 4:16])
+        return (half(0, 2)[:, None] * sc.astype(_F)).reshape(-1), 32
+    if qtype == T.Q6_K:
+        sc = b[:, 192:208].view(np.int8).astype(_F)
+        return np.abs(half(208, 210)[:, None] * sc).reshape(-1), 16
+    raise ValueError(f"qtype {qtype.name}: no grid spacing known here")
