@@ -9,8 +9,11 @@ import hashlib
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from rmsnorm.lab.experiments import quantization as Q
+from rmsnorm.lab.models import weights
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
@@ -123,3 +126,188 @@ def test_grid_steps_are_the_spacing_of_the_decoded_values(name):
     assert steps.shape == (values.shape[0],) and (steps > 0).all()
     codes = (values - values[:, :1]) / steps[:, None]  # whole numbers of steps apart
     assert np.abs(codes - np.rint(codes)).max() < 1e-3
+
+
+# ----------------------------------------------------------------------------------------------
+# A two-block Llama-named model in a GGUF file of every type
+# ----------------------------------------------------------------------------------------------
+HIDDEN, HEADS, KV_HEADS, VOCAB = 256, 2, 1, 32
+TYPES = {  # the GGUF type each projection is stored in
+    "attn_q": "Q4_K",
+    "attn_k": "Q6_K",
+    "attn_v": "Q5_0",
+    "attn_output": "Q4_1",
+    "ffn_gate": "Q4_K",
+    "ffn_up": "Q8_0",
+    "ffn_down": "Q6_K",
+}
+HF = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        head = HIDDEN // HEADS
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.self_attn.k_proj = nn.Linear(HIDDEN, KV_HEADS * head, bias=False)
+        self.self_attn.v_proj = nn.Linear(HIDDEN, KV_HEADS * head, bias=False)
+        self.self_attn.o_proj = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
+        self.mlp.up_proj = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
+        self.mlp.down_proj = nn.Linear(2 * HIDDEN, HIDDEN, bias=False)
+        self.input_layernorm = nn.RMSNorm(HIDDEN)
+        self.post_attention_layernorm = nn.RMSNorm(HIDDEN)
+
+
+class TinyLlama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
+        self.model.layers = nn.ModuleList([Block(), Block()])
+        self.model.norm = nn.RMSNorm(HIDDEN)
+        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.lm_head.weight = self.model.embed_tokens.weight  # tied, as in both lab models
+
+
+def _llama_cpp_order(rows: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter's row order for a query/key projection (each head's rows split in
+    two interleaved halves laid one after the other), which transformers undoes on loading."""
+    n = rows.shape[0]
+    return (
+        rows.reshape(heads, 2, n // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(model holding the file's decoded weights as transformers would load them, file path)."""
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(VOCAB)])
+    model = TinyLlama()
+    seed = 0
+
+    def store(name, w, qtype, heads=None):
+        nonlocal seed
+        seed += 1
+        values = weights_like(*w.shape, seed)
+        file_rows = _llama_cpp_order(values, heads) if heads else values
+        data = Q.quantize(file_rows, qtype)
+        writer.add_tensor(name, data, raw_dtype=T[qtype])
+        decoded = Q.dequantize(data, qtype)
+        if heads:
+            decoded = Q.unpermute_rows(decoded, heads)
+        w.data.copy_(torch.from_numpy(decoded))
+
+    with torch.no_grad():
+        store("token_embd.weight", model.model.embed_tokens.weight, "Q8_0")
+        for b, block in enumerate(model.model.layers):
+            for kind, qtype in TYPES.items():
+                heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(kind)
+                w = block.get_submodule(HF[kind]).weight
+                store(f"blk.{b}.{kind}.weight", w, qtype, heads)
+            for kind in ("attn_norm", "ffn_norm"):
+                writer.add_tensor(f"blk.{b}.{kind}.weight", np.ones(HIDDEN, np.float32))
+        writer.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model, path
+
+
+def test_gguf_header_is_read_as_gguf_reads_it(tiny):
+    _, path = tiny
+    fields, tensors = Q._read_gguf(path)
+    theirs = gguf.GGUFReader(str(path))
+    assert fields["general.architecture"] == "llama" and fields["llama.block_count"] == 2
+    assert [t.name for t in tensors] == [t.name for t in theirs.tensors]
+    for mine, other in zip(tensors, theirs.tensors, strict=True):
+        assert mine.qtype == other.tensor_type.name
+        assert np.array_equal(
+            mine.data.reshape(-1), np.asarray(other.data).view(np.uint8).reshape(-1)
+        )
+
+
+def test_gguf_reader_names_a_truncated_file(tiny, tmp_path):
+    _, path = tiny
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        Q._read_gguf(cut)
+
+
+def test_map_finds_every_tensor_and_the_permuted_rows(tiny):
+    model, path = tiny
+    mapped = {m.gguf_name: m for m in Q.tensor_map(model, path)}
+    assert mapped["token_embd.weight"].parameter == "model.embed_tokens.weight"
+    assert mapped["blk.1.attn_q.weight"].parameter == "model.layers.1.self_attn.q_proj.weight"
+    assert mapped["blk.0.attn_q.weight"].heads == HEADS
+    assert mapped["blk.0.attn_k.weight"].heads == KV_HEADS
+    assert mapped["blk.0.attn_v.weight"].heads is None
+    assert sum(m.quantized for m in mapped.values()) == 1 + 2 * len(TYPES)
+    diffs = Q.check_map(model, path)
+    assert len(diffs) == 1 + 2 * len(TYPES) and max(diffs.values()) == 0.0
+    rows = np.arange(12 * 3).reshape(12, 3)
+    assert np.array_equal(Q.unpermute_rows(_llama_cpp_order(rows, 3), 3), rows)
+
+
+def test_map_notices_rows_left_in_the_files_order(tiny):
+    model, path = tiny
+    wrong = TinyLlama()
+    wrong.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        q = wrong.model.layers[0].self_attn.q_proj.weight
+        q.copy_(torch.from_numpy(_llama_cpp_order(q.numpy(), HEADS)))
+    assert Q.check_map(wrong, path)["blk.0.attn_q.weight"] > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The real files, where their packages are installed
+# ----------------------------------------------------------------------------------------------
+def _installed(name):
+    return all(weights._installed_version(p) == p.version for p in weights.BUILTIN[name].packages)
+
+
+def _gguf_path(name):
+    if not _installed(name):
+        pytest.skip(f"{name}'s weights are not installed (rmsnorm weights install {name})")
+    from rmsnorm.lab.models.pretrained import locate
+
+    located = locate(name)
+    return located.directory / located.gguf_file
+
+
+def test_gemma3_k_quant_tensors_come_back_as_the_files_bytes():
+    """Rounding the decoded values of Gemma 3's Q4_K and Q6_K tensors again gives back the
+    file's bytes in nearly every block (all blocks give back llama.cpp's reference bytes), so the
+    file was written by this reference rounding; the few blocks that differ are ones the search
+    lands elsewhere on a second pass."""
+    path = _gguf_path("gemma3-270m")
+    tensors = {t.name: t for t in Q._read_gguf(path)[1]}
+    for name, qtype, at_least in (
+        ("blk.0.attn_output.weight", "Q4_K", 0.99),
+        ("blk.3.ffn_down.weight", "Q4_K", 0.99),
+        ("blk.0.ffn_down.weight", "Q6_K", 0.8),
+    ):
+        t = tensors[name]
+        assert t.qtype == qtype
+        data = np.asarray(t.data)
+        again = Q.quantize(Q.dequantize(data, qtype), qtype)
+        size = gguf.GGML_QUANT_SIZES[T[qtype]][1]
+        same = (again.reshape(-1, size) == data.reshape(-1, size)).all(1).mean()
+        assert same >= at_least, (name, same)

@@ -10,7 +10,11 @@ float32 and write the packed bytes that ``gguf.quants.dequantize`` reads.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
+import torch
 
 __all__ = [
     "QK_K",
@@ -20,6 +24,10 @@ __all__ = [
     "quantize_q6_k",
     "round_trip",
     "grid_steps",
+    "MappedTensor",
+    "tensor_map",
+    "unpermute_rows",
+    "check_map",
     "HALF_GROUP",
 ]
 
@@ -319,3 +327,217 @@ def grid_steps(data: np.ndarray, qtype) -> tuple[np.ndarray, int]:
         sc = b[:, 192:208].view(np.int8).astype(_F)
         return np.abs(half(208, 210)[:, None] * sc).reshape(-1), 16
     raise ValueError(f"qtype {qtype.name}: no grid spacing known here")
+
+
+# ----------------------------------------------------------------------------------------------
+# Which model parameter each GGUF tensor became
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MappedTensor:
+    """A GGUF tensor and the model parameter transformers loaded it into: ``heads`` is set for
+    the Llama query/key projections, whose rows transformers reorders on loading (the pairs of
+    rows of each of ``heads`` heads interleaved back, undoing llama.cpp's rotary layout);
+    rows only, so each row's blocks are the same elements in the file and in the model."""
+
+    gguf_name: str
+    parameter: str
+    qtype: str
+    shape: tuple[int, ...]
+    heads: int | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.qtype not in _UNQUANTIZED
+
+
+@dataclass(frozen=True)
+class _GGUFTensor:
+    name: str
+    qtype: str
+    shape: tuple[int, ...]  # rows first, as numpy holds them: (ne[n-1], ..., ne[0])
+    data: np.ndarray  # (rows, bytes per row) uint8, a view of the file
+
+
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q"}
+_SCALARS[12] = "d"
+
+
+def _read_gguf(gguf_path) -> tuple[dict, list[_GGUFTensor]]:
+    """The scalar and string metadata of a GGUF file and its tensors (names, types, shapes,
+    bytes mapped from the file, not read). gguf's own reader turns each of a 262,144-token
+    vocabulary's strings into an array, which takes half a minute on Gemma 3's file; this walks
+    past arrays without keeping them, in a fraction of a second."""
+    import mmap
+    import struct
+
+    import gguf
+
+    path = Path(gguf_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    size = len(buf)
+    pos = 0
+
+    def unpack(fmt: str):
+        nonlocal pos
+        try:
+            out = struct.unpack_from("<" + fmt, buf, pos)
+        except struct.error:
+            raise ValueError(
+                f"{path} is truncated: its header runs past its {size:,} bytes"
+            ) from None
+        pos += struct.calcsize("<" + fmt)
+        return out[0] if len(out) == 1 else out
+
+    def string() -> str:
+        nonlocal pos
+        n = unpack("Q")
+        if pos + n > size:
+            raise ValueError(f"{path} is truncated: its header runs past its {size:,} bytes")
+        pos += n
+        return buf[pos - n : pos].decode("utf-8", errors="replace")
+
+    def value(kind: int):
+        nonlocal pos
+        if kind == 8:
+            return string()
+        if kind == 9:
+            inner, count = unpack("IQ")
+            if inner == 8:
+                for _ in range(count):
+                    n = unpack("Q")  # read before adding: unpack moves pos
+                    pos += n
+            elif inner in _SCALARS:
+                pos += count * struct.calcsize(_SCALARS[inner])
+            else:
+                raise ValueError(
+                    f"{path}: an array of value type {inner}, which GGUF does not have"
+                )
+            return None
+        if kind not in _SCALARS:
+            raise ValueError(f"{path}: metadata value type {kind}, which GGUF does not have")
+        return unpack(_SCALARS[kind])
+
+    if buf[:4] != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file: it starts with {buf[:4]!r}, not b'GGUF'")
+    pos = 4
+    version = unpack("I")
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} (a big-endian file?); 2 or 3 are read")
+    n_tensors, n_fields = unpack("QQ")
+    fields = {}
+    for _ in range(n_fields):
+        key = string()
+        found = value(unpack("I"))
+        if found is not None:
+            fields[key] = found
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [unpack("Q") for _ in range(unpack("I"))]
+        infos.append((name, unpack("I"), dims, unpack("Q")))
+    align = int(fields.get("general.alignment", 32))
+    start = -(-pos // align) * align
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    tensors = []
+    for name, kind, dims, offset in infos:
+        qtype = gguf.GGMLQuantizationType(kind)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        row_bytes = dims[0] // block * type_size
+        rows = int(np.prod(dims[1:], dtype=np.int64))
+        at = start + offset
+        if at + rows * row_bytes > size:
+            raise ValueError(
+                f"{path} is truncated: tensor {name} ends at byte {at + rows * row_bytes:,}, "
+                f"past the file's {size:,} bytes"
+            )
+        data = raw[at : at + rows * row_bytes].reshape(rows, row_bytes)
+        tensors.append(_GGUFTensor(name, qtype.name, tuple(reversed(dims)), data))
+    return fields, tensors
+
+
+def _field(fields: dict, key: str, path):
+    if key not in fields:
+        raise ValueError(f"GGUF file {path} has no {key} field")
+    return fields[key]
+
+
+def unpermute_rows(rows: np.ndarray, heads: int) -> np.ndarray:
+    """The rows of a Llama query/key projection (or its bytes) in transformers' order: within
+    each of ``heads`` heads, llama.cpp's two halves (rows 0..d/2 and d/2..d) interleaved."""
+    n = rows.shape[0]
+    return (
+        rows.reshape(heads, n // heads // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+    )
+
+
+def tensor_map(model: torch.nn.Module, gguf_path) -> list[MappedTensor]:
+    """Every tensor of the GGUF file at ``gguf_path`` with the parameter of ``model`` (loaded from
+    that file) it became, by gguf's table of tensor names for the file's architecture; a tied
+    embedding is one parameter, so it appears once. ValueError naming any quantized tensor that
+    matches no parameter, or whose shape differs."""
+    return _map(model, *_read_gguf(gguf_path), gguf_path)
+
+
+def _map(model, fields: dict, tensors: list[_GGUFTensor], gguf_path) -> list[MappedTensor]:
+    import gguf
+
+    arch_name = str(_field(fields, "general.architecture", gguf_path))
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
+    if arch is None:
+        raise ValueError(f"{gguf_path}: architecture {arch_name!r} is not in gguf's table")
+    names = gguf.get_tensor_name_map(
+        arch, int(_field(fields, f"{arch_name}.block_count", gguf_path))
+    )
+    params = dict(model.named_parameters())
+    to_param = {}
+    for name in params:
+        base, _, suffix = name.rpartition(".")
+        found = names.get_name(base)
+        if found is not None:
+            to_param.setdefault(f"{found}.{suffix}", name)
+    heads = {}
+    if arch_name == "llama":  # transformers' Llama loader reorders these rows, nothing else
+        heads = {
+            "attn_q": int(_field(fields, "llama.attention.head_count", gguf_path)),
+            "attn_k": int(_field(fields, "llama.attention.head_count_kv", gguf_path)),
+        }
+    out, missing = [], []
+    for t in tensors:
+        qtype = t.qtype
+        name = to_param.get(t.name)
+        if name is None:
+            if qtype not in _UNQUANTIZED:
+                missing.append(t.name)
+            continue
+        shape = tuple(params[name].shape)
+        if qtype not in _UNQUANTIZED and shape != t.shape:
+            raise ValueError(
+                f"{gguf_path}: tensor {t.name} is {t.shape} but parameter {name} is {shape}"
+            )
+        kind = t.name.split(".")[-2] if t.name.startswith("blk.") else ""
+        out.append(MappedTensor(t.name, name, qtype, shape, heads.get(kind)))
+    if missing:
+        raise ValueError(
+            f"{gguf_path}: quantized tensors with no parameter in the model: {', '.join(missing)}"
+        )
+    return out
+
+
+def check_map(model: torch.nn.Module, gguf_path) -> dict[str, float]:
+    """For each quantized tensor of the file, the largest |difference| between its dequantized
+    values (rows reordered as transformers does) and the model's parameter: 0 everywhere when
+    ``model`` holds exactly the file's weights and the map is right."""
+    data = {t.name: t.data for t in _read_gguf(gguf_path)[1]}
+    params = dict(model.named_parameters())
+    out = {}
+    for m in tensor_map(model, gguf_path):
+        if not m.quantized:
+            continue
+        values = dequantize(data[m.gguf_name], m.qtype)
+        if m.heads:
+            values = unpermute_rows(values, m.heads)
+        out[m.gguf_name] = float(np.abs(values - params[m.parameter].detach().numpy()).max())
+    return out
