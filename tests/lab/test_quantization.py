@@ -276,6 +276,44 @@ def test_map_notices_rows_left_in_the_files_order(tiny):
     assert Q.check_map(wrong, path)["blk.0.attn_q.weight"] > 0
 
 
+def test_requantize_at_the_files_boundaries_gives_back_its_bytes(tiny):
+    model, path = tiny
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rounded, summary = Q.requantize(model, path)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # a copy
+    assert rounded.lm_head.weight is rounded.model.embed_tokens.weight  # still tied
+    types = summary["types"]
+    assert set(types) == {"Q4_1", "Q4_K", "Q5_0", "Q6_K", "Q8_0"}
+    assert (
+        types["Q4_K"]["tensors"] == 4
+        and types["Q8_0"]["parameters"] == (VOCAB + 4 * HIDDEN) * HIDDEN
+    )
+    assert summary["all"]["parameters"] == sum(
+        p.numel() for n, p in model.named_parameters() if "norm" not in n
+    )
+    for name in ("Q4_1", "Q5_0", "Q8_0"):  # min/max grids: exactly the file
+        assert types[name]["blocks_as_in_file"] == 1.0 and types[name]["rel_rms_change"] == 0.0
+    for name in ("Q4_K", "Q6_K"):
+        assert types[name]["blocks_as_in_file"] > 0.5
+        assert types[name]["rel_rms_change"] < 0.02 * types[name]["expected_rel_rms"]
+
+
+def test_requantize_half_a_group_over_costs_about_the_first_rounding(tiny):
+    model, path = tiny
+    rounded, summary = Q.requantize(model, path, shift=Q.HALF_GROUP)
+    for name, e in summary["types"].items():
+        assert e["shift"] == Q.HALF_GROUP[name] and e["blocks_as_in_file"] is None
+        assert 0.4 * e["expected_rel_rms"] < e["rel_rms_change"] < 1.2 * e["expected_rel_rms"]
+    again, _ = Q.requantize(model, path, shift=Q.HALF_GROUP)
+    assert all(
+        torch.equal(a, b) for a, b in zip(rounded.parameters(), again.parameters(), strict=True)
+    )
+    norm = rounded.model.layers[0].input_layernorm.weight
+    assert torch.equal(norm, model.model.layers[0].input_layernorm.weight)  # F32: not rounded
+    with pytest.raises(ValueError, match="non-negative number"):
+        Q.requantize(model, path, shift={"Q4_K": -16})
+
+
 # ----------------------------------------------------------------------------------------------
 # The real files, where their packages are installed
 # ----------------------------------------------------------------------------------------------
@@ -311,3 +349,15 @@ def test_gemma3_k_quant_tensors_come_back_as_the_files_bytes():
         size = gguf.GGML_QUANT_SIZES[T[qtype]][1]
         same = (again.reshape(-1, size) == data.reshape(-1, size)).all(1).mean()
         assert same >= at_least, (name, same)
+
+
+def test_smollm2_requantized_at_its_boundaries_is_its_file():
+    path = _gguf_path("smollm2-135m")
+    pytest.importorskip("transformers")
+    from rmsnorm.lab.models.pretrained import load_pretrained
+
+    model = load_pretrained("smollm2-135m").model
+    assert max(Q.check_map(model, path).values()) == 0.0  # the q/k rows reordered back too
+    _, summary = Q.requantize(model, path)
+    assert summary["types"]["Q4_1"]["tensors"] == 210 and summary["types"]["Q8_0"]["tensors"] == 1
+    assert summary["all"]["blocks_as_in_file"] == 1.0 and summary["all"]["rel_rms_change"] == 0.0

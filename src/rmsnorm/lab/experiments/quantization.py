@@ -10,6 +10,8 @@ float32 and write the packed bytes that ``gguf.quants.dequantize`` reads.
 
 from __future__ import annotations
 
+import copy
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ __all__ = [
     "unpermute_rows",
     "check_map",
     "HALF_GROUP",
+    "requantize",
 ]
 
 QK_K = 256  # elements of a K-quant super-block
@@ -541,3 +544,115 @@ def check_map(model: torch.nn.Module, gguf_path) -> dict[str, float]:
             values = unpermute_rows(values, m.heads)
         out[m.gguf_name] = float(np.abs(values - params[m.parameter].detach().numpy()).max())
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The model re-rounded through its own file's formats
+# ----------------------------------------------------------------------------------------------
+def _shift_of(shift, qtype: str) -> int:
+    if isinstance(shift, dict):
+        for name in shift:
+            _qtype(name)
+    value = shift.get(qtype, 0) if isinstance(shift, dict) else shift
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(
+            "shift must be a non-negative number of elements, or a dict of them by GGUF type "
+            f"name ({{'Q4_K': 128}}); got {shift!r}"
+        )
+    return int(value)
+
+
+def _block(qtype: str) -> int:
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[_qtype(qtype)][0]
+
+
+def requantize(model: torch.nn.Module, gguf_path, *, shift: int | dict = 0):
+    """A deep copy of ``model`` (loaded in float32 from the GGUF file at ``gguf_path``) with every
+    parameter that came from a quantized tensor of the file rounded once more through that
+    tensor's own type, along the same rows, and what changed. ``shift``: each row is rolled by
+    that many elements before rounding and back after, so that the blocks straddle the file's
+    (an int for every type, or a dict by type name, types not named 0); at the file's own
+    boundaries (0) rounding the decoded values again mostly gives back the file's bytes.
+
+    Returns ``(model, summary)``; ``summary`` = ``{"file", "model", "shift", "types": {qtype:
+    {...}}, "all": {...}, "seconds"}``, each ``{...}`` = ``{"tensors", "parameters",
+    "rel_rms_change"`` (√(Σ Δw² / Σ w²)), ``"max_abs_change", "unchanged"`` (the fraction of
+    elements that kept their value), ``"expected_rel_rms"`` (√(Σ s²/12 / Σ w²), s the grid spacing
+    the file gives each element: the RMS error of rounding to the file's grid a weight that falls
+    uniformly within its cell, for comparison), ``"blocks_as_in_file"`` (the fraction of blocks
+    whose bytes are the file's; None for a shifted type), ``"shift"}`` (None in ``"all"``)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            "model must be a torch.nn.Module (a RunnableModel's .model), not "
+            + type(model).__name__
+        )
+    t0 = time.perf_counter()
+    _shift_of(shift, "F32")
+    fields, tensors = _read_gguf(gguf_path)
+    mapped = [m for m in _map(model, fields, tensors, gguf_path) if m.quantized]
+    data = {t.name: t.data for t in tensors}
+    out = copy.deepcopy(model)
+    params = dict(out.named_parameters())
+    # per type: tensors, parameters, Σw², ΣΔw², unchanged, Σs²/12, max |Δw|, blocks as in the
+    # file, blocks compared
+    sums: dict[str, np.ndarray] = {}
+    with torch.no_grad():
+        for m in mapped:
+            param = params[m.parameter]
+            w = param.detach().numpy().reshape(-1, m.shape[-1])  # (rows, n)
+            result = np.empty_like(w)
+            s = _shift_of(shift, m.qtype) % w.shape[1]
+            file_bytes = np.asarray(data[m.gguf_name])
+            steps, group = grid_steps(file_bytes, m.qtype)
+            if m.heads:
+                file_bytes = unpermute_rows(file_bytes, m.heads)
+            acc = sums.setdefault(m.qtype, np.zeros(9))
+            acc[0] += 1
+            acc[1] += w.size
+            acc[5] += np.square(steps, dtype=np.float64).sum() * group / 12
+            step = max(1, _CHUNK // w.shape[1])
+            for start in range(0, w.shape[0], step):
+                rows = w[start : start + step]
+                packed, new = _roll_round(rows, m.qtype, s)
+                delta = new.astype(np.float64) - rows
+                acc[2] += np.square(rows, dtype=np.float64).sum()
+                acc[3] += np.square(delta).sum()
+                acc[4] += np.count_nonzero(delta == 0)
+                acc[6] = max(acc[6], float(np.abs(delta).max()))
+                if s == 0:
+                    size = packed.shape[1] * _block(m.qtype) // w.shape[1]
+                    same = packed.reshape(-1, size) == file_bytes[start : start + step].reshape(
+                        -1, size
+                    )
+                    acc[7] += same.all(1).sum()
+                    acc[8] += same.shape[0]
+                result[start : start + step] = new
+            param.copy_(torch.from_numpy(result).reshape(param.shape))
+
+    def entry(acc: np.ndarray, shift_used) -> dict:
+        return {
+            "tensors": int(acc[0]),
+            "parameters": int(acc[1]),
+            "rel_rms_change": float(np.sqrt(acc[3] / acc[2])),
+            "max_abs_change": float(acc[6]),
+            "unchanged": float(acc[4] / acc[1]),
+            "expected_rel_rms": float(np.sqrt(acc[5] / acc[2])),
+            "blocks_as_in_file": float(acc[7] / acc[8]) if acc[8] else None,
+            "shift": shift_used,
+        }
+
+    if not sums:
+        raise ValueError(f"{gguf_path} has no quantized tensors to round again")
+    total = np.sum(list(sums.values()), axis=0)
+    total[6] = max(acc[6] for acc in sums.values())
+    summary = {
+        "file": Path(gguf_path).name,
+        "model": type(model).__name__,
+        "shift": dict(shift) if isinstance(shift, dict) else int(shift),
+        "types": {q: entry(acc, _shift_of(shift, q)) for q, acc in sorted(sums.items())},
+        "all": entry(total, None),
+        "seconds": time.perf_counter() - t0,
+    }
+    return out, summary
