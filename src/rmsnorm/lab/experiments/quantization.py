@@ -32,6 +32,8 @@ __all__ = [
     "check_map",
     "HALF_GROUP",
     "requantize",
+    "heldout_costs",
+    "requantization_study",
 ]
 
 QK_K = 256  # elements of a K-quant super-block
@@ -656,3 +658,104 @@ def requantize(model: torch.nn.Module, gguf_path, *, shift: int | dict = 0):
         "seconds": time.perf_counter() - t0,
     }
     return out, summary
+
+
+# ----------------------------------------------------------------------------------------------
+# What the second rounding does to the model's predictions
+# ----------------------------------------------------------------------------------------------
+@torch.no_grad()
+def heldout_costs(model: torch.nn.Module, windows: torch.Tensor, reference: list[torch.Tensor]):
+    """Per window of ``windows`` (S, T): the next-token cross-entropy of ``model`` (nats per token,
+    over the T − 1 targets), and the mean KL(reference ‖ model) and top-1 agreement over the T
+    positions, against ``reference``'s logits (one (T, vocab) tensor per window); log-softmax in
+    float64, since at the file's own boundaries the two models' log-probabilities differ by ~1e-6,
+    float32's resolution at a log-probability of −10."""
+    ce, kl, top1 = [], [], []
+    for ids, ref in zip(windows, reference, strict=True):
+        logits = model(input_ids=ids[None], use_cache=False).logits[0]
+        new = torch.log_softmax(logits.double(), -1)
+        old = torch.log_softmax(ref.double(), -1)
+        ce.append(-new[:-1].gather(-1, ids[1:, None]).mean())
+        kl.append((old.exp() * (old - new)).sum(-1).clamp_min(0).mean())
+        top1.append((old.argmax(-1) == new.argmax(-1)).double().mean())
+    return {"ce": torch.stack(ce), "kl": torch.stack(kl), "top1": torch.stack(top1)}
+
+
+def _mean(per_window: torch.Tensor) -> dict:
+    """Mean over windows and its standard error (windows as independent samples)."""
+    n = per_window.numel()
+    sem = float(per_window.std() / n**0.5) if n > 1 else float("nan")
+    return {"value": float(per_window.mean()), "sem": sem}
+
+
+def requantization_study(
+    name: str,
+    source=None,
+    *,
+    shifts: tuple = (0, HALF_GROUP),
+    sequences: int = 8,
+    seq_len: int = 128,
+    progress=None,
+) -> dict:
+    """The GGUF model ``name`` (:func:`~rmsnorm.lab.models.pretrained.locate`'s forms) rounded
+    once more through its file's formats at each of ``shifts`` (see :func:`requantize`), and each
+    form's held-out next-token loss, its change, KL from the loaded model and top-1 agreement on
+    ``sequences`` windows of ``seq_len`` tokens of the held-out part of ``source`` (the standard
+    library's docstrings by default): ``{"model", "file", "text", "loss", "forms": [{"shift",
+    "weights" (the summary of :func:`requantize`), "loss", "delta_loss", "kl", "top1",
+    "seconds"}]}``, each number ``{"value", "sem"}`` over windows."""
+    from ..._progress import ensure
+    from ..models.pretrained import load_pretrained, locate
+    from ..models.text import stdlib_docstrings, token_windows
+
+    progress = ensure(progress)
+    located = locate(name)
+    if located.gguf_file is None:
+        raise ValueError(f"model {name!r} is not a GGUF file ({located.weights_format})")
+    path = located.directory / located.gguf_file
+    loaded = load_pretrained(name, progress=progress, located=located)
+    if loaded.encoder or loaded.tokenizer is None:
+        raise ValueError(f"model {name!r} needs a language-model head and a tokenizer")
+    source = stdlib_docstrings() if source is None else source
+    windows, info = token_windows(
+        source, loaded.tokenizer, part="heldout", sequences=sequences, seq_len=seq_len
+    )
+    model = loaded.model.eval()
+    with torch.no_grad(), progress.task("reference windows", sequences) as tick:
+        reference = []
+        for ids in windows:
+            reference.append(model(input_ids=ids[None], use_cache=False).logits[0].float())
+            tick()
+    base = torch.stack(
+        [
+            -torch.log_softmax(ref.double(), -1)[:-1].gather(-1, ids[1:, None]).mean()
+            for ids, ref in zip(windows, reference, strict=True)
+        ]
+    )
+    forms = []
+    for shift in shifts:
+        t0 = time.perf_counter()
+        with progress.task(f"rounding again, shift {shift}", 1) as tick:
+            rounded, summary = requantize(model, path, shift=shift)
+            tick()
+        costs = heldout_costs(rounded.eval(), windows, reference)
+        del rounded
+        forms.append(
+            {
+                "shift": summary["shift"],
+                "weights": summary,
+                "loss": _mean(costs["ce"]),
+                "delta_loss": _mean(costs["ce"] - base),
+                "kl": _mean(costs["kl"]),
+                "top1": _mean(costs["top1"]),
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+    return {
+        "model": name,
+        "file": located.gguf_file,
+        "format": located.weights_format,
+        "text": source.describe() | info,
+        "loss": _mean(base),
+        "forms": forms,
+    }
