@@ -39,7 +39,7 @@ def _shift(shift) -> str:
 
 
 def _pm(x: dict, fmt: str) -> str:
-    return f"{x['value']:{fmt}} ± {x['sem']:{fmt}}"
+    return f"{x['value']:{fmt}} ± {x['sem']:{fmt.lstrip('+')}}"
 
 
 def markdown(results: list[dict], meta: dict) -> str:
