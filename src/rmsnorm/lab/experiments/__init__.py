@@ -5,4 +5,6 @@ simulated transformer: the simulation at initialization over seeds (:mod:`.simul
 (:mod:`.swap`), and the training comparison (:mod:`.comparison`, ``rmsnorm compare``). On any
 model: the hooks on its norm layers (:mod:`.inspection`, ``rmsnorm inspect``). On the real
 pretrained models: the statistics at every norm site (:mod:`.sites`), the centering's end-to-end
-cost (:mod:`.centering`) and the study that runs both per model (:mod:`.realmodels`)."""
+cost (:mod:`.centering`), the study that runs both per model (:mod:`.realmodels`), and how far
+the GGUF models move when their weights are rounded once more through their own formats
+(:mod:`.quantization`)."""
