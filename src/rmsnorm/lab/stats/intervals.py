@@ -61,8 +61,8 @@ __all__ = [
 METHODS = ("t", "bootstrap_t", "bca", "percentile")
 DEFAULT_METHOD = "bootstrap_t"
 _RESAMPLES = 2000
-# Bootstrap means are formed in chunks of at most this many gathered values (32 MB of float64):
-# the coverage check at reps = 1000, n = 32, 2000 resamples gathers 64 M of them.
+# Resample indices are drawn in chunks of at most this many (4 MB as uint8): the coverage check
+# at reps = 1000, n = 32 with 2000 resamples draws 64 M of them.
 _CHUNK = 4_000_000
 
 
