@@ -291,22 +291,23 @@ def prediction(models: list[dict]) -> dict:
         if m.get("points"):
             per_model[m["model"]] = {label: _xy(m["points"], label) for label in PREDICTORS}
     out: dict = {"per_model": {}, "stratified": {}, "selected": None, "rules": {}}
-    for name, stats in per_model.items():
-        rows = {label: predict.spearman(*xy) for label, xy in stats.items()}
-        adjusted = predict.holm(
-            {k: r["p_perm"] for k, r in rows.items() if r.get("p_perm") is not None}
-        )
-        for k, r in rows.items():
-            r["p_holm"] = adjusted.get(k)
-        out["per_model"][name] = rows
+    select = SELECT_ON if SELECT_ON in per_model else next(iter(per_model), None)
+    if select is not None and len(per_model) >= 2:
+        selected = predict.select_then_test(per_model, select_on=select)
+        out["per_model"] = selected.pop("all")
+        out["selected"] = selected
+    else:
+        for name, stats in per_model.items():
+            rows = {label: predict.spearman(*xy) for label, xy in stats.items()}
+            adjusted = predict.holm({k: r["p"] for k, r in rows.items() if r["p"] is not None})
+            for k, r in rows.items():
+                r["p_holm"] = adjusted.get(k)
+            out["per_model"][name] = rows
     if len(per_model) >= 2:
         for label in PREDICTORS:
             out["stratified"][label] = predict.stratified_spearman(
                 {name: stats[label] for name, stats in per_model.items()}
             )
-    select = SELECT_ON if SELECT_ON in per_model else next(iter(per_model), None)
-    if select is not None and len(per_model) >= 2:
-        out["selected"] = predict.select_then_test(per_model, select_on=select)
     for m in models:
         points = m.get("points") or []
         if points and points[0].get("shift by rule"):
@@ -457,8 +458,11 @@ def _text_study(stages: _Stages, text_name: str, source, cfg: RealConfig, primar
 
 def _quantization(stages: _Stages, source, cfg: RealConfig, base: dict) -> dict | None:
     """One more rounding of a GGUF model's weights through its own format (each tensor its own
-    type), with the blocks where the file has them and shifted by half a block: the held-out loss,
-    each site's statistics and the centering's cost at every site, against the model as loaded."""
+    type, :func:`~rmsnorm.lab.experiments.quantization.requantize`): with the blocks where the
+    file has them, which gives the file's grid back (the weights barely move: only that is
+    recorded), and with every block shifted by half its scale group, a fresh rounding of about
+    the size of the file's own; for the latter the held-out loss, each site's statistics and the
+    centering's cost at every norm, against the model as loaded."""
     if stages.located.gguf_file is None:
         return None
     stride = cfg.head_stride
@@ -473,38 +477,42 @@ def _quantization(stages: _Stages, source, cfg: RealConfig, base: dict) -> dict 
 
     def compute():
         from .centering import causal_swap_study, standard_variants
-        from .quantization import requantize
+        from .quantization import HALF_GROUP, requantize
         from .sites import find_sites, site_study
 
         loaded = stages.model()
         gguf = stages.located.directory / stages.located.gguf_file
-        out = {}
-        for label, shift in (("same blocks", 0), ("shifted blocks", None)):
-            model, summary = requantize(loaded.model, gguf, shift=shift)
-            rerounded = copy.copy(loaded)
-            rerounded.model = model
-            q_stats = site_study(
-                rerounded,
-                source,
-                sequences=cfg.sequences,
-                seq_len=cfg.seq_len,
-                batch=cfg.batch,
-                bootstrap=0,
-                progress=stages.progress,
-            )
-            found = find_sites(model)
-            q_swap = causal_swap_study(
-                rerounded,
-                source,
-                sequences=cfg.cost_sequences,
-                seq_len=cfg.cost_seq_len,
-                variants=[v for v in standard_variants(found) if v.name == "all"],
-                head_stride=stride,
-                progress=stages.progress,
-            )
-            out[label] = {"weights": summary, "stats": _site_digest(q_stats), "swap": q_swap}
-            del model
-        return out
+        same, same_summary = requantize(loaded.model, gguf, shift=0)
+        del same
+        model, summary = requantize(loaded.model, gguf, shift=dict(HALF_GROUP))
+        rerounded = copy.copy(loaded)
+        rerounded.model = model
+        q_stats = site_study(
+            rerounded,
+            source,
+            sequences=cfg.sequences,
+            seq_len=cfg.seq_len,
+            batch=cfg.batch,
+            bootstrap=0,
+            progress=stages.progress,
+        )
+        q_swap = causal_swap_study(
+            rerounded,
+            source,
+            sequences=cfg.cost_sequences,
+            seq_len=cfg.cost_seq_len,
+            variants=[v for v in standard_variants(find_sites(model)) if v.name == "all"],
+            head_stride=stride,
+            progress=stages.progress,
+        )
+        return {
+            "same blocks": {"weights": same_summary},
+            "shifted blocks": {
+                "weights": summary,
+                "stats": _site_digest(q_stats),
+                "swap": q_swap,
+            },
+        }
 
     raw = stages.get("quantization", _QUANT_CODE, fields, compute)
     return _quantization_summary(raw, base)
@@ -524,40 +532,58 @@ def _site_digest(stats: dict) -> list[dict]:
     ]
 
 
-def _quantization_summary(raw: dict, base: dict) -> dict:
+def _relative_changes(before: list[dict], after: list[dict]) -> dict:
     import numpy as np
 
+    moved = {}
+    for stat in ("ratio_median", "shift_median", "max_abs"):
+        rel = [
+            abs(b[stat] - a[stat]) / abs(a[stat])
+            for a, b in zip(before, after, strict=True)
+            if a[stat]
+        ]
+        moved[stat] = {"median": float(np.median(rel)), "max": float(max(rel))}
+    return moved
+
+
+def _quantization_summary(raw: dict, base: dict) -> dict:
     before = _site_digest(base["stats"])
     loss0 = base["swap"]["loss"]
     all0 = base["swap"]["variants"]["all"]
     out = {}
     for label, r in raw.items():
-        moved = {}
-        for stat in ("ratio_median", "shift_median", "max_abs"):
-            rel = [
-                abs(b[stat] - a[stat]) / abs(a[stat])
-                for a, b in zip(before, r["stats"], strict=True)
-                if a[stat]
-            ]
-            moved[stat] = {"median": float(np.median(rel)), "max": float(max(rel))}
-        swap = summarize_costs(r["swap"], encoder=False)
-        loss_delta = [
-            b - a
-            for a, b in zip(
-                base["swap"]["per_sequence_loss"], swap["per_sequence_loss"], strict=True
-            )
-        ]
-        out[label] = {
-            "weights": r["weights"],
-            "site_change": moved,
-            "loss": swap["loss"],
-            "loss_before": loss0,
-            "loss_change": _interval(loss_delta),
-            "all_kl": swap["variants"]["all"]["kl"],
-            "all_kl_before": all0["kl"],
-            "all_delta_ce": swap["variants"]["all"]["delta_ce"],
-            "all_delta_ce_before": all0["delta_ce"],
+        w = r["weights"]["all"]
+        row = {
+            "weights": {
+                "rel_rms_change": w["rel_rms_change"],
+                "expected_rel_rms": w["expected_rel_rms"],
+                "unchanged": w.get("unchanged"),
+                "types": {
+                    k: {"rel_rms_change": v["rel_rms_change"], "expected": v["expected_rel_rms"]}
+                    for k, v in r["weights"]["types"].items()
+                },
+                "shift": r["weights"].get("shift"),
+            }
         }
+        if "swap" in r:
+            swap = summarize_costs(r["swap"], encoder=False)
+            loss_delta = [
+                b - a
+                for a, b in zip(
+                    base["swap"]["per_sequence_loss"], swap["per_sequence_loss"], strict=True
+                )
+            ]
+            row |= {
+                "site_change": _relative_changes(before, r["stats"]),
+                "loss": swap["loss"],
+                "loss_before": loss0,
+                "loss_change": _interval(loss_delta),
+                "all_kl": swap["variants"]["all"]["kl"],
+                "all_kl_before": all0["kl"],
+                "all_delta_ce": swap["variants"]["all"]["delta_ce"],
+                "all_delta_ce_before": all0["delta_ce"],
+            }
+        out[label] = row
     return out
 
 
@@ -614,17 +640,7 @@ def _encoder_quantization(stages: _Stages, source, cfg: RealConfig, base: dict) 
         }
 
     raw = stages.get("quantization", _QUANT_CODE, fields, compute)
-    import numpy as np
-
-    before = _site_digest(base["stats"])
-    moved = {}
-    for stat in ("ratio_median", "shift_median", "max_abs"):
-        rel = [
-            abs(b[stat] - a[stat]) / abs(a[stat])
-            for a, b in zip(before, raw["stats"], strict=True)
-            if a[stat]
-        ]
-        moved[stat] = {"median": float(np.median(rel)), "max": float(max(rel))}
+    moved = _relative_changes(_site_digest(base["stats"]), raw["stats"])
     return {
         "qtype": raw["qtype"],
         "parameters_rounded": raw["parameters_rounded"],
@@ -696,4 +712,36 @@ def run_real_models(cfg: RealConfig, sources: dict | None = None, progress=None)
         "texts": {name: s.describe() for name, s in sources.items()},
         "models": results,
         "prediction": prediction(measured),
+        "interval_check": interval_check(measured),
+    }
+
+
+_METHOD_WORDS = {
+    "bootstrap_t": "a studentized (bootstrap-t) interval over sequences",
+    "t": "Student's t interval over sequences",
+    "bca": "a BCa bootstrap interval over sequences",
+    "percentile": "a percentile bootstrap interval over sequences",
+}
+
+
+def interval_check(models: list[dict], reps: int = 1000) -> dict:
+    """The intervals' coverage at the study's n on cases planted from each model's own costs:
+    the per-sequence (per-sentence) cost of the change at every norm, resampled, so that its
+    mean is known (:func:`~rmsnorm.lab.stats.intervals.coverage_on_sample`)."""
+    from ..stats.intervals import DEFAULT_METHOD, coverage_on_sample
+
+    checks = []
+    for m in models:
+        v = next(iter(m["texts"].values()))["swap"]["variants"]
+        name, metric = ("all", "kl") if m["cost"] == "kl" else ("naive:all", "one_minus_cosine")
+        values = v.get(name, {}).get("per_sequence", {}).get(metric)
+        if not values or len(values) < 4:
+            continue
+        c = coverage_on_sample(values, DEFAULT_METHOD, n=len(values), reps=reps)
+        c["planted"] = f"{m['model']}'s {metric} per {'sentence' if m['encoder'] else 'sequence'}"
+        checks.append(c)
+    return {
+        "method": DEFAULT_METHOD,
+        "method_words": _METHOD_WORDS.get(DEFAULT_METHOD, DEFAULT_METHOD),
+        "checks": checks,
     }

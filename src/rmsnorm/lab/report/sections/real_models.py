@@ -234,13 +234,13 @@ def real_answer(j: dict, recovered: dict | None = None) -> list:
     pred = real.get("prediction") or {}
     strat = (pred.get("stratified") or {}).get("|μ|/σ median") or {}
     if strat.get("rho") is not None:
-        p = _f(strat.get("p_perm"), ".2g")
+        p = _f(strat.get("p"), ".2g")
         words.append(
             f"|μ|/σ does not tell the cost: within models its rank correlation with the per-block "
             f"cost is ρ = {_f(strat['rho'], '+.2f')} (stratified, p = {p})."
-            if strat.get("p_perm") is None or strat["p_perm"] > 0.05
+            if strat.get("p") is None or strat["p"] > 0.05
             else f"|μ|/σ ranks the per-block cost within models: ρ = {_f(strat['rho'], '+.2f')} "
-            f"(stratified, p = {_f(strat['p_perm'], '.2g')})."
+            f"(stratified, p = {_f(strat['p'], '.2g')})."
         )
     headers = [
         "model",
@@ -641,11 +641,17 @@ def _mechanism_reading(f: dict) -> str:
     elif math.isfinite(om):
         out.append("The massive channels' part of μ carries part of the cost, not all of it")
     c, cc = f["clip"], f["clip_center"]
-    if math.isfinite(c) and math.isfinite(cc) and c > 0:
-        extra = cc / c
+    if math.isfinite(c) and c >= 10:
+        out.append(
+            f"clipping the massive channels breaks the model by itself ({_f(c, '.2g')}× the "
+            "centering's KL): they carry its function, so clipping cannot separate the "
+            "centering's cost from theirs, which is why the mean over the ordinary channels is "
+            "the test"
+        )
+    elif math.isfinite(c) and math.isfinite(cc) and c > 0:
         out.append(
             f"once they are clipped, centering multiplies the clipped model's KL by "
-            f"{_f(extra, '.2g')}"
+            f"{_f(cc / c, '.2g')}"
         )
     return ("; ".join(out) + ".") if out else ""
 
@@ -721,36 +727,41 @@ def _quantization(page: Page, real: dict) -> None:
                 f"{_ci(c['original'], '.3g')} to {_ci(c['quantized'], '.3g')}."
             )
             continue
-        for label, r in q.items():
-            w = r["weights"]
-            rel = w.get("relative_rms_change") if isinstance(w, dict) else None
-            rows.append(
-                [
-                    m["model"],
-                    label,
-                    _f(rel, ".2g"),
-                    f"{_f(r['loss_before']['value'], '.4f')} → {_f(r['loss']['value'], '.4f')}",
-                    _ci(r["loss_change"], "+.2g"),
-                    f"{_f(100 * r['site_change']['ratio_median']['median'], '.2g')}% "
-                    f"(max {_f(100 * r['site_change']['ratio_median']['max'], '.2g')}%)",
-                    f"{_f(100 * r['site_change']['max_abs']['median'], '.2g')}%",
-                    f"{_ci(r['all_kl_before'], '.2g')} → {_ci(r['all_kl'], '.2g')}",
-                ]
-            )
+        same = q.get("same blocks", {}).get("weights", {})
+        r = q.get("shifted blocks")
+        if not r or "loss" not in r:
+            continue
+        w = r["weights"]
+        rows.append(
+            [
+                m["model"],
+                f"{_f(same.get('rel_rms_change'), '.1g')}",
+                f"{_f(w['rel_rms_change'], '.2g')} (the file's own: "
+                f"~{_f(w['expected_rel_rms'], '.2g')})",
+                f"{_f(r['loss_before']['value'], '.3f')} → {_f(r['loss']['value'], '.3f')}",
+                _ci(r["loss_change"], "+.2g"),
+                f"{_f(100 * r['site_change']['ratio_median']['median'], '.2g')}% "
+                f"(max {_f(100 * r['site_change']['ratio_median']['max'], '.2g')}%)",
+                f"{_f(100 * r['site_change']['max_abs']['median'], '.2g')}%",
+                f"{_ci(r['all_kl_before'], '.2g')} → {_ci(r['all_kl'], '.2g')}",
+            ]
+        )
     if rows:
         page.p(
             "**Quantization, measured on the quantized models themselves.** Each GGUF model's "
             "weights rounded once more through the file's own format, each tensor through its "
-            "own type: in the file's blocks (a second rounding onto nearly the same grid: a lower "
-            "bound) and with the blocks shifted by half a block (a fresh rounding of the size the "
-            "file's was). How far the held-out loss, the site statistics and the centering's "
-            "cost at every norm move:"
+            "own type (Q4_K and Q6_K by llama.cpp's reference scale search, byte-identical to "
+            "ggml's): in the file's own blocks that gives the file's grid back (the weights "
+            "barely move), so the measured form shifts every block by half its scale group, a "
+            "fresh rounding of about the size of the file's own (the expected error of a weight "
+            "spread uniformly in its grid cell). How far the held-out loss, the site statistics "
+            "and the centering's cost at every norm move under it:"
         )
         page.table(
             [
                 "model",
-                "rounding",
-                "weights: relative RMS change",
+                "weights moved, file's blocks (relative RMS)",
+                "weights moved, shifted blocks",
                 "held-out loss before → after",
                 "Δ loss [95% CI]",
                 "median |μ|/σ moved (median over sites)",
@@ -767,7 +778,7 @@ def _rho(c: dict | None, holm: bool = False) -> str:
     if not c or c.get("rho") is None:
         return "–"
     interval = f"[{_f(c.get('lo'), '+.2f')}, {_f(c.get('hi'), '+.2f')}]"
-    text = f"{c['rho']:+.2f} {interval} p {_f(c.get('p_perm'), '.2g')}"
+    text = f"{c['rho']:+.2f} {interval} p {_f(c.get('p'), '.2g')}"
     if holm and c.get("p_holm") is not None:
         text += f" (Holm {_f(c['p_holm'], '.2g')})"
     return text
