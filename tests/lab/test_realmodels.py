@@ -199,3 +199,49 @@ def test_inspect_swap_command(tmp_path, monkeypatch):
     assert {"block:0", "block:1"} <= set(data["texts"]["docstrings"]["swap"]["variants"])
     again = runner.invoke(app, ["inspect", "--model", path, "--swap", "--json", str(out)])
     assert again.exit_code != 0 and "--overwrite" in again.output
+
+
+def test_quantization_of_a_gguf_model_is_measured_on_itself(tmp_path, source, monkeypatch):
+    """A GGUF model's stage: its weights rounded once more (here a stand-in that nudges every
+    linear weight), then the held-out loss, the site statistics and the centering's cost against
+    the model as loaded, with the file's own blocks recorded for the weights alone."""
+    import copy
+
+    from rmsnorm.lab.experiments import quantization
+
+    path = str(_save_tiny(tmp_path / "tiny", 0))
+    cfg = realmodels.RealConfig(models=(path,), **CFG)
+    base = realmodels.run_model(path, cfg, _sources(source))["texts"]["docstrings"]
+    calls = []
+
+    def fake(model, gguf_path, *, shift=0):
+        calls.append(shift)
+        out = copy.deepcopy(model)
+        scale = 0.0 if shift == 0 else 0.05
+        with torch.no_grad():
+            for m in out.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight.mul_(1 + scale)
+        e = {"rel_rms_change": scale, "expected_rel_rms": 0.05, "unchanged": shift == 0}
+        return out, {"all": e, "types": {"Q4_1": dict(e)}, "shift": shift}
+
+    monkeypatch.setattr(quantization, "requantize", fake)
+    from rmsnorm.lab.models.pretrained import load_pretrained
+
+    stages = realmodels._Stages(path, _located_as_gguf(path), None)
+    stages.loaded = load_pretrained(path)
+    q = realmodels._quantization(stages, source, cfg, base)
+    assert calls[0] == 0 and isinstance(calls[1], dict)
+    assert q["same blocks"]["weights"]["rel_rms_change"] == 0.0 and "loss" not in q["same blocks"]
+    shifted = q["shifted blocks"]
+    assert shifted["loss_change"]["n"] == 3 and shifted["loss_change"]["value"] != 0
+    assert shifted["all_kl_before"] == base["swap"]["variants"]["all"]["kl"]
+    assert shifted["site_change"]["ratio_median"]["max"] > 0
+
+
+def _located_as_gguf(path):
+    from rmsnorm.lab.models.pretrained import locate
+
+    located = locate(path)
+    located.gguf_file = "stand-in.gguf"  # the stage asks only whether there is one
+    return located
