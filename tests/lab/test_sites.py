@@ -100,7 +100,12 @@ def test_shift_under_each_channel_rule(planted):
     """The shift statistic with each rule's channels left out of σ, against numpy."""
     out = sitestats.site_statistics(planted, bootstrap=20)["shift_by_rule"]
     x = planted.numpy()
-    removed = {"massive": [MASSIVE], "spike": [SINK, MASSIVE], "top1": [MASSIVE]}
+    removed = {
+        "massive": [MASSIVE],
+        "massive10": [MASSIVE],
+        "spike": [SINK, MASSIVE],
+        "top1": [MASSIVE],
+    }
     medians = np.median(np.abs(x[:, 1:]).reshape(-1, W), 0)
     removed["top4"] = list(np.argsort(-medians)[:4])
     for rule, channels in removed.items():

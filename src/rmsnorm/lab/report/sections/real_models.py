@@ -39,7 +39,7 @@ MECHANISM_WORDS = {
         "is it moving the massive channels, or the shift every other channel feels?",
     ),
     "massive clipped": (
-        "the massive channels clipped to 10× the site's median |x|, no centering",
+        "the massive channels clipped to 30× the site's median |x|, no centering",
         "what the clipping alone costs",
     ),
     "massive clipped, centered": (
@@ -446,14 +446,14 @@ def _massive(page: Page, m: dict) -> None:
     if not by_channel:
         page.p(
             "No massive channel at any residual-width site (rule: median |x| over the tokens "
-            f"after the first ≥ 10 × the site's median |x|); {spikes} (site, channel) pairs pass "
+            f"after the first ≥ 30 × the site's median |x|); {spikes} (site, channel) pairs pass "
             "the looser rule of any one token ≥ 20 × the median."
         )
         return
     weights = {w["site"]: w for w in stats.get("massive_weights", [])}
     top = sorted(by_channel.items(), key=lambda kv: -max(o["median_ratio"] for _, o in kv[1]))[:6]
     page.p(
-        f"Massive channels (median |x| over the tokens after the first ≥ 10 × the site's median "
+        f"Massive channels (median |x| over the tokens after the first ≥ 30 × the site's median "
         f"|x|: large on the typical token): {len(by_channel)} channels at some residual-width "
         f"site. The looser rule (any one token ≥ 20 × the median) flags up to {spike_max} "
         "channels at one site, most of them large on the first token only, which is why it is "
