@@ -204,7 +204,7 @@ def test_inspect_swap_command(tmp_path, monkeypatch):
 def test_quantization_of_a_gguf_model_is_measured_on_itself(tmp_path, source, monkeypatch):
     """A GGUF model's stage: its weights rounded once more (here a stand-in that nudges every
     linear weight), then the held-out loss, the site statistics and the centering's cost against
-    the model as loaded, with the file's own blocks recorded for the weights alone."""
+    the model as loaded."""
     import copy
 
     from rmsnorm.lab.experiments import quantization
@@ -231,8 +231,7 @@ def test_quantization_of_a_gguf_model_is_measured_on_itself(tmp_path, source, mo
     stages = realmodels._Stages(path, _located_as_gguf(path), None)
     stages.loaded = load_pretrained(path)
     q = realmodels._quantization(stages, source, cfg, base)
-    assert calls[0] == 0 and isinstance(calls[1], dict)
-    assert q["same blocks"]["weights"]["rel_rms_change"] == 0.0 and "loss" not in q["same blocks"]
+    assert len(calls) == 1 and isinstance(calls[0], dict)  # half a scale group per type
     shifted = q["shifted blocks"]
     assert shifted["loss_change"]["n"] == 3 and shifted["loss_change"]["value"] != 0
     assert shifted["all_kl_before"] == base["swap"]["variants"]["all"]["kl"]

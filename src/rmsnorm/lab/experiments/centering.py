@@ -470,11 +470,25 @@ def _center_writers(model) -> int:
     return changed
 
 
+_SENTENCE_BATCH = 32
+
+
 def _embed(model, batch: dict) -> torch.Tensor:
-    states = model(**batch).last_hidden_state
-    mask = batch["attention_mask"][..., None].to(states.dtype)
-    pooled = (states * mask).sum(1) / mask.sum(1)
-    return F.normalize(pooled.double(), dim=-1)
+    """Sentence embeddings (mean over the real tokens, unit length), run in batches of sentences
+    of similar length, each cut to its longest (sorting by length cuts the padding, most of a
+    256-sentence batch's tokens), returned in the sentences' order."""
+    lengths = batch["attention_mask"].sum(1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    out = torch.empty(lengths.shape[0], model.config.hidden_size, dtype=torch.float64)
+    for start in range(0, order.numel(), _SENTENCE_BATCH):
+        idx = order[start : start + _SENTENCE_BATCH]
+        width = int(lengths[idx].max())
+        part = {k: v[idx, :width] for k, v in batch.items()}
+        states = model(**part).last_hidden_state
+        mask = part["attention_mask"][..., None].to(states.dtype)
+        pooled = (states * mask).sum(1) / mask.sum(1)
+        out[idx] = F.normalize(pooled.double(), dim=-1)
+    return out
 
 
 def _agreement(ref: torch.Tensor, new: torch.Tensor) -> dict:

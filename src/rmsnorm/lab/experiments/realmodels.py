@@ -99,7 +99,10 @@ class RealConfig:
     sentences: int = 256
     batch: int = 4
     blocks_on_every_text: bool = False
-    mechanisms_elsewhere: tuple[str, ...] | None = None
+    mechanisms_elsewhere: tuple[str, ...] | None = (
+        "mean of ordinary channels",
+        "first position only",
+    )
     quantization: bool = True
     threads: int | None = None
 
@@ -458,11 +461,11 @@ def _text_study(stages: _Stages, text_name: str, source, cfg: RealConfig, primar
 
 def _quantization(stages: _Stages, source, cfg: RealConfig, base: dict) -> dict | None:
     """One more rounding of a GGUF model's weights through its own format (each tensor its own
-    type, :func:`~rmsnorm.lab.experiments.quantization.requantize`): with the blocks where the
-    file has them, which gives the file's grid back (the weights barely move: only that is
-    recorded), and with every block shifted by half its scale group, a fresh rounding of about
-    the size of the file's own; for the latter the held-out loss, each site's statistics and the
-    centering's cost at every norm, against the model as loaded."""
+    type, :func:`~rmsnorm.lab.experiments.quantization.requantize`) with every block shifted by
+    half its scale group, a fresh rounding of about the size of the file's own (in the file's own
+    blocks the rounding gives the file's bytes back: benchmarks/results/quantization/), and the
+    held-out loss, each site's statistics and the centering's cost at every norm under it, against
+    the model as loaded."""
     if stages.located.gguf_file is None:
         return None
     stride = cfg.head_stride
@@ -482,8 +485,6 @@ def _quantization(stages: _Stages, source, cfg: RealConfig, base: dict) -> dict 
 
         loaded = stages.model()
         gguf = stages.located.directory / stages.located.gguf_file
-        same, same_summary = requantize(loaded.model, gguf, shift=0)
-        del same
         model, summary = requantize(loaded.model, gguf, shift=dict(HALF_GROUP))
         rerounded = copy.copy(loaded)
         rerounded.model = model
@@ -506,7 +507,6 @@ def _quantization(stages: _Stages, source, cfg: RealConfig, base: dict) -> dict 
             progress=stages.progress,
         )
         return {
-            "same blocks": {"weights": same_summary},
             "shifted blocks": {
                 "weights": summary,
                 "stats": _site_digest(q_stats),

@@ -186,6 +186,7 @@ def _mechanism_findings(m: dict) -> dict:
         "clip_center": _ratio(kl("massive clipped, centered"), base),
         "first": _ratio(kl("first position only"), base),
         "rest": _ratio(kl("other positions only"), base),
+        "clip_top1": (v.get("mech:massive clipped") or {}).get("top1", {}).get("value", math.nan),
     }
 
 
@@ -286,9 +287,10 @@ def _method(page: Page, real: dict) -> None:
         f"encoder {cfg['sentences']} held-out sentences. Each block is centered alone on the "
         f"first text ({next(iter(texts))}: {first['documents']} documents)"
         + (", and on the others too" if cfg.get("blocks_on_every_text") else "")
-        + ". A model with a large vocabulary has its head evaluated at the first position and "
-        "every k-th after it (k is given per model), the same positions in every variant, each "
-        "sequence's mean weighting them as the positions they stand for." + coverage
+        + f". The head is evaluated at the first position and every {cfg['head_stride']}th "
+        "after it, the same positions in every variant, each sequence's mean weighting them as "
+        "the positions they stand for (so Δ cross-entropy, a signed per-token quantity, is "
+        "noisier per sequence than KL)." + coverage
     )
 
 
@@ -441,8 +443,10 @@ def _massive(page: Page, m: dict) -> None:
             continue  # residual-width channels only
         for o in s.get("massive", []):
             by_channel.setdefault(o["channel"], []).append((s, o))
-    spikes = sum(len(s["outliers"]) for s in stats["sites"] if s["rows_per_token"] == 1)
-    spike_max = max((len(s["outliers"]) for s in stats["sites"]), default=0)
+    resid = [s for s in stats["sites"] if s["rows_per_token"] == 1]
+    spikes = sum(len(s["outliers"]) for s in resid)
+    spike_max = max((len(s["outliers"]) for s in resid), default=0)
+    rare = sum(1 for s in resid for o in s["outliers"] if o["persistence"] < 0.05)
     if not by_channel:
         page.p(
             "No massive channel at any residual-width site (rule: median |x| over the tokens "
@@ -456,9 +460,11 @@ def _massive(page: Page, m: dict) -> None:
         f"Massive channels (median |x| over the tokens after the first ≥ 30 × the site's median "
         f"|x|: large on the typical token): {len(by_channel)} channels at some residual-width "
         f"site. The looser rule (any one token ≥ 20 × the median) flags up to {spike_max} "
-        "channels at one site, most of them large on the first token only, which is why it is "
-        "not the rule the ordinary channels are defined by. The weight each norm gives them is "
-        "its effective scale at the channel (Gemma's 1 + γ) over the site's median |scale|:"
+        f"channels at one site, {spikes} (site, channel) pairs in all, {rare} of them past its "
+        "threshold on fewer than 5% of the tokens: it names what is large somewhere (the first "
+        "token, mostly), not on the typical token, so it does not define the ordinary channels. "
+        "The weight each norm gives the massive ones is its effective scale at the channel "
+        "(Gemma's 1 + γ) over the site's median |scale|:"
     )
     table = []
     for c, hits in top:
@@ -640,13 +646,13 @@ def _mechanism_reading(f: dict) -> str:
         )
     elif math.isfinite(om):
         out.append("The massive channels' part of μ carries part of the cost, not all of it")
-    c, cc = f["clip"], f["clip_center"]
-    if math.isfinite(c) and c >= 10:
+    c, cc, top1 = f["clip"], f["clip_center"], f["clip_top1"]
+    if (math.isfinite(c) and c >= 10) or (math.isfinite(top1) and top1 < 0.5):
         out.append(
-            f"clipping the massive channels breaks the model by itself ({_f(c, '.2g')}× the "
-            "centering's KL): they carry its function, so clipping cannot separate the "
-            "centering's cost from theirs, which is why the mean over the ordinary channels is "
-            "the test"
+            f"clipping the massive channels breaks the model by itself (top-1 agreement "
+            f"{_f(top1, '.2f')}, {_f(c, '.2g')}× the centering's KL): they carry its function, "
+            "so clipping cannot separate the centering's cost from theirs, which is why the "
+            "mean over the ordinary channels is the test"
         )
     elif math.isfinite(c) and math.isfinite(cc) and c > 0:
         out.append(
@@ -727,7 +733,6 @@ def _quantization(page: Page, real: dict) -> None:
                 f"{_ci(c['original'], '.3g')} to {_ci(c['quantized'], '.3g')}."
             )
             continue
-        same = q.get("same blocks", {}).get("weights", {})
         r = q.get("shifted blocks")
         if not r or "loss" not in r:
             continue
@@ -735,7 +740,6 @@ def _quantization(page: Page, real: dict) -> None:
         rows.append(
             [
                 m["model"],
-                f"{_f(same.get('rel_rms_change'), '.1g')}",
                 f"{_f(w['rel_rms_change'], '.2g')} (the file's own: "
                 f"~{_f(w['expected_rel_rms'], '.2g')})",
                 f"{_f(r['loss_before']['value'], '.3f')} → {_f(r['loss']['value'], '.3f')}",
@@ -751,17 +755,17 @@ def _quantization(page: Page, real: dict) -> None:
             "**Quantization, measured on the quantized models themselves.** Each GGUF model's "
             "weights rounded once more through the file's own format, each tensor through its "
             "own type (Q4_K and Q6_K by llama.cpp's reference scale search, byte-identical to "
-            "ggml's): in the file's own blocks that gives the file's grid back (the weights "
-            "barely move), so the measured form shifts every block by half its scale group, a "
-            "fresh rounding of about the size of the file's own (the expected error of a weight "
-            "spread uniformly in its grid cell). How far the held-out loss, the site statistics "
-            "and the centering's cost at every norm move under it:"
+            "ggml's). In the file's own blocks that gives the file's bytes back (SmolLM2 every "
+            "byte, Gemma 3 all but 0.01% of the weights' RMS: benchmarks/results/quantization/), "
+            "so the measured form shifts every block by half its scale group, a fresh rounding "
+            "of about the size of the file's own (the expected error of a weight spread "
+            "uniformly in its grid cell). How far the held-out loss, the site statistics and "
+            "the centering's cost at every norm move under it:"
         )
         page.table(
             [
                 "model",
-                "weights moved, file's blocks (relative RMS)",
-                "weights moved, shifted blocks",
+                "weights moved (relative RMS)",
                 "held-out loss before → after",
                 "Δ loss [95% CI]",
                 "median |μ|/σ moved (median over sites)",
@@ -817,13 +821,23 @@ def _predictor(page: Page, real: dict, figures: dict[str, Path]) -> None:
         ],
     )
     sel = pred.get("selected")
-    if sel:
-        chosen = sel.get("statistic")
-        tests = "; ".join(f"{name} ρ = {_rho(t)}" for name, t in (sel.get("tests") or {}).items())
+    if sel and sel.get("selected"):
+
+        def sign(t):
+            if t.get("sign_agrees") is None:
+                return ""
+            return ", same sign" if t["sign_agrees"] else ", opposite sign"
+
+        tests = "; ".join(
+            f"{name} ρ = {_rho(t)}{sign(t)}" for name, t in (sel.get("tests") or {}).items()
+        )
+        confirm = sel.get("confirm")
         page.p(
             f"Chosen on {sel.get('select_on')} (the most blocks) before looking at the others: "
-            f"{chosen} (ρ = {_rho(sel.get('train'))}); tested, as the one pre-registered "
-            f"statistic, on the others: {tests or '–'}."
+            f"{sel['selected']} (ρ = {_rho(sel.get('selection'))}, a p that ignores the "
+            f"choice); tested, as the one pre-registered statistic, on the others: {tests or '–'}"
+            + (f"; over them together (stratified) ρ = {_rho(confirm)}" if confirm else "")
+            + "."
         )
     plain = []
     for m in models:
@@ -846,7 +860,8 @@ def _predictor(page: Page, real: dict, figures: dict[str, Path]) -> None:
     rules = pred.get("rules") or {}
     if rules:
         names = {
-            "massive": "massive (median ≥ 10×)",
+            "massive": "massive (median ≥ 30×)",
+            "massive10": "median ≥ 10×",
             "spike": "any token ≥ 20×",
             "top1": "top 1 channel",
             "top4": "top 4 channels",
