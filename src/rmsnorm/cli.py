@@ -740,6 +740,16 @@ def report(
             "by weights, text and code). Default: on, off with --quick.",
         ),
     ] = None,
+    recovery: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="A recovery.json of `rmsnorm recover` for the section 'What a short fine-tune "
+            "recovers' (default: --full runs the recovery as a stage; otherwise the section "
+            "says it did not run).",
+        ),
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Tiny sizes: every section and file in seconds.")
     ] = False,
@@ -774,6 +784,7 @@ def report(
             train_seeds=train_seeds,
             sweep=sweep,
             real=real,
+            recovery=None if recovery is None else str(recovery),
         )
         with _progress() as progress:
             summary = build_report(cfg, out, progress)

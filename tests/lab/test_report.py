@@ -200,7 +200,9 @@ def test_quick_report_writes_everything(quick_report):
     # self-contained: no external assets or links to local files
     assert not re.search(r'(src|href)="(?!data:)', html)
     md = (out / "report.md").read_text()
-    assert "## 2. The identity" in md and "## The answer" in md
+    assert "## 3. The identity" in md and "## The answer" in md
+    # the recovery follows the pretrained models, and says no recovery.json was given
+    assert "## 2. What a short fine-tune recovers" in md and "no recovery.json given" in md
     # the pretrained models' section leads, and says --quick skipped it
     assert "## 1. Real pretrained transformers" in md and "Not run (--quick)" in md
     links = re.findall(r"!\[(?:\\.|[^\]\\])*\]\(([^)]+)\)", md)

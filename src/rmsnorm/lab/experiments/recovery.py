@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._progress import ensure
-from ..._validate import ArgumentError, one_of, positive_int, positive_number
+from ..._validate import ArgumentError, finite_number, one_of, positive_int
 from .realmodels import RealConfig
 
 __all__ = [
@@ -120,8 +120,9 @@ class RecoveryConfig:
         if self.train_seq_len < 4 or self.cost_seq_len < 4:
             name = "train_seq_len" if self.train_seq_len < 4 else "cost_seq_len"
             raise ArgumentError(name, f"at least 4 tokens, got {getattr(self, name)!r}")
-        for name in ("encoder_lr", "causal_lr"):
-            positive_number(name, getattr(self, name))
+        for name in ("encoder_lr", "causal_lr"):  # 0 is allowed: a check that nothing moves
+            if finite_number(name, getattr(self, name)) < 0:
+                raise ArgumentError(name, f"a learning rate ≥ 0, got {getattr(self, name)!r}")
         one_of("trainable", self.trainable, TRAINABLE)
         if self.threads is not None:
             positive_int("threads", self.threads)
