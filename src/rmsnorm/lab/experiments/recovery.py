@@ -541,6 +541,7 @@ def run_recovery(cfg: RecoveryConfig, progress=None, *, sources=None, models=Non
     before = torch.get_num_threads()
     torch.set_num_threads(cfg.threads or info.cpu_cores() or 1)
     t0 = time.perf_counter()
+    machine = info.machine_description()  # with the run's thread count
     results = []
     try:
         for name in cfg.models:
@@ -571,7 +572,7 @@ def run_recovery(cfg: RecoveryConfig, progress=None, *, sources=None, models=Non
         "text": source.describe(),
         "rmsnorm": __version__,
         "torch": torch.__version__,
-        "machine": info.machine_description(),
+        "machine": machine,
         "cores": info.cpu_cores(),
         "threads": threads,
         "load_average": load[0] if load else math.nan,
