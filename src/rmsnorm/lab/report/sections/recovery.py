@@ -88,6 +88,7 @@ def numbers(recovery_json: dict) -> dict:
         # what the fine-tune saw: steps × batch sentences (encoder) or tokens (causal model)
         seq = m["held_in"].get("seq_len") or 1
         row["train_items"] = m["steps"] * m["batch"] * seq
+        row["parameters_millions"] = m["parameters"] / 1e6
         models.append(row)
     return {
         "config": recovery_json["config"],
@@ -212,7 +213,7 @@ def table_rows(rec: dict) -> list[list[str]]:
                         _f(s["start"], ".3g"),
                         f"{_ci(final, '.3g')} (n = {final['n']})",
                         f"{_ci(seq, '.3g')} (n = {seq['n']} {unit})",
-                        f"{_f(100 * frac['value'], '.0f')}% ({_f(100 * frac['min'], '.0f')}–"
+                        f"{_f(100 * frac['value'], '.0f')}% ({_f(100 * frac['min'], '.0f')}%–"
                         f"{_f(100 * frac['max'], '.0f')}% over seeds)"
                         if frac
                         else "",
@@ -296,7 +297,7 @@ def _model_words(m: dict) -> str:
             f"**{_ci(sw['final'], '.3g')}** after {m['steps']} steps (n = {sw['final']['n']} "
             f"seeds; over {unit}: {_ci(sw['final_sequences'], '.3g')}, n = "
             f"{sw['final_sequences']['n']}), {_f(100 * frac['value'], '.0f')}% recovered "
-            f"({_f(100 * frac['min'], '.0f')}–{_f(100 * frac['max'], '.0f')}% over seeds); the "
+            f"({_f(100 * frac['min'], '.0f')}%–{_f(100 * frac['max'], '.0f')}% over seeds); the "
             f"control went from {_f(ctl['start'], '.2g')} to {_ci(ctl['final'], '.2g')}"
         )
     head = (
@@ -321,6 +322,10 @@ def _reading(m: dict) -> str:
             f"fine-tuning moves the unchanged model ({_f(floor, '.2g')}): within this budget the "
             "change is recovered as far as this fine-tuning can tell."
         )
+    also = ""
+    if "delta_ce" in m["metrics"] and metric != "delta_ce":
+        d = m["summary"]["swapped"]["delta_ce"]["recovered_fraction"]["value"]
+        also = f" (of its Δ cross-entropy, {_f(100 * d, '.0f')}%)"
     if frac >= 0.5:
         return (
             f"For {m['model']} most of the cost is recovered ({_f(100 * frac, '.0f')}%), but it "
@@ -329,7 +334,8 @@ def _reading(m: dict) -> str:
         )
     if frac > 0:
         return (
-            f"For {m['model']} the budget recovered only {_f(100 * frac, '.0f')}% of the cost: "
+            f"For {m['model']} the budget recovered only {_f(100 * frac, '.0f')}% of the "
+            f"{_SHORT[metric]}{also}: "
             f"{m['steps']} steps of {m['batch']} is too short to tell what fine-tuning can do; "
             "more steps and more held-in data (`rmsnorm recover --steps`) would tell."
         )
@@ -386,7 +392,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         f"{b['model']} +{_f(b['delta_ce'], '.3f')} ({b['steps']} steps)" for b in lit["models"]
     )
     here = ", ".join(
-        f"{m['model']} ({m['parameters'] / 1e6:.1f}M parameters) {m['train_items']:,} "
+        f"{m['model']} ({m['parameters_millions']:.1f}M parameters) {m['train_items']:,} "
         + ("sentences" if m["encoder"] else "tokens")
         for m in models
     )
@@ -405,8 +411,22 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         text += (
             f" {m['model']}'s Δ cross-entropy after its fine-tune is "
             f"{_ci(s['final'], '+.3f')} nats per token (n = {s['final']['n']} seeds; control "
-            f"{_f(ctl['final']['value'], '+.3f')}), from {_f(s['start'], '+.3f')} at step 0, "
-            "on the same scale as theirs."
+            f"{_f(ctl['final']['value'], '+.2g')}), from {_f(s['start'], '+.3f')} at step 0"
+        )
+        lo = min(b["delta_ce"] for b in lit["models"])
+        hi = max(b["delta_ce"] for b in lit["models"])
+        value = s["final"]["value"]
+        where = (
+            "inside the published range"
+            if lo <= value <= hi
+            else "below the published range"
+            if value < lo
+            else "above the published range"
+        )
+        text += (
+            f": {where} (+{_f(lo, '.3f')} to +{_f(hi, '.3f')}) after a fine-tune on "
+            f"{m['train_items']:,} tokens, though on other text, another model and another "
+            "change, so the likeness is of scale only."
         )
     page.p(text)
     readings = " ".join(_reading(m) for m in models)
