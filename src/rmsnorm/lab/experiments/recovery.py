@@ -471,6 +471,16 @@ def summarize(model: dict) -> dict:
 # ----------------------------------------------------------------------------------------------
 # The whole run
 # ----------------------------------------------------------------------------------------------
+def _portable(provenance: dict | None) -> dict | None:
+    """The model's provenance with the dequantized copy named by its folder under the lab's
+    cache (``cache_dir()/dequantized/``) rather than this machine's absolute path."""
+    if not provenance or not provenance.get("dequantized_cache"):
+        return provenance
+    from pathlib import Path
+
+    return provenance | {"dequantized_cache": Path(provenance["dequantized_cache"]).name}
+
+
 def recover_model(loaded, source, cfg: RecoveryConfig, progress=None) -> dict:
     """Every seed of both arms on one loaded model, and their summary."""
     encoder = bool(loaded.encoder)
@@ -520,7 +530,7 @@ def recover_model(loaded, source, cfg: RecoveryConfig, progress=None) -> dict:
         "checkpoints": checkpoint_steps(steps, cfg.checkpoints),
         "held_in": held_in,
         "held_out": held_out,
-        "provenance": loaded.provenance,
+        "provenance": _portable(loaded.provenance),
         "setup_seconds": setup,
         "runs": runs,
     }
