@@ -28,8 +28,9 @@ as a user's process has it (every large output is a fresh mapping, faulted in), 
 ``--keep-freed-memory``.
 
 ``--variants`` adds rmsnorm's forward with its threading or stores changed for the call (to find
-where time goes under load): ``one thread`` (the kernel on the calling thread alone), ``pool`` (the
-helper pool instead of torch's OpenMP team), ``ordinary stores`` (no streaming stores).
+where time goes under load): ``one thread`` (the kernel on the calling thread alone), ``OpenMP
+team`` (every shared call on torch's OpenMP team, whatever its size), ``pool`` (every shared call
+on the helper pool), ``ordinary stores`` (no streaming stores).
 
 Writes ``cpu_contention.csv`` (one row per provider and cell: median, quartiles, ratios) and
 ``cpu_contention.md`` (per cell: milliseconds per call and rmsnorm's speed as a share of each
@@ -183,6 +184,7 @@ def _providers(m: int, n: int, dtype, backward: bool, variants: bool) -> dict:
 
         if torch.get_num_threads() > 1:
             fns["rms: one thread"] = one_thread
+            fns["rms: OpenMP team"] = changed(pool, "POOL_FROM", 1 << 62)
             fns["rms: pool"] = changed(pool, "USE_OPENMP", False)
         fns["rms: ordinary stores"] = changed(launchers, "_STREAM_AT", 1 << 62)
     if not backward:
