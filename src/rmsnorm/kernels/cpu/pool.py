@@ -22,8 +22,8 @@ USE_OPENMP = True  # False: share calls with the pool's helpers even where torch
 # From this many elements a shared call runs with the pool's helpers even where torch's OpenMP team
 # could take it. On a machine that other work keeps busy the team's end barrier waits (spinning)
 # for a member the scheduler has not run, while the pool's caller waits for no helper that has not
-# begun a block: at 8192 x 4096 with one of two cores taken the pool took 0.67-0.89x the team's
-# time, at 1024 x 4096 0.65-0.86x (docs/cpu.md, "Under contention"). Below it the team's threads,
+# begun a block: on 2 threads, under load, the pool took 0.18-0.93x the team's time at 1024 x 4096
+# and 0.80-1.06x at 8192 x 4096 (docs/cpu.md, "Under contention"). Below it the team's threads,
 # awake after torch's own ops, start a call sooner than a sleeping helper (a futex wake-up, ~45 µs
 # idle) and the call is too short for a straggler to cost much. A size, never a timing.
 POOL_FROM = 1 << 22
