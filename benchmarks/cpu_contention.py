@@ -1,7 +1,7 @@
 """The CPU path against torch's own ops while other work shares the machine, with that work made
 here, on purpose, so that a run can be repeated.
 
-    PYTHONPATH=src python benchmarks/cpu_contention.py --out benchmarks/results/cpu-amd [--quick]
+    PYTHONPATH=src python benchmarks/cpu_contention.py --out benchmarks/results/<host> [--quick]
         [--threads 1,2] [--conditions quiet,busy,bandwidth] [--shapes 8192x4096,1024x4096,1x768]
         [--dtypes float32,bfloat16] [--rounds 9] [--variants] [--overwrite]
 
@@ -35,7 +35,9 @@ on the helper pool), ``ordinary stores`` (no streaming stores).
 Writes ``cpu_contention.csv`` (one row per provider and cell: median, quartiles, ratios) and
 ``cpu_contention.md`` (per cell: milliseconds per call and rmsnorm's speed as a share of each
 peer's, peer time ÷ rmsnorm's time, so above 1 is faster) into ``--out``, atomically; an existing
-pair is kept unless ``--overwrite``.
+pair is kept unless ``--overwrite``. The markdown starts with the targets met and missed per
+thread count and condition. ``--from-csv FILE`` writes the markdown of an earlier run's csv again
+(timing nothing).
 """
 
 from __future__ import annotations
@@ -295,15 +297,62 @@ def _machine() -> str:
     )
 
 
+LARGE = 1 << 22  # "large rows": from this many elements the clone and F.layer_norm targets apply
+
+
+def summary(rows: list[dict]) -> str:
+    """The targets per cell of rmsnorm.rms_norm and rmsnorm.layer_norm: at large shapes (≥ 2^22
+    elements) forward ≥ 0.9 of the clone's speed, and never slower than F.layer_norm (forward and
+    forward + backward); at every shape never slower than F.rms_norm. Misses are listed."""
+    out = io.StringIO()
+    p = out.write
+    p("## Against the targets\n\n")
+    p("Large rows (≥ 2^22 elements): forward ≥ 0.9 of `x.clone()`'s speed and ≥ 1.0 of ")
+    p("`F.layer_norm`'s (forward + backward: ≥ 1.0 of `F.layer_norm`'s); every shape: ≥ 1.0 of ")
+    p("`F.rms_norm`'s. rmsnorm's own two functions, every cell.\n\n")
+    p("| threads | condition | checks | met | missed |\n|---|---|---|---|---|\n")
+    groups: dict = {}
+    for r in rows:
+        if r["provider"] in OURS:
+            groups.setdefault((r["threads"], r["condition"]), []).append(r)
+    for (threads, cond), sub in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        checks, missed = 0, []
+        for r in sub:
+            m, n = (int(v) for v in r["shape"].split("x"))
+            wanted = [("F.rms_norm", 1.0)]
+            if m * n >= LARGE:
+                wanted.append(("F.layer_norm", 1.0))
+                if r["direction"] == "fwd":
+                    wanted.append(("x.clone()", 0.9))
+            for peer, floor in wanted:
+                got = r.get(f"vs {peer}")
+                if got is None or got == "":
+                    continue
+                checks += 1
+                if float(got) < floor:
+                    short = r["provider"].removeprefix("rmsnorm.")
+                    missed.append(
+                        f"{short} {r['dtype']} {r['shape']} {r['direction']} vs {peer} "
+                        f"{float(got):.2f}"
+                    )
+        p(f"| {threads} | {cond} | {checks} | {checks - len(missed)} | ")
+        p("; ".join(missed) + " |\n")
+    p("\n")
+    return out.getvalue()
+
+
 def write_markdown(rows: list[dict], args, machine: str, started: str) -> str:
     out = io.StringIO()
     p = out.write
     p("# The CPU path under contention (`benchmarks/cpu_contention.py`)\n\n")
-    p(f"Machine: {machine}. Started {started}; {args.rounds} rounds per cell, providers taking ")
+    p(
+        f"Machine: {machine}. Started {started}; {rows[0]['rounds']} rounds per cell, providers taking "
+    )
     p("turns. Times are medians in ms per call with the lower and upper quartile; the ratio ")
     p("columns are the peer's median ÷ rmsnorm's (above 1: rmsnorm faster). Load: the 1-minute ")
     p("load average when the condition started → when it ended (this process's threads and the ")
     p("competitor included).\n\n")
+    p(summary(rows))
     keys = sorted(
         {(r["threads"], r["condition"]) for r in rows},
         key=lambda k: (k[0], CONDITIONS.index(k[1]) if k[1] in CONDITIONS else 9),
@@ -345,6 +394,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", action="store_true", help="also rmsnorm's forward variants")
     ap.add_argument("--keep-freed-memory", action="store_true", help="glibc: never trim or mmap")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--started", default=None, help="with --from-csv: when that run started")
+    ap.add_argument(
+        "--from-csv", default=None, help="write the markdown of an earlier run's csv, time nothing"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds = 5
@@ -373,6 +426,23 @@ def main(argv: list[str] | None = None) -> None:
         paths = [os.path.join(args.out, f"{args.name}.{ext}") for ext in ("csv", "md")]
         if not args.overwrite and any(os.path.exists(p) for p in paths):
             ap.error(f"{paths[0]} or {paths[1]} exists; pass --overwrite to replace them")
+    if args.from_csv:
+        with open(args.from_csv, newline="") as f:
+            rows = list(csv.DictReader(f))
+        for r in rows:
+            r["threads"] = int(r["threads"])
+            for k in ("median_ms", "q1_ms", "q3_ms"):
+                r[k] = float(r[k])
+            for k in [k for k in r if k.startswith("vs ")]:
+                if r[k] == "":
+                    del r[k]
+                else:
+                    r[k] = float(r[k])
+        md = write_markdown(rows, args, rows[0]["machine"], args.started or "?")
+        if paths:
+            _write_atomic(paths[1], md)
+        print(md)
+        return
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
