@@ -345,10 +345,9 @@ def write_markdown(rows: list[dict], args, machine: str, started: str) -> str:
     out = io.StringIO()
     p = out.write
     p("# The CPU path under contention (`benchmarks/cpu_contention.py`)\n\n")
-    p(
-        f"Machine: {machine}. Started {started}; {rows[0]['rounds']} rounds per cell, providers taking "
-    )
-    p("turns. Times are medians in ms per call with the lower and upper quartile; the ratio ")
+    p(f"Machine: {machine}. Started {started}; {rows[0]['rounds']} rounds per cell, ")
+    p("providers taking turns. Times are medians in ms per call with the lower and upper ")
+    p("quartile; the ratio ")
     p("columns are the peer's median ÷ rmsnorm's (above 1: rmsnorm faster). Load: the 1-minute ")
     p("load average when the condition started → when it ended (this process's threads and the ")
     p("competitor included).\n\n")
