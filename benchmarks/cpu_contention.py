@@ -22,10 +22,10 @@ in an order rotated every round: ``x.clone()`` (forward only: the ceiling of an 
 and writes a fresh output of its size), ``F.layer_norm``, ``torch.compile`` of the spec's RMSNorm
 (``rmsnorm.reference.rms_norm``), ``F.rms_norm``, and ``rmsnorm.rms_norm`` / ``rmsnorm.layer_norm``
 on the CPU backend. A sample is one call at large shapes and a loop of calls lasting ≥ 2 ms at
-small ones (its mean per call). The forward runs under ``no_grad``; forward + backward is one
-forward with gradients and ``torch.autograd.grad`` of x and the parameters. The allocator is left
-as a user's process has it (every large output is a fresh mapping, faulted in), unless
-``--keep-freed-memory``.
+small ones (the median of its calls, each timed). The forward runs under ``no_grad``; forward +
+backward is one forward with gradients and ``torch.autograd.grad`` of x and the parameters. The
+allocator is left as a user's process has it (every large output is a fresh mapping, faulted in),
+unless ``--keep-freed-memory``.
 
 ``--variants`` adds rmsnorm's forward with its threading or stores changed for the call (to find
 where time goes under load): ``one thread`` (the kernel on the calling thread alone), ``OpenMP
@@ -61,21 +61,24 @@ EPS = 1e-6
 OURS = ("rmsnorm.rms_norm", "rmsnorm.layer_norm")
 PEERS = ("x.clone()", "F.layer_norm", "torch.compile(spec)", "F.rms_norm")
 
+# The competitor stops by itself when the benchmark that started it is gone (a killed run leaves
+# no spinning process behind).
 _COMPETITOR = r"""
-import os, sys, time
-kind, core = sys.argv[1], int(sys.argv[2])
+import os, sys
+kind, core, parent = sys.argv[1], int(sys.argv[2]), os.getppid()
 os.sched_setaffinity(0, {core})
 if kind == "bandwidth":
     import numpy as np
     a = np.ones(64 << 20, np.float32)  # 256 MiB, read
     b = np.zeros_like(a)               # 256 MiB, written
     print("ready", flush=True)
-    while True:
+    while os.getppid() == parent:
         np.copyto(b, a)
 else:
     print("ready", flush=True)
-    while True:
-        pass
+    while os.getppid() == parent:
+        for _ in range(100000):
+            pass
 """
 
 
@@ -110,10 +113,19 @@ class Competitor:
 
 
 def _sample(fn, loops: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(loops):
+    """Seconds per call: one call's, or the median of a loop's calls each timed. (Another
+    process's time slice, ~20 ms on this project's machines, in a loop of 0.1 ms calls would
+    otherwise be most of that sample's mean.)"""
+    if loops == 1:
+        t0 = time.perf_counter()
         fn()
-    return (time.perf_counter() - t0) / loops
+        return time.perf_counter() - t0
+    times = []
+    for _ in range(loops):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def time_cell(providers: dict, rounds: int) -> dict:
