@@ -112,7 +112,7 @@ class ReportConfig:
             sweep=SweepConfig(seeds=16, widths=(64, 128, 256, 512, 1024), depths=(4, 12, 24, 48)),
             training=TrainStudyConfig(steps=300, seeds=5),
             planted_seeds=8,
-            real=RealConfig(cost_seq_len=128, blocks_on_every_text=True),
+            real=RealConfig(cost_seq_len=128, blocks_on_every_text=True, site_bootstrap=100),
             recovery_run=RecoveryConfig(),
             mode="full",
         )
