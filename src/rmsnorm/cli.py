@@ -71,6 +71,8 @@ def _reported(command: str, *errors: type[Exception]) -> Iterator[None]:
         yield
     except ArgumentError as exc:
         raise _fail(command, exc.render(_option), code=2) from None
+    except KeyboardInterrupt:
+        raise _fail(command, "interrupted", code=130) from None
     except errors as exc:
         raise _fail(command, str(exc)) from None
 
@@ -145,24 +147,26 @@ _OverwriteOut = Annotated[
 ]
 
 
-def _check_out(out: Path, marker: str, overwrite: bool) -> None:
-    """Before any work: an --out that holds an earlier run's files (its ``marker`` file) is
-    written into only with --overwrite."""
-    if (out / marker).exists() and not overwrite:
-        raise typer.BadParameter(
-            f"{out} already holds {marker} and the other files of an earlier run; pass "
-            "--overwrite to replace them, or choose another --out",
-            param_hint="--out",
-        )
+def _check_out(
+    command: str, out: Path, overwrite: bool, markers: tuple[str, ...] = (), own=None
+) -> None:
+    """Before any work: --out can be written (a folder or a new path in a writable folder) and
+    holds no earlier run's files (``markers``; anything, where ``own`` names all a run writes)
+    unless --overwrite: otherwise one line naming --out and the path, exit code 2."""
+    from ._files import check_output_dir
+
+    with _reported(command):
+        check_output_dir("out", out, overwrite=overwrite, markers=markers, own=own)
 
 
-def _check_json_target(path: Path | None, overwrite: bool) -> None:
-    """Before any work: an existing --json file is replaced only with --overwrite."""
-    if path is not None and path.exists() and not overwrite:
-        raise typer.BadParameter(
-            f"{path} exists; pass --overwrite to replace it, or name another file",
-            param_hint="--json",
-        )
+def _check_json_target(command: str, path: Path | None, overwrite: bool) -> None:
+    """Before any work: --json names a file that can be written, and an existing one is replaced
+    only with --overwrite."""
+    from ._files import check_output_file
+
+    if path is not None:
+        with _reported(command):
+            check_output_file("json", path, overwrite=overwrite)
 
 
 @app.callback()
@@ -332,6 +336,7 @@ def bench(
     from ._progress import RichProgress
     from .bench import resolve_device, run, summary
 
+    _check_out("bench", out, overwrite=True)  # a file or a read-only folder; its files: run's check
     with _reported("bench", RuntimeError, ValueError, OSError):
         device = resolve_device(device)
         with RichProgress(console) as progress:
@@ -396,7 +401,7 @@ def convert(
     from .convert import ConversionError, convert_directory
     from .lab.models import transformer  # noqa: F401 (registers the lab's Transformer for it)
 
-    _check_json_target(json_out, overwrite)
+    _check_json_target("convert", json_out, overwrite)
     columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
     # The error line comes after the spinner has stopped (the with blocks close inside out).
     with (
@@ -528,7 +533,7 @@ def simulate(
     from .lab.experiments.simulation.seeds import SeedStudy, replicate
 
     _require("simulate", "matplotlib", "scipy")
-    _check_out(out, "simulation.json", overwrite)
+    _check_out("simulate", out, overwrite, ("simulation.json",))
     _set_torch_threads(threads)
     with _reported("simulate", ValueError, OSError):
         cfg = SimulationConfig(
@@ -651,7 +656,7 @@ def inspect(
     from .lab.experiments.inspection import inspect_source, render_outlier_table, render_table
     from .lab.io import write_json
 
-    _check_json_target(json_out, overwrite)
+    _check_json_target("inspect", json_out, overwrite)
     _set_torch_threads(threads)
     if swap:
         from .lab.experiments import realmodels
@@ -757,11 +762,14 @@ def report(
     """The main job: the centering report (report.md, self-contained report.html, report.json,
     figures), one progress line per stage."""
     from .lab.report import ReportConfig, build_report
+    from .lab.report.render import REPORT_FILES
 
     _require("report", "matplotlib", "scipy")
-    _check_out(out, "report.json", overwrite)
+    _check_out("report", out, overwrite, ("report.json",), own=REPORT_FILES)
     _set_torch_threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
+    had = out.is_dir() and any(out.iterdir())
+    kept = f"the earlier report in {out} is as it was" if had else "nothing was written"
     with _reported("report", ValueError, OSError, ImportError):
         cfg = ReportConfig.from_options(
             quick=quick,
@@ -775,8 +783,11 @@ def report(
             sweep=sweep,
             real=real,
         )
-        with _progress() as progress:
-            summary = build_report(cfg, out, progress)
+        try:
+            with _progress() as progress:
+                summary = build_report(cfg, out, progress)
+        except KeyboardInterrupt:
+            raise _fail("report", f"interrupted; {kept}", code=130) from None
     sim, ident = summary["simulation"], summary["identity"]
     console.print(
         _verdict_line("at initialization", sim["verdict"])
@@ -897,6 +908,7 @@ def compare(
     )
 
     _require("compare", "matplotlib", "scipy")
+    _check_out("compare", out, overwrite=True)  # a file or a read-only folder; its files: below
     finished = 0
     if from_results is not None:
         from .lab.experiments.comparison import load_results
