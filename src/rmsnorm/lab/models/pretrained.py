@@ -29,9 +29,16 @@ from pathlib import Path
 
 import torch
 
+from .weightfiles import (
+    WeightFileError,
+    check_gguf_architecture,
+    check_shapes,
+    read_gguf_header,
+    read_safetensors_header,
+)
 from .weights import BUILTIN, cache_dir, resolve, sha256_file, verify_file
 
-__all__ = ["Located", "locate", "check_gguf", "load_pretrained"]
+__all__ = ["Located", "locate", "check_gguf", "load_pretrained", "WeightFileError"]
 
 _PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -68,39 +75,21 @@ class Located:
 
 
 def check_gguf(path: str | Path) -> Path:
-    """``path`` if it is a readable GGUF file whose tensors all lie inside it; ValueError naming
-    the file and what is wrong otherwise (FileNotFoundError if it does not exist)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file {path} does not exist")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not b'GGUF'")
+    """``path`` if it is a readable GGUF file (:func:`~.weightfiles.read_gguf_header`: every
+    length and count inside the file, every tensor type known, every tensor inside the data) of
+    an architecture the installed transformers loads, with tensors; :class:`WeightFileError`
+    naming the file and what is wrong otherwise (FileNotFoundError if it does not exist)."""
     try:
-        import gguf
+        import gguf  # noqa: F401
     except ImportError as exc:
         raise ImportError(
             "reading GGUF files needs the gguf package (the lab extra): pip install 'rmsnorm[lab]'"
         ) from exc
-    size = path.stat().st_size
-    try:
-        reader = gguf.GGUFReader(str(path))
-        tensors = list(reader.tensors)
-    except Exception as exc:
-        raise ValueError(
-            f"{path} ({size:,} bytes) is a truncated or corrupt GGUF file: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    if not tensors:
-        raise ValueError(f"{path} is a GGUF file without tensors")
-    for t in tensors:
-        if int(t.data_offset) + int(t.n_bytes) > size:
-            raise ValueError(
-                f"{path} is truncated: tensor {t.name} ends at byte "
-                f"{int(t.data_offset) + int(t.n_bytes):,}, past the file's {size:,} bytes"
-            )
-    return path
+    header = read_gguf_header(path)
+    check_gguf_architecture(header)
+    if not header.tensors:
+        raise WeightFileError(header.path, "a GGUF file without tensors")
+    return header.path
 
 
 def _safetensors_dir(path: Path) -> dict[str, str]:
@@ -108,6 +97,8 @@ def _safetensors_dir(path: Path) -> dict[str, str]:
     pickled weights or none."""
     weights = sorted(path.glob("*.safetensors"))
     if weights:
+        for w in weights:
+            read_safetensors_header(w)  # a corrupt file is one clear error, before any parse
         return {w.name: sha256_file(w) for w in weights}
     pickles = sorted(p.name for pattern in _PICKLES for p in path.glob(pattern))
     if pickles:
@@ -232,14 +223,45 @@ def _write_cached(folder: Path, model, tokenizer) -> None:
         raise
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _check_shapes(auto, config, directory: Path) -> None:
+    """The safetensors files' tensor shapes against the model ``config`` describes, built on the
+    meta device (no memory): a mismatch is one error naming the file, the tensor and both
+    shapes, not transformers' report of it."""
+    try:
+        with torch.device("meta"):
+            skeleton = auto.from_config(config)
+    except Exception:  # a config transformers builds only its own way: its loader will say
+        return
+    shapes = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    check_shapes(directory, config, shapes)
+
+
 def _from_pretrained(tf, directory: Path, file_kw: dict, weights_kw: dict):
     """(config, is it an encoder, model in float32, tokenizer or None) from ``directory``."""
-    config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True, **file_kw)
+    where = directory / file_kw["gguf_file"] if "gguf_file" in file_kw else directory
+    try:
+        config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True, **file_kw)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise WeightFileError(where, f"its config cannot be read: {_first_line(exc)}") from exc
     encoder = _is_encoder(config)
     auto = tf.AutoModel if encoder else tf.AutoModelForCausalLM
-    model = auto.from_pretrained(
-        str(directory), dtype=torch.float32, local_files_only=True, **weights_kw
-    )
+    if "gguf_file" not in weights_kw:
+        _check_shapes(auto, config, directory)
+    try:
+        model = auto.from_pretrained(
+            str(directory), dtype=torch.float32, local_files_only=True, **weights_kw
+        )
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        if isinstance(exc, WeightFileError):
+            raise
+        raise WeightFileError(
+            where, f"transformers cannot load it: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
     try:
         tokenizer = tf.AutoTokenizer.from_pretrained(
             str(directory), local_files_only=True, **file_kw
