@@ -65,14 +65,17 @@ def _fail(command: str, message: str, code: int = 1) -> typer.Exit:
 
 
 @contextmanager
-def _reported(command: str, *errors: type[Exception]) -> Iterator[None]:
+def _reported(command: str, *errors: type[Exception], interrupt: bool = True) -> Iterator[None]:
     """Library errors raised inside the block, reported as one line (see above): every
-    :class:`ArgumentError`, and the exception types ``errors``."""
+    :class:`ArgumentError`, and the exception types ``errors``; a Ctrl-C as "interrupted", exit
+    code 130 (unless ``interrupt`` is False: the caller says what was kept)."""
     try:
         yield
     except ArgumentError as exc:
         raise _fail(command, exc.render(_option), code=2) from None
     except KeyboardInterrupt:
+        if not interrupt:
+            raise
         raise _fail(command, "interrupted", code=130) from None
     except errors as exc:
         raise _fail(command, str(exc)) from None
@@ -662,7 +665,7 @@ def simulate(
         )
     if seeds is None:
         seeds = 1 if train_steps else 8
-    with _progress() as progress:
+    with _reported("simulate", OSError), _progress() as progress:
         study = replicate(cfg, seeds, progress, "simulate")
         result = study.results[0]
         files = write_simulation(result, out, progress)
@@ -1037,7 +1040,7 @@ def compare(
         )
 
     try:
-        with _reported("compare"):
+        with _reported("compare", interrupt=False):
             if full and preset not in ("cpu", "full"):
                 raise ArgumentError("full", f"--full is --preset full; got --preset {preset} too")
             cfg = compare_config(
