@@ -363,8 +363,6 @@ class _GGUFTensor:
     data: np.ndarray  # (rows, bytes per row) uint8, a view of the file
 
 
-
-
 def _read_gguf(gguf_path) -> tuple[dict, list[_GGUFTensor]]:
     """The scalar and string metadata of a GGUF file and its tensors (names, types, shapes,
     bytes mapped from the file, not read), every length checked against the file
