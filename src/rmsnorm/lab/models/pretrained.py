@@ -244,6 +244,24 @@ def prepare(source: str, *, progress=None) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _quiet_gguf_bar():
+    """transformers' GGUF reader without its tqdm bar: tqdm reads TQDM_DISABLE when first
+    imported, so once it is the bar is silenced at the name the reader calls."""
+    try:
+        import functools
+        from unittest import mock
+
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+        bar = functools.partial(gguf_utils.tqdm, disable=True)
+        patch = mock.patch.object(gguf_utils, "tqdm", bar)
+    except (ImportError, AttributeError):  # another transformers: its bar, if any, stays
+        patch = contextlib.nullcontext()
+    with patch:
+        yield
+
+
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
@@ -321,6 +339,8 @@ def load_pretrained(source: str, *, progress=None, cache: bool = True, located=N
         if "TQDM_DISABLE" not in os.environ:
             quiet.callback(os.environ.pop, "TQDM_DISABLE", None)
             os.environ["TQDM_DISABLE"] = "1"
+        if "gguf_file" in file_kw:
+            quiet.enter_context(_quiet_gguf_bar())
         with quiet:
             config, encoder, model, tokenizer = _from_pretrained(tf, directory, file_kw, weights_kw)
         if cached is not None and directory != cached:
