@@ -539,7 +539,8 @@ def convert(
     table.add_row("rmsnorm backend, torch threads", f"{report.backend}, {report.threads}")
     show_table(console, table)
     if json_out is not None:
-        write_text(json.dumps(report.to_dict(), indent=2) + "\n", json_out)
+        with _reported("convert", OSError):
+            write_text(json.dumps(report.to_dict(), indent=2) + "\n", json_out)
 
 
 # --- centering lab: simulate / inspect / report ---
@@ -788,7 +789,8 @@ def inspect(
             raise _fail("inspect", result["missing"])
         console.print(model_markdown(result), markup=False, highlight=False, soft_wrap=True)
         if json_out is not None:
-            write_json(result, json_out)
+            with _reported("inspect", OSError):
+                write_json(result, json_out)
             console.print(f"wrote {json_out}")
         return
     if text_file is not None:
@@ -800,7 +802,8 @@ def inspect(
     if channels:
         show_table(console, render_outlier_table(result))
     if json_out is not None:
-        write_json(result.to_dict(), json_out)
+        with _reported("inspect", OSError):
+            write_json(result.to_dict(), json_out)
         console.print(f"wrote {json_out}")
 
 
