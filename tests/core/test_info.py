@@ -112,6 +112,33 @@ def test_the_cpu_kernels_stores_are_reported_as_chosen():
         assert said.startswith("non-temporal stores from ")
 
 
+def test_the_cpu_kernels_threading_is_reported_with_torchs_thread_count():
+    from rmsnorm import _backend
+
+    if not _backend.cpu_kernels_available():
+        assert info.environment()["cpu kernel threading"] is None
+        return
+    from rmsnorm.kernels.cpu import launchers, pool, runtime
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = info.environment()["cpu kernel threading"]
+        torch.set_num_threads(1)
+        one = info.cpu_kernel_threading()
+    finally:
+        torch.set_num_threads(before)
+    assert "2 threads (torch.get_num_threads())" in two
+    assert f"2^{pool.POOL_FROM.bit_length() - 1}" in two and "helper pool" in two
+    assert f"below 2^{launchers.PARALLEL_MIN.bit_length() - 1} the calling thread" in two
+    assert ("OpenMP team" in two) == bool(pool.USE_OPENMP and pool._gomp)
+    assert one.startswith("the calling thread alone (1 thread")
+    if runtime.STREAM_BYTES is not None:
+        assert f"streaming stores from {runtime.STREAM_BYTES >> 20} MiB" in one
+    else:
+        assert "ordinary stores" in one
+
+
 def test_versions_and_load():
     assert info.package_version("torch") is not None
     assert info.package_version("surely-not-an-installed-distribution") is None

@@ -11,32 +11,10 @@ import torch
 import tiny_hf
 from rmsnorm.lab.experiments import centering, sites
 from rmsnorm.lab.inspection import RunnableModel
+from tiny_hf import WordTokenizer
 
 tf = pytest.importorskip("transformers")
 pytest.importorskip("scipy")
-
-
-class WordTokenizer:
-    """Words to ids by a stable hash (ids 3..vocab-1); pads with 0; [CLS]=1 … [SEP]=2 when asked."""
-
-    def __init__(self, vocab: int, frame: bool = False) -> None:
-        self.vocab, self.frame = vocab, frame
-
-    def _ids(self, s: str, specials: bool) -> list[int]:
-        ids = [3 + sum(map(ord, w)) % (self.vocab - 3) for w in s.split()]
-        return [1, *ids, 2] if specials and self.frame else ids
-
-    def __call__(self, s, add_special_tokens=True, padding=False, truncation=False, **kw):
-        if isinstance(s, str):
-            return {"input_ids": self._ids(s, add_special_tokens)}
-        rows = [self._ids(x, add_special_tokens) for x in s]
-        n = max(map(len, rows))
-        ids = torch.tensor([r + [0] * (n - len(r)) for r in rows])
-        mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows])
-        return {"input_ids": ids, "attention_mask": mask}
-
-    def convert_ids_to_tokens(self, i: int) -> str:
-        return str(i)
 
 
 @pytest.fixture(scope="module")

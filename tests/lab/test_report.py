@@ -172,7 +172,10 @@ FIGURES = (
     "trained_mu_sigma",
     "swap",
     "model_layers",
+    "recovery",
 )
+# A small recovery.json (`rmsnorm recover --quick`) for the section that reads one.
+RECOVERY = Path(__file__).parent / "data" / "recovery_small.json"
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +187,8 @@ def quick_report(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(out)  # a relative --out, as `make report` passes
     try:
-        summary = build_report(ReportConfig.quick(model="builtin-rms"), Path("rep"))
+        cfg = ReportConfig.quick(model="builtin-rms", recovery=str(RECOVERY))
+        summary = build_report(cfg, Path("rep"))
     finally:
         os.chdir(cwd)
     return out / "rep", summary
@@ -200,7 +204,9 @@ def test_quick_report_writes_everything(quick_report):
     # self-contained: no external assets or links to local files
     assert not re.search(r'(src|href)="(?!data:)', html)
     md = (out / "report.md").read_text()
-    assert "## 2. The identity" in md and "## The answer" in md
+    assert "## 3. The identity" in md and "## The answer" in md
+    # the recovery (read from a stored recovery.json) follows the pretrained models
+    assert "## 2. What a short fine-tune recovers" in md and "Not run" not in md.split("## 2.")[1]
     # the pretrained models' section leads, and says --quick skipped it
     assert "## 1. Real pretrained transformers" in md and "Not run (--quick)" in md
     links = re.findall(r"!\[(?:\\.|[^\]\\])*\]\(([^)]+)\)", md)

@@ -143,7 +143,7 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
     if m * n < L.PARALLEL_MIN:
         _forward(0, *args)
     else:
-        L._shared(_forward, *args)
+        L._shared(_forward, *args, elements=m * n)
     return y, rstd
 
 
@@ -221,5 +221,5 @@ def gated_rms_norm_bwd(
     if m * n < L.PARALLEL_MIN:
         _backward(0, *args)
     else:
-        L._shared(_backward, *args)
+        L._shared(_backward, *args, elements=m * n)
     return dx, dz, dw, db

@@ -10,6 +10,7 @@ loads the kernels from numba's on-disk cache, or compiles them (saying so once).
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
@@ -17,6 +18,7 @@ from ... import _calls
 from ... import reference as ref
 from ..._contract import LAUNCHERS
 from . import kernels as K
+from . import pool as _pool
 from . import runtime as rt
 from .pool import shared as _shared
 
@@ -36,6 +38,40 @@ _F32_CPU = torch.empty(0, dtype=_F32, device="cpu")
 # shared by torch.get_num_threads() threads: the choice depends on the sizes and the thread count
 # alone, never on a timing (which a noisy neighbour would flip).
 PARALLEL_MIN = 1 << 16
+
+
+def threading() -> str:
+    """One line for ``rmsnorm info``: how the CPU path splits a call between threads here and now
+    (torch's thread count read at this call), and from what size it streams its outputs."""
+    threads = torch.get_num_threads()
+    low, high = PARALLEL_MIN.bit_length() - 1, _pool.POOL_FROM.bit_length() - 1
+    stores = (
+        f"streaming stores from {rt.STREAM_BYTES >> 20} MiB of input and output"
+        if rt.STREAM_BYTES is not None
+        else "ordinary stores"
+    )
+    if threads < 2:
+        return f"the calling thread alone (1 thread: torch.get_num_threads()); {stores}"
+    team = _pool.USE_OPENMP and _pool._gomp
+    where = (
+        f"2^{low} to 2^{high} elements on torch's OpenMP team, from 2^{high} on the helper pool "
+        "(the caller waits for no thread that has not begun a block)"
+        if team
+        else f"from 2^{low} elements on the helper pool ("
+        + (
+            "a forked process: torch's OpenMP team cannot run here"
+            if sys.modules[__package__].forked
+            else "USE_OPENMP is off"
+            if not _pool.USE_OPENMP
+            else "no OpenMP runtime of torch's found"
+        )
+        + ")"
+    )
+    return (
+        f"{where}, below 2^{low} the calling thread; {threads} threads (torch.get_num_threads()), "
+        "blocks of ~16 K elements (backward: ≥ 16 rows) claimed dynamically from one range per "
+        f"thread, results independent of the split; {stores}"
+    )
 
 
 STATUS = rt.load("the CPU kernels", K.ENTRIES, rt.ENTRIES)
@@ -266,7 +302,7 @@ def _fwd(x, residual, weight, bias, out, k, eps, offset, flags, stats, layer_nor
     else:
         _shared(
             _forward, x.data_ptr(), xs, rp, rs, hp, y.data_ptr(), wp, ws, bp, bs, mp, sp, m, n,
-            k, eps, offset, flags,
+            k, eps, offset, flags, elements=m * n,
         )  # fmt: skip
     return y, h, mean, rstd
 
@@ -339,7 +375,7 @@ def _bwd(dy, x, weight, bias, mean, rstd, dresidual, k, offset, flags, need_weig
     else:
         _shared(
             _backward, dy.data_ptr(), dys, x.data_ptr(), xs, drp, drs, dx.data_ptr(), wp, ws,
-            meanp, rstd.data_ptr(), dwp, dbp, m, n, k, offset, flags,
+            meanp, rstd.data_ptr(), dwp, dbp, m, n, k, offset, flags, elements=m * n,
         )  # fmt: skip
     return dx, dw, db
 

@@ -19,6 +19,14 @@ import torch
 from . import runtime as rt
 
 USE_OPENMP = True  # False: share calls with the pool's helpers even where torch uses OpenMP
+# From this many elements a shared call runs with the pool's helpers even where torch's OpenMP team
+# could take it. On a machine that other work keeps busy the team's end barrier waits (spinning)
+# for a member the scheduler has not run, while the pool's caller waits for no helper that has not
+# begun a block: on 2 threads, under load, the pool took 0.18-0.93x the team's time at 1024 x 4096
+# and 0.80-1.06x at 8192 x 4096 (docs/cpu.md, "Under contention"). Below it the team's threads,
+# awake after torch's own ops, start a call sooner than a sleeping helper (a futex wake-up, ~45 µs
+# idle) and the call is too short for a straggler to cost much. A size, never a timing.
+POOL_FROM = 1 << 22
 # After a task, a pool helper spins this long for the next one before it sleeps: back-to-back calls
 # then find it awake (a futex wake-up took ~45 µs on this project's VM), and an idle pool costs
 # nothing.
@@ -208,9 +216,10 @@ def _acquire(pool: _Pool, threads: int) -> int:
     return pool.acquire(threads)
 
 
-def shared(kernel, *args) -> None:
-    """kernel(ctrl, *args) on an OpenMP team or with the pool's helpers, or kernel(0, *args) on
-    this thread alone where torch is set to one thread or another call holds the pool. The blocks
+def shared(kernel, *args, elements: int = 0) -> None:
+    """kernel(ctrl, *args) on an OpenMP team or with the pool's helpers (a call of ``elements`` ≥
+    :data:`POOL_FROM`: the helpers), or kernel(0, *args) on this thread alone where torch is set to
+    one thread or another call holds the pool. The blocks
     a call is split into depend on the sizes alone, so the way it runs never changes a result;
     under an oversubscribed machine the caller runs the blocks of a thread that does not start
     (runtime.py, work sharing)."""
@@ -223,7 +232,7 @@ def shared(kernel, *args) -> None:
     if pool is None:
         with _pool_lock:
             pool = _pool = _pool or _Pool()
-    ctrl = _acquire(pool, threads)
+    ctrl = pool.acquire(threads) if elements >= POOL_FROM else _acquire(pool, threads)
     try:
         kernel(ctrl, *args)
     finally:

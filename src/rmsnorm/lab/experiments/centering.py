@@ -63,6 +63,7 @@ __all__ = [
     "head_positions",
     "causal_swap_study",
     "encoder_swap_study",
+    "mean_pooled",
 ]
 
 # The per-sequence costs of each variant (:func:`causal_swap_study`).
@@ -484,11 +485,17 @@ def _embed(model, batch: dict) -> torch.Tensor:
         idx = order[start : start + _SENTENCE_BATCH]
         width = int(lengths[idx].max())
         part = {k: v[idx, :width] for k, v in batch.items()}
-        states = model(**part).last_hidden_state
-        mask = part["attention_mask"][..., None].to(states.dtype)
-        pooled = (states * mask).sum(1) / mask.sum(1)
-        out[idx] = F.normalize(pooled.double(), dim=-1)
+        out[idx] = F.normalize(mean_pooled(model, part).double(), dim=-1)
     return out
+
+
+def mean_pooled(model, part: dict) -> torch.Tensor:
+    """The mean of the last hidden states over each sentence's real tokens (B, d), in the model's
+    dtype and with autograd where it is on: one batch of :func:`_embed`, before the unit
+    length (the fine-tuning of :mod:`~rmsnorm.lab.experiments.recovery` trains through it)."""
+    states = model(**part).last_hidden_state
+    mask = part["attention_mask"][..., None].to(states.dtype)
+    return (states * mask).sum(1) / mask.sum(1)
 
 
 def _agreement(ref: torch.Tensor, new: torch.Tensor) -> dict:

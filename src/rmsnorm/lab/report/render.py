@@ -39,6 +39,7 @@ def report_page(j: dict, figures: dict[str, Path]) -> Page:
     sections.answer.words(page, j)
     for words in (
         sections.real_models.real_section,
+        sections.recovery.words,
         sections.identity.words,
         sections.simulation.words,
         sections.decomposition.words,
@@ -104,11 +105,18 @@ def write_figures(r: ReportResults, fig_dir: Path, progress=None) -> dict[str, P
         jobs.append(
             ("real_predictor", lambda p: sections.real_figures.predictor_scatter(r.real, p))
         )
+    if r.recovery is not None:
+        rec = {"recovery": sections.recovery.numbers(r.recovery)}
+        jobs.append(
+            ("recovery", lambda p: sections.recovery.figures(rec, p.parent).get("recovery"))
+        )
     files = {}
     fig_dir.mkdir(parents=True, exist_ok=True)
     with progress.task("report: figures", total=len(jobs)) as advance:
         for name, job in jobs:
-            files[name] = job(fig_dir / f"{name}.png")
+            path = job(fig_dir / f"{name}.png")
+            if path is not None:
+                files[name] = path
             advance()
     return files
 

@@ -5,6 +5,7 @@ into one structured object (:class:`ReportResults`), whose :meth:`~ReportResults
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import platform
 import time
@@ -17,6 +18,7 @@ from ..._progress import ensure
 from ..._validate import ArgumentError, finite_number, positive_int
 from ..experiments.planted import planted_in_block
 from ..experiments.realmodels import RealConfig
+from ..experiments.recovery import RecoveryConfig
 from ..experiments.simulation import SimulationConfig, SimulationResult
 from ..experiments.simulation.seeds import SeedStudy, replicate
 from ..experiments.sweep import SweepConfig, SweepResult, run_sweep
@@ -30,6 +32,7 @@ __all__ = [
     "Provenance",
     "ReportResults",
     "run_report",
+    "read_recovery",
 ]
 
 
@@ -48,7 +51,10 @@ class ReportConfig:
     ``planted_seeds`` seeds of each norm (0 skips it); ``model``: a built-in name or a local
     Hugging Face directory to inspect (None skips it), on ``text`` or random tokens; ``real``:
     the pretrained models' study (:mod:`~rmsnorm.lab.experiments.realmodels`, on ``text`` or the
-    standard library's docstrings; None skips it, as ``--quick`` does)."""
+    standard library's docstrings; None skips it, as ``--quick`` does); ``recovery``: a
+    ``recovery.json`` written by ``rmsnorm recover`` to read into the section 'What a short
+    fine-tune recovers' (None: ``recovery_run``, the recovery run as a stage, which ``--full``
+    sets, or the section says it did not run)."""
 
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     seeds: int = 8
@@ -62,12 +68,23 @@ class ReportConfig:
     real: RealConfig | None = field(default_factory=RealConfig)
     timing_shapes: tuple = SHAPES
     timing_rounds: int = 5
+    recovery: str | None = None
+    recovery_run: RecoveryConfig | None = None
     mode: str = "default"
 
     def __post_init__(self) -> None:
         for name in ("seeds", "planted_seeds", "planted_batch", "timing_rounds"):
             positive_int(name, getattr(self, name))
         finite_number("planted_bias", self.planted_bias)
+        if self.recovery is not None:
+            from pathlib import Path
+
+            if not isinstance(self.recovery, (str, Path)) or not Path(self.recovery).is_file():
+                raise ArgumentError(
+                    "recovery",
+                    f"the path of a recovery.json written by `rmsnorm recover`; "
+                    f"{self.recovery!r} is not a file",
+                )
 
     @classmethod
     def quick(cls, **overrides) -> ReportConfig:
@@ -96,6 +113,7 @@ class ReportConfig:
             training=TrainStudyConfig(steps=300, seeds=5),
             planted_seeds=8,
             real=RealConfig(cost_seq_len=128, blocks_on_every_text=True),
+            recovery_run=RecoveryConfig(),
             mode="full",
         )
         return replace(base, **overrides)
@@ -114,9 +132,11 @@ class ReportConfig:
         train_seeds: int | None = None,
         sweep: bool = True,
         real: bool | None = None,
+        recovery: str | None = None,
     ) -> ReportConfig:
         """The CLI's options: ``train_steps`` 0 skips training (and the swap), ``planted_bias`` 0
-        skips the planted mean, ``sweep`` False the sweep; None keeps the mode's value."""
+        skips the planted mean, ``sweep`` False the sweep; None keeps the mode's value;
+        ``recovery``: a ``recovery.json`` to read (then nothing is fine-tuned)."""
         if quick and full:
             raise ArgumentError("quick", "", template="{quick} and {full} exclude each other")
         cfg = cls.quick() if quick else cls.full() if full else cls()
@@ -141,6 +161,8 @@ class ReportConfig:
             training=training,
             sweep=sweep_cfg,
             planted_bias=cfg.planted_bias if planted_bias is None else planted_bias,
+            recovery=None if recovery is None else str(recovery),
+            recovery_run=None if recovery is not None else cfg.recovery_run,
         )
 
 
@@ -194,6 +216,7 @@ class ReportResults:
     planted: dict | None = None
     inspected: dict | None = None
     real: dict | None = None
+    recovery: dict | None = None
     blind_spot: list = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
 
@@ -226,12 +249,32 @@ class ReportResults:
         out["real_models"] = self.real or {
             "skipped": "--quick" if self.config.mode == "quick" else "--no-real"
         }
+        out["recovery"] = (
+            sections.recovery.numbers(self.recovery)
+            if self.recovery is not None
+            else {"skipped": "no recovery.json given (`--recovery FILE`) and not `--full`"}
+        )
         out["eps_demo"] = self.eps_demo
         if self.inspected is not None:
             out["model"] = self.inspected
         out["timing"] = {**self.timing, "rms_over_ln": self.timing_ratios}
         out["seconds"] = dict(self.seconds)
         return out
+
+
+def read_recovery(path) -> dict:
+    """A ``recovery.json`` written by ``rmsnorm recover``; ValueError naming the file when it is
+    not one."""
+    try:
+        data = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--recovery {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict) or not {"config", "models", "machine"} <= data.keys():
+        raise ValueError(
+            f"--recovery {path}: not a recovery.json of `rmsnorm recover` (it needs the keys "
+            "config, models and machine)"
+        )
+    return data
 
 
 def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
@@ -246,6 +289,9 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
     if cfg.model is not None:
         # first: a bad --model fails in a second, not after minutes of simulation
         loaded = load_runnable_model(cfg.model)
+    recovery = None
+    if cfg.recovery is not None:  # first too: a file that is not a recovery.json fails at once
+        recovery = read_recovery(cfg.recovery)
     seconds: dict = {}
 
     def stage(name: str, t0: float) -> None:
@@ -303,6 +349,12 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
         sources = None if cfg.text is None else {"text": text_string(cfg.text, "--text-file")}
         real = run_real_models(cfg.real, sources, progress)
         stage("real_models", t0)
+    if recovery is None and cfg.recovery_run is not None:
+        from ..experiments.recovery import run_recovery
+
+        t0 = time.perf_counter()
+        recovery = run_recovery(cfg.recovery_run, progress)
+        stage("recovery", t0)
     t0 = time.perf_counter()
     timing = time_norms(cfg.timing_shapes, rounds=cfg.timing_rounds, progress=progress)
     stage("timing", t0)
@@ -320,6 +372,7 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
         planted=planted,
         inspected=inspected,
         real=real,
+        recovery=recovery,
         blind_spot=spot,
         seconds=seconds,
     )
