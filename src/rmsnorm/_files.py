@@ -159,7 +159,7 @@ def check_output_dir(
     holds anything else."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise _bad(name, f"{path} is a file; an output folder is expected")
+        raise _bad(name, f"{path} is a file, not a directory; an output folder is expected")
     _writable_parent(name, path, "the output folder")
     if not path.is_dir():
         return path

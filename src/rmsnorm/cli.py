@@ -981,7 +981,7 @@ def recover(
 
     _require("recover", "matplotlib", "scipy", "transformers")
     _check_out_dir(out)
-    _check_out(out, "recovery.json", overwrite)
+    _check_out("recover", out, overwrite, ("recovery.json",))
     with _reported("recover", ValueError, OSError, ImportError):
         overrides: dict = {"trainable": trainable, "threads": threads}
         if seeds is not None:
