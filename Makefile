@@ -61,5 +61,8 @@ lint: setup
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/python scripts/check_fmt_skip.py $(LINT_PATHS)
 
+# The lab's cache lies outside the clone and is kept: clean says where it is and how to empty it.
+LAB_CACHE = $${RMSNORM_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/rmsnorm}
 clean:
 	rm -rf $(VENV) .venv-latest $(OUT) $(LATEST_OUT) .pytest_cache
+	@echo "make clean: the lab's cache (dequantized models, stage results, the joined Gemma 3 file) is kept in $(LAB_CACHE)$$(du -sh $(LAB_CACHE) 2>/dev/null | cut -f1 | sed 's/^/, /'); rmsnorm cache list shows it, rmsnorm cache clear --yes empties it (or: rm -rf $(LAB_CACHE))"

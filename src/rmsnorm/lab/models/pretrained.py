@@ -22,16 +22,31 @@ import copy
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..._files import atomic_dir, write_text
+from . import cache
+from .weightfiles import (
+    WeightFileError,
+    check_gguf_architecture,
+    check_shapes,
+    read_gguf_header,
+    read_safetensors_header,
+)
 from .weights import BUILTIN, cache_dir, resolve, sha256_file, verify_file
 
-__all__ = ["Located", "locate", "check_gguf", "load_pretrained"]
+__all__ = [
+    "Located",
+    "locate",
+    "check_gguf",
+    "load_pretrained",
+    "WeightFileError",
+    "prepare",
+    "is_prepared",
+]
 
 _PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -68,39 +83,21 @@ class Located:
 
 
 def check_gguf(path: str | Path) -> Path:
-    """``path`` if it is a readable GGUF file whose tensors all lie inside it; ValueError naming
-    the file and what is wrong otherwise (FileNotFoundError if it does not exist)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file {path} does not exist")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not b'GGUF'")
+    """``path`` if it is a readable GGUF file (:func:`~.weightfiles.read_gguf_header`: every
+    length and count inside the file, every tensor type known, every tensor inside the data) of
+    an architecture the installed transformers loads, with tensors; :class:`WeightFileError`
+    naming the file and what is wrong otherwise (FileNotFoundError if it does not exist)."""
     try:
-        import gguf
+        import gguf  # noqa: F401
     except ImportError as exc:
         raise ImportError(
             "reading GGUF files needs the gguf package (the lab extra): pip install 'rmsnorm[lab]'"
         ) from exc
-    size = path.stat().st_size
-    try:
-        reader = gguf.GGUFReader(str(path))
-        tensors = list(reader.tensors)
-    except Exception as exc:
-        raise ValueError(
-            f"{path} ({size:,} bytes) is a truncated or corrupt GGUF file: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    if not tensors:
-        raise ValueError(f"{path} is a GGUF file without tensors")
-    for t in tensors:
-        if int(t.data_offset) + int(t.n_bytes) > size:
-            raise ValueError(
-                f"{path} is truncated: tensor {t.name} ends at byte "
-                f"{int(t.data_offset) + int(t.n_bytes):,}, past the file's {size:,} bytes"
-            )
-    return path
+    header = read_gguf_header(path)
+    check_gguf_architecture(header)
+    if not header.tensors:
+        raise WeightFileError(header.path, "a GGUF file without tensors")
+    return header.path
 
 
 def _safetensors_dir(path: Path) -> dict[str, str]:
@@ -108,6 +105,8 @@ def _safetensors_dir(path: Path) -> dict[str, str]:
     pickled weights or none."""
     weights = sorted(path.glob("*.safetensors"))
     if weights:
+        for w in weights:
+            read_safetensors_header(w)  # a corrupt file is one clear error, before any parse
         return {w.name: sha256_file(w) for w in weights}
     pickles = sorted(p.name for pattern in _PICKLES for p in path.glob(pattern))
     if pickles:
@@ -200,15 +199,14 @@ def _read_cached(folder: Path) -> bool:
     files = json.loads(manifest.read_text())["files"]
     for name, digest in files.items():
         verify_file(folder / name, digest)
+    cache.used(folder)
     return True
 
 
 def _write_cached(folder: Path, model, tokenizer) -> None:
     """Save the dequantized model and tokenizer as safetensors + JSON, atomically (a temporary
     folder renamed into place), with a manifest of digests."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    with atomic_dir(folder, replace=True) as tmp:
         # transformers will not save a model it loaded from GGUF (it counts as quantized); its
         # weights are plain float32 now, so they go out as safetensors with the config
         from safetensors.torch import save_model
@@ -223,23 +221,86 @@ def _write_cached(folder: Path, model, tokenizer) -> None:
         files = {
             str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
-        (tmp / "manifest.json").write_text(json.dumps({"files": files}, indent=1))
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_text(json.dumps({"files": files}, indent=1), tmp / "manifest.json")
+    cache.wrote(folder)
+
+
+def is_prepared(source: str) -> bool | None:
+    """Whether the GGUF model ``source`` has its dequantized copy in the cache (None for a model
+    that is not GGUF)."""
+    located = locate(source)
+    if located.gguf_file is None:
+        return None
+    folder = _dequantized_cache(located.gguf_sha256)
+    return (folder / "manifest.json").is_file()
+
+
+def prepare(source: str, *, progress=None) -> bool:
+    """Dequantize the GGUF model ``source`` into the cache now (so that its first use does not
+    pay for it); False if it was there already or is not a GGUF model."""
+    if is_prepared(source) is not False:
+        return False
+    load_pretrained(source, progress=progress)
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_gguf_bar():
+    """transformers' GGUF reader without its tqdm bar: tqdm reads TQDM_DISABLE when first
+    imported, so once it is the bar is silenced at the name the reader calls."""
+    try:
+        import functools
+        from unittest import mock
+
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+        bar = functools.partial(gguf_utils.tqdm, disable=True)
+        patch = mock.patch.object(gguf_utils, "tqdm", bar)
+    except (ImportError, AttributeError):  # another transformers: its bar, if any, stays
+        patch = contextlib.nullcontext()
+    with patch:
+        yield
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _check_shapes(auto, config, directory: Path) -> None:
+    """The safetensors files' tensor shapes against the model ``config`` describes, built on the
+    meta device (no memory): a mismatch is one error naming the file, the tensor and both
+    shapes, not transformers' report of it."""
+    try:
+        with torch.device("meta"):
+            skeleton = auto.from_config(config)
+    except Exception:  # a config transformers builds only its own way: its loader will say
+        return
+    shapes = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    check_shapes(directory, config, shapes)
 
 
 def _from_pretrained(tf, directory: Path, file_kw: dict, weights_kw: dict):
     """(config, is it an encoder, model in float32, tokenizer or None) from ``directory``."""
-    config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True, **file_kw)
+    where = directory / file_kw["gguf_file"] if "gguf_file" in file_kw else directory
+    try:
+        config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True, **file_kw)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise WeightFileError(where, f"its config cannot be read: {_first_line(exc)}") from exc
     encoder = _is_encoder(config)
     auto = tf.AutoModel if encoder else tf.AutoModelForCausalLM
-    model = auto.from_pretrained(
-        str(directory), dtype=torch.float32, local_files_only=True, **weights_kw
-    )
+    if "gguf_file" not in weights_kw:
+        _check_shapes(auto, config, directory)
+    try:
+        model = auto.from_pretrained(
+            str(directory), dtype=torch.float32, local_files_only=True, **weights_kw
+        )
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        if isinstance(exc, WeightFileError):
+            raise
+        raise WeightFileError(
+            where, f"transformers cannot load it: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
     try:
         tokenizer = tf.AutoTokenizer.from_pretrained(
             str(directory), local_files_only=True, **file_kw
@@ -278,6 +339,8 @@ def load_pretrained(source: str, *, progress=None, cache: bool = True, located=N
         if "TQDM_DISABLE" not in os.environ:
             quiet.callback(os.environ.pop, "TQDM_DISABLE", None)
             os.environ["TQDM_DISABLE"] = "1"
+        if "gguf_file" in file_kw:
+            quiet.enter_context(_quiet_gguf_bar())
         with quiet:
             config, encoder, model, tokenizer = _from_pretrained(tf, directory, file_kw, weights_kw)
         if cached is not None and directory != cached:

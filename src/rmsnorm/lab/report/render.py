@@ -18,7 +18,7 @@ from . import sections
 from .page import Page
 from .run import ReportConfig, ReportResults, run_report
 
-__all__ = ["report_page", "write_figures", "write_report", "build_report"]
+__all__ = ["report_page", "write_figures", "write_report", "build_report", "REPORT_FILES"]
 
 TITLE = "When does RMSNorm equal LayerNorm? — the centering report"
 
@@ -121,25 +121,46 @@ def write_figures(r: ReportResults, fig_dir: Path, progress=None) -> dict[str, P
     return files
 
 
+# What a report's folder holds: the whole folder is the report's, replaced in one step.
+REPORT_FILES = ("report.md", "report.html", "report.json", "figures")
+
+
 def write_report(r: ReportResults, out: str | Path = "report", progress=None) -> dict:
     """The figures, ``report.md``, ``report.html`` and ``report.json`` into ``out``; returns the
-    summary dict (``report.json``'s content) with the list of files under ``"files"``."""
+    summary dict (``report.json``'s content) with the list of files under ``"files"``.
+
+    Everything is written into a temporary folder beside ``out``, which then takes ``out``'s
+    place in one step: an interrupted or failed run leaves an earlier report in ``out`` whole, and
+    a new report has no file of an old one beside it. A folder ``out`` holding anything but a
+    report's files (:data:`REPORT_FILES`) is refused (FileExistsError) before anything is
+    written."""
+    from ..._files import atomic_dir, foreign_entries
+
     t_start = time.perf_counter()
     out = Path(out)
-    files = write_figures(r, out / "figures", progress)
-    r.seconds["figures"] = time.perf_counter() - t_start
-    r.seconds["total_before_pages"] = r.seconds.get("runs", 0.0) + r.seconds["figures"]
-    r.provenance.finish()
-    summary = r.to_dict()
-    page = report_page(summary, files)
-    files["report.md"] = out / "report.md"
-    write_text(page.markdown(out), files["report.md"])
-    files["report.html"] = out / "report.html"
-    write_text(page.html(), files["report.html"])
-    summary["seconds"]["total"] = r.seconds.get("runs", 0.0) + time.perf_counter() - t_start
-    summary["files"] = {k: str(v.relative_to(out)) for k, v in files.items()}
-    summary["files"]["report.json"] = "report.json"
-    write_json(summary, out / "report.json")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"report folder {out} is a file")
+    foreign = foreign_entries(out, REPORT_FILES)
+    if foreign:
+        raise FileExistsError(
+            f"{out} holds files that are not a report's ({', '.join(foreign[:5])}); the report "
+            "replaces its whole folder: choose an empty or new one"
+        )
+    with atomic_dir(out, replace=True) as tmp:
+        files = write_figures(r, tmp / "figures", progress)
+        r.seconds["figures"] = time.perf_counter() - t_start
+        r.seconds["total_before_pages"] = r.seconds.get("runs", 0.0) + r.seconds["figures"]
+        r.provenance.finish()
+        summary = r.to_dict()
+        page = report_page(summary, files)
+        files["report.md"] = tmp / "report.md"
+        write_text(page.markdown(tmp), files["report.md"])
+        files["report.html"] = tmp / "report.html"
+        write_text(page.html(), files["report.html"])
+        summary["seconds"]["total"] = r.seconds.get("runs", 0.0) + time.perf_counter() - t_start
+        summary["files"] = {k: str(v.relative_to(tmp)) for k, v in files.items()}
+        summary["files"]["report.json"] = "report.json"
+        write_json(summary, tmp / "report.json")
     return summary
 
 

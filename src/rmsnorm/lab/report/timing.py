@@ -4,14 +4,13 @@ library (``rmsnorm.rms_norm`` / ``layer_norm``, whatever backend is in force) an
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 import torch.nn.functional as F
 
 from ... import functional, info
 from ..._progress import ensure
 from ..._timing import interleaved
+from ..stats.rows import median
 
 __all__ = ["SHAPES", "METHOD", "time_norms"]
 
@@ -75,7 +74,7 @@ def time_norms(
                         "rows": m,
                         "hidden": n,
                         "impl": impl,
-                        "median_ms": statistics.median(secs) * 1e3,
+                        "median_ms": median(secs) * 1e3,
                         "min_ms": min(secs) * 1e3,
                         "rounds": rounds,
                     }

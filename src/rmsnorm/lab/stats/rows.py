@@ -240,11 +240,19 @@ def summarize(values: torch.Tensor, quantiles: tuple[float, ...] = QUANTILES) ->
     return out
 
 
-def median(values: torch.Tensor) -> float:
-    """The median of the finite entries of ``values`` as numpy and scipy define it (the mean of
-    the two middle values for an even count; torch's ``median`` takes the lower one), NaN when
-    none is finite."""
-    v = values.detach().to(torch.float64).flatten()
+def median(values) -> float:
+    """The lab's one median: of the finite entries of ``values`` (a tensor, an array, or any
+    iterable of numbers; None entries skipped) as numpy and scipy define it, the mean of the two
+    middle values for an even count (torch's ``median`` takes the lower one, and the middle index
+    of a sorted list the upper one); NaN when none is finite."""
+    if isinstance(values, torch.Tensor):
+        v = values.detach().to(torch.float64).flatten()
+    else:
+        try:
+            v = torch.as_tensor(values, dtype=torch.float64).flatten()
+        except (TypeError, ValueError, RuntimeError):
+            kept = [float(x) for x in values if x is not None]
+            v = torch.tensor(kept, dtype=torch.float64)
     v = v[torch.isfinite(v)]
     if v.numel() == 0:
         return math.nan

@@ -97,7 +97,7 @@ def channel_medians(x: torch.Tensor) -> tuple[torch.Tensor, float]:
     after the first (float64, (width,)), and the site's median |x| over every entry."""
     a = x.abs().to(torch.float64)
     rest = a[:, 1:].reshape(-1, a.shape[-1]).numpy()
-    return torch.from_numpy(np.median(rest, axis=0)), float(np.median(a.numpy()))
+    return torch.from_numpy(np.median(rest, axis=0)), median(a)
 
 
 def massive_channels(x: torch.Tensor, medians=None) -> list[dict]:

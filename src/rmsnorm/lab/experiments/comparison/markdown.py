@@ -8,6 +8,7 @@ import math
 import statistics
 from collections import Counter
 
+from ...stats.rows import median
 from .config import BASELINE, MODEL_OPTIONS, PRESETS, TRAIN_OPTIONS
 from .paired import ALPHA, POWER
 from .summary import FLAT_TOLERANCE, FLAT_WINDOW, TIMING_SKIP_STEPS, lr_key, same_rates
@@ -343,7 +344,7 @@ def _stability_section(results: dict) -> list[str]:
                 f"| {s['label']} | {key} | {_num(w['max_train_loss_after_warmup'], '.2f')} "
                 f"({seeds[worst]}, {w['argmax_step']}) | {sum(above)} ({max(above)}) "
                 f"| {_num(max(grads, key=_key), '.3g')} "
-                f"| {_num(statistics.median(medians) if medians else None, '.3g')} "
+                f"| {_num(median(medians) if medians else None, '.3g')} "
                 f"| {_num(statistics.fmean(clipped) if clipped else None, '.0%')} "
                 f"| {', '.join(div) if div else 'none'} |"
             )
@@ -436,7 +437,7 @@ def _speed_section(results, nt, sv, base) -> list[str]:
     for name, case in nt["cases"].items():
         if not case["per_call_s"]:
             continue
-        med = statistics.median(case["per_call_s"])
+        med = median(case["per_call_s"])
         share = f"{sv[name]['norm_share_of_step']:.1%}" if name in sv else "— (not in the model)"
         lines.append(f"| {case['label']} | {_fmt_time(med)} | {med / base_norm:.2f}× | {share} |")
     backend = results["machine"]["backend"]
@@ -510,7 +511,7 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
         f"at start {load['start']}, at end {load['end']}"
         + (
             f"; the 1-minute load sampled every minute ranged {min(during):.2f}–{max(during):.2f} "
-            f"(median {statistics.median(during):.2f}) on {m['cpu_cores']} cores"
+            f"(median {median(during):.2f}) on {m['cpu_cores']} cores"
             if during
             else ""
         )

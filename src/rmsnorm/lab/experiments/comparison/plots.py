@@ -9,6 +9,7 @@ import os
 import statistics
 from collections import Counter
 
+from ...stats.rows import median
 from .config import BASELINE, LABELS
 from .summary import lr_key, val_steps
 
@@ -62,7 +63,7 @@ class _Deltas:
         norms = [s for s in self.series if s[0] != "none"]
         others = [s for s in self.series if s[0] == "none"]
         # typical sizes (medians: an early interval of two seeds can be wide)
-        size = lambda group: statistics.median([abs(v) for s in group for v in s[5] + s[6]] or [0])
+        size = lambda group: median([abs(v) for s in group for v in s[5] + s[6]] or [0])
         small, big = size(norms), size(others)
         if not norms or not others or small == 0 or big < 5 * small:
             if self.series:
@@ -96,7 +97,7 @@ def _median_curve(series: list[list[float]]) -> list[float]:
     out = []
     for i in range(length):
         col = [x[i] for x in series if i < len(x) and math.isfinite(x[i])]
-        out.append(statistics.median(col) if col else math.nan)
+        out.append(median(col) if col else math.nan)
     return out
 
 

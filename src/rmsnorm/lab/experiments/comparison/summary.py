@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Sequence
 
 from ....reference import partial_size
+from ...stats.rows import median
 from .config import BASELINE, LABELS
 from .paired import POWER, Paired, paired, seeds_needed
 
@@ -74,7 +75,7 @@ def stability(run: dict, warmup: int, vocab_size: int, grad_clip: float) -> dict
         "steps_above_chance": sum(v > chance for v in losses),
         "steps_after_warmup": len(losses),
         "max_grad_norm_after_warmup": max(grads, default=None),
-        "median_grad_norm_after_warmup": statistics.median(finite_grads) if finite_grads else None,
+        "median_grad_norm_after_warmup": median(finite_grads) if finite_grads else None,
         "clipped_fraction": (
             sum(g > grad_clip for g in grads) / len(grads) if grads and grad_clip > 0 else None
         ),
@@ -209,7 +210,7 @@ def _comparison(
 def _step_time_median(seed_runs: Sequence[dict]) -> float | None:
     times = [t for r in seed_runs for t in r["step_time_s"][TIMING_SKIP_STEPS:]]
     times = times or [t for r in seed_runs for t in r["step_time_s"]]
-    return statistics.median(times) if times else None
+    return median(times) if times else None
 
 
 def summarize(results: dict) -> dict:
@@ -264,7 +265,7 @@ def summarize(results: dict) -> dict:
                 "mean_val_curve": _mean_curve(seed_runs),
             }
         step_median = _step_time_median(all_runs)
-        norm = statistics.median(cases[variant]["per_call_s"]) if variant in cases else None
+        norm = median(cases[variant]["per_call_s"]) if variant in cases else None
         d = mc["d_model"]
         out[variant] = {
             "label": LABELS[variant],
@@ -299,7 +300,7 @@ def summarize(results: dict) -> dict:
     torch_cases = {}
     for name in ("torch_layer_norm", "torch_rms_norm"):
         if name in cases and cases[name]["per_call_s"]:
-            torch_cases[name] = statistics.median(cases[name]["per_call_s"])
+            torch_cases[name] = median(cases[name]["per_call_s"])
     if len(torch_cases) == 2:
         torch_cases["torch_rms_over_layer_norm"] = (
             torch_cases["torch_rms_norm"] / torch_cases["torch_layer_norm"]

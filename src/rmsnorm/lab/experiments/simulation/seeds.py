@@ -224,7 +224,7 @@ def _band(values: list[list[float]]) -> dict:
     """Per layer across seeds: median, min, max (lists over layers)."""
     t = torch.tensor(values, dtype=torch.float64)  # (seeds, layers)
     return {
-        "median": torch.quantile(t, 0.5, dim=0).tolist(),
+        "median": [median(t[:, i]) for i in range(t.shape[1])],
         "min": t.min(dim=0).values.tolist(),
         "max": t.max(dim=0).values.tolist(),
     }

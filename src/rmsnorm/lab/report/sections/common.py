@@ -5,7 +5,8 @@ and a spread of numbers over seeds for ``report.json``."""
 from __future__ import annotations
 
 import math
-import statistics
+
+from ...stats.rows import median
 
 
 def _f(x, spec: str = ".3g") -> str:
@@ -58,4 +59,17 @@ def _spread(values: list[float]) -> dict:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not vals:
         return {"min": math.nan, "median": math.nan, "max": math.nan}
-    return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+    return {"min": min(vals), "median": median(vals), "max": max(vals)}
+
+
+def chapter(page) -> str:
+    """The report's name for the text it tests, as the subject of a sentence: defined where the
+    page first uses it (the lab's notes call that text seed 001, which is no random seed), "The
+    chapter" after."""
+    if page._keys.get("chapter defined"):
+        return "The chapter"
+    page._keys["chapter defined"] = True
+    return (
+        "Seed 001, the chapter this report tests (the lab's name for its source text, not one "
+        "of the random seeds),"
+    )

@@ -17,7 +17,7 @@ from ...models.transformer import NORM_NAMES
 from ...stats.conventions import eps_table, stream_shrink
 from ...stats.rows import RowStats, measured_divergence, median, predicted_divergence
 from ..page import Page
-from .common import _f, _range, _spread
+from .common import _f, _range, _spread, chapter
 
 if TYPE_CHECKING:  # the report's run imports the sections
     from ..run import ReportResults
@@ -225,7 +225,7 @@ def divergence_points(r: ReportResults) -> tuple[list[dict], dict]:
 
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     der = j["derivations"]
-    page.h2("The divergence curve, ε, and β")
+    page.h2("The divergence curve, ε, and β", key="divergence")
     page.p(
         "The cosine depends on nothing but r = |μ|/σ: cos = 1/√(1 + r²) ≈ 1 − r²/2 for small r. "
         f"So |μ|/σ = {der['r'][0]:g} costs {der['cosine_loss_pct'][0]:.1f}% of cosine, "
@@ -301,12 +301,13 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         f"median RMS {s5['median_rms']:.4f}): at ε = {s5['eps']:g} LayerNorm shrinks the median "
         f"token by {s5['layernorm_shrink']:.2e}, x/√(mean(x²) + ε) by "
         f"{s5['mean_square_shrink']:.2e} and x/(RMS + ε) by {s5['rms_mode_shrink']:.2e}; at the "
-        f"seed's ε = {s6['eps']:g}: {s6['layernorm_shrink']:.2e}, {s6['mean_square_shrink']:.2e} "
-        f"and {s6['rms_mode_shrink']:.2e}."
+        f"chapter's ε = {s6['eps']:g}: {s6['layernorm_shrink']:.2e}, "
+        f"{s6['mean_square_shrink']:.2e} and {s6['rms_mode_shrink']:.2e}."
     )
     beta = conv["beta_mean_term_left_pct_init"]
     text = (
-        "β. Seed 001 says a network that learns β = μ undoes the centering. β is one vector per "
+        f"β. {chapter(page)} says a network that learns β = μ undoes the centering. β is one "
+        "vector per "
         "feature and μ one number per token, so it cannot: the least-squares β over tokens is the "
         "token-mean of RMSNorm(x) − LN(x), which removes only the token-shared part. Measured on "
         "the mean term (μ/RMS)·𝟙 of RMSNorm(x) = (σ/RMS)·LN(x) + (μ/RMS)·𝟙, the best β leaves "

@@ -144,7 +144,9 @@ def centering_vs_iid(j: dict) -> str:
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     sim = j["simulation"]
     sc, s0 = sim["config"], sim["seed0"]
-    page.h2("The chapter's experiment: a transformer at initialization, over seeds")
+    page.h2(
+        "The chapter's experiment: a transformer at initialization, over seeds", key="simulation"
+    )
     page.p(
         f"A GPT-style decoder with residual connections and standard initialization "
         f"(weights N(0, {sc['init_std']}²), output projections scaled by 1/√(2·layers)): "

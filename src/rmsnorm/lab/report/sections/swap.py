@@ -146,7 +146,8 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         f"The exact conversion's largest |difference| over every variant and measure is "
         f"{sw['exact_max_abs']:.0e}: rounding, since it computes the same function. The naive "
         "cost is the real price of dropping the centering in these models; per layer it follows "
-        "from the |μ|/σ of what each norm reads (section 6) through cos = 1/√(1 + (μ/σ)²)."
+        f"from the |μ|/σ of what each norm reads ({page.ref('divergence')}) through "
+        "cos = 1/√(1 + (μ/σ)²)."
     )
     page.figure(
         figures["swap"],

@@ -13,7 +13,7 @@ from ...experiments.sweep import SweepResult
 from ...figures import legend_below, pyplot, save_figure
 from ...stats.iid import iid_reference
 from ..page import Page
-from .common import _f
+from .common import _f, chapter
 
 
 def numbers(sweep: SweepResult) -> dict:
@@ -179,9 +179,10 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         return
     page.h2("Architecture sweep at initialization")
     page.p(
-        "Seed 001 says residual connections keep activations centered. Each setting below changes "
-        "one thing from the default and runs at "
-        f"{len(sw['seeds'])} seeds; the verdict is the seed-calibrated one of section 2 at the "
+        f"{chapter(page)} says residual connections keep activations centered. Each setting below "
+        "changes one thing from the default and runs at "
+        f"{len(sw['seeds'])} seeds; the verdict is the seed-calibrated one of "
+        f"{page.ref('simulation')} at the "
         "setting's own width. Post-LN rows are those its norms read (x + f(x)), since its stream "
         "is a norm's output; 'none' has no norm at all."
     )
@@ -224,7 +225,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     if not summ["residual_more_centered"]:
         text += (
             "None is more centered than i.i.d. rows: the residual connections do not center the "
-            "stream beyond chance, which is all that seed 001's 'residual connections keep "
+            "stream beyond chance, which is all that the chapter's 'residual connections keep "
             "activations centered' can claim. "
         )
     else:

@@ -16,6 +16,7 @@ from ...figures import layer_ticks, legend_below, pyplot, save_figure
 from ...models.transformer import NORM_NAMES
 from ...stats.iid import iid_reference
 from ...stats.outliers import MASSIVE_SHARE_FACTOR
+from ...stats.rows import median
 from ..page import Page
 from .common import _f, _range, _spread, _upper, verdict_sentence
 
@@ -68,7 +69,7 @@ def numbers(study: TrainStudy) -> dict:
             "layers": {
                 stage: {
                     key: [
-                        statistics.median(getattr(r, stage)[key][i] for r in runs)
+                        median([getattr(r, stage)[key][i] for r in runs])
                         for i in range(cfg.n_layers + 1)
                     ]
                     for key in ("median_sigma", "median_abs_mu", "median_ratio")
