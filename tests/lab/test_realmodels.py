@@ -244,3 +244,17 @@ def _located_as_gguf(path):
     located = locate(path)
     located.gguf_file = "stand-in.gguf"  # the stage asks only whether there is one
     return located
+
+
+def test_stage_threads_one_when_the_cores_are_busy(monkeypatch):
+    from rmsnorm import info
+    from rmsnorm.lab.experiments.realmodels import stage_threads
+
+    monkeypatch.setattr(info, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(info, "load_average", lambda: (1.7, 1.0, 1.0))
+    assert stage_threads(None)[0] == 1
+    monkeypatch.setattr(info, "load_average", lambda: (0.3, 1.0, 1.0))
+    assert stage_threads(None) == (2, "one per core (2; load average 0.30)")
+    monkeypatch.setattr(info, "load_average", lambda: None)
+    assert stage_threads(None) == (2, "one per core")
+    assert stage_threads(3) == (3, "asked for")

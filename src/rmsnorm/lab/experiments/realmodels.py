@@ -90,8 +90,7 @@ class RealConfig:
     statistic's interval on the primary text (0: the values alone; the page states ranges over
     sites, never one site's interval, and the resamples were over half of the statistics' time,
     100 s of Gemma 3's); ``quantization``: re-round each GGUF model once more; ``threads``:
-    torch threads for this stage (None: one per core; its matrix products are large enough to
-    use them, unlike the lab's small models), restored after."""
+    torch threads for this stage (None: :func:`stage_threads`), restored after."""
 
     models: tuple[str, ...] = ("smollm2-135m", "minilm-l6", "gemma3-270m")
     texts: tuple[str, ...] = ("docstrings", "help-topics")
@@ -702,18 +701,37 @@ def run_model(name: str, cfg: RealConfig, sources: dict, *, progress=None) -> di
     }
 
 
+def stage_threads(requested: int | None) -> tuple[int, str]:
+    """The torch threads of the study and why: ``requested`` if given; else one per core (its
+    matrix products are large enough to use them, unlike the lab's small models) unless other
+    work already keeps the cores busy (1-minute load average ≥ cores − 0.5), then one: torch's
+    threads wait for each other at the end of every parallel region, and a thread the
+    scheduler has not run stalls the rest (SmolLM2's costs took 6× as long on 2 threads as on
+    an idle machine at a load average of 5). The numbers do not depend on the choice beyond
+    rounding, and the result records it."""
+    from ... import info
+
+    if requested is not None:
+        return requested, "asked for"
+    cores = info.cpu_cores() or 1
+    load = info.load_average()
+    if cores > 1 and load is not None and load[0] >= cores - 0.5:
+        return 1, f"load average {load[0]:.2f} on {cores} cores at the start: one thread"
+    return cores, f"one per core ({cores}; load average {load[0]:.2f})" if load else "one per core"
+
+
 def run_real_models(cfg: RealConfig, sources: dict | None = None, progress=None) -> dict:
     """Every model of ``cfg`` on ``sources`` (default: the built-in texts ``cfg.texts``), then
     the predictor analysis over their blocks."""
     import torch
 
-    from ... import info
     from ..models.text import builtin_text
 
     if sources is None:
         sources = {name: builtin_text(name) for name in cfg.texts}
     before = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads or info.cpu_cores() or 1)
+    threads, why = stage_threads(cfg.threads)
+    torch.set_num_threads(threads)
     try:
         results = [run_model(name, cfg, sources, progress=progress) for name in cfg.models]
     finally:
@@ -723,6 +741,7 @@ def run_real_models(cfg: RealConfig, sources: dict | None = None, progress=None)
         "config": asdict(cfg),
         "texts": {name: s.describe() for name, s in sources.items()},
         "models": results,
+        "threads": {"used": threads, "why": why},
         "prediction": prediction(measured),
         "interval_check": interval_check(measured),
     }

@@ -290,7 +290,13 @@ def _method(page: Page, real: dict) -> None:
         + f". The head is evaluated at the first position and every {cfg['head_stride']}th "
         "after it, the same positions in every variant, each sequence's mean weighting them as "
         "the positions they stand for (so Δ cross-entropy, a signed per-token quantity, is "
-        "noisier per sequence than KL)." + coverage
+        "noisier per sequence than KL)."
+        + coverage
+        + (
+            f" Torch threads: {real['threads']['used']} ({real['threads']['why']})."
+            if real.get("threads")
+            else ""
+        )
     )
 
 
