@@ -706,8 +706,8 @@ def stage_threads(requested: int | None) -> tuple[int, str]:
     matrix products are large enough to use them, unlike the lab's small models) unless other
     work already keeps the cores busy (1-minute load average ≥ cores − 0.5), then one: torch's
     threads wait for each other at the end of every parallel region, and a thread the
-    scheduler has not run stalls the rest (SmolLM2's costs took 6× as long on 2 threads as on
-    an idle machine at a load average of 5). The numbers do not depend on the choice beyond
+    scheduler has not run stalls the rest (SmolLM2's costs took 6× as long on 2 threads at a
+    load average of 5 as near 1). The numbers do not depend on the choice beyond
     rounding, and the result records it."""
     from ... import info
 
