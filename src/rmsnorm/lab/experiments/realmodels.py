@@ -29,6 +29,7 @@ from pathlib import Path
 from ..._progress import ensure
 from ..io import jsonable, write_json
 from ..models import cache
+from ..stats.rows import median
 
 __all__ = [
     "RealConfig",
@@ -360,7 +361,7 @@ def _massive_weights(loaded, stats: dict) -> list[dict]:
         w = effective_weight(modules[s["name"]].module, s["width"])
         if w is None:
             continue
-        med = float(w.abs().median())
+        med = median(w.abs())
         out.append(
             {
                 "site": s["name"],
@@ -544,8 +545,6 @@ def _site_digest(stats: dict) -> list[dict]:
 
 
 def _relative_changes(before: list[dict], after: list[dict]) -> dict:
-    import numpy as np
-
     moved = {}
     for stat in ("ratio_median", "shift_median", "max_abs"):
         rel = [
@@ -553,7 +552,7 @@ def _relative_changes(before: list[dict], after: list[dict]) -> dict:
             for a, b in zip(before, after, strict=True)
             if a[stat]
         ]
-        moved[stat] = {"median": float(np.median(rel)), "max": float(max(rel))}
+        moved[stat] = {"median": median(rel), "max": float(max(rel))}
     return moved
 
 

@@ -4,9 +4,9 @@ from the ``real_models`` part of ``report.json`` (every number comes from there)
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 
+from ...stats.rows import median
 from ..page import Page
 from .common import _f
 from .real_figures import PANELS, measured, primary
@@ -73,8 +73,7 @@ def _span(values: list[float], spec: str = ".3g") -> str:
 
 
 def _med(values: list[float]) -> float:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.median(values) if values else math.nan
+    return median(values)
 
 
 def _stats(m: dict) -> dict:
