@@ -325,7 +325,7 @@ _CACHE_KINDS = "dequantized, stages or weights"
 
 
 def _cache_kinds(command: str, only: str | None) -> tuple[str, ...]:
-    from .lab.models import cache
+    from . import _cache as cache
 
     if only is None:
         return cache.REBUILDABLE
@@ -342,7 +342,7 @@ def cache_list() -> None:
     import datetime
     import math
 
-    from .lab.models import cache
+    from . import _cache as cache
 
     with _reported("cache list", ValueError):
         cap = cache.max_bytes()
@@ -374,7 +374,7 @@ def cache_clear(
 ) -> None:
     """Remove cached entries (dequantized GGUF copies and stage results; never the installed
     weights unless --only names weights)."""
-    from .lab.models import cache
+    from . import _cache as cache
 
     kinds = _cache_kinds("cache clear", only)
     found = cache.entries(kinds)

@@ -264,7 +264,7 @@ def cache_line() -> str:
     """Where the lab's cache is, how big, and its cap (``rmsnorm cache list`` has the entries)."""
     import math
 
-    from .lab.models import cache
+    from . import _cache as cache
 
     try:
         cap = cache.max_bytes()

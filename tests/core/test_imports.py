@@ -175,6 +175,8 @@ FLOORS = (
             "rmsnorm._timing",
             "rmsnorm._progress",
             "rmsnorm._files",
+            "rmsnorm._cache",
+            "rmsnorm._tables",
         },
     ),
     ("kernels", {"rmsnorm.kernels."}),

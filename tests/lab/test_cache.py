@@ -10,8 +10,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from rmsnorm import _cache as cache
 from rmsnorm.cli import app
-from rmsnorm.lab.models import cache
 
 
 @pytest.fixture(autouse=True)

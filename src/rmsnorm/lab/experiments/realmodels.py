@@ -26,9 +26,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ... import _cache as cache
 from ..._progress import ensure
 from ..io import jsonable, write_json
-from ..models import cache
 from ..stats.rows import median
 
 __all__ = [
@@ -168,7 +168,7 @@ class _Stages:
     miss) and is read back on a hit."""
 
     def __init__(self, name: str, located, progress) -> None:
-        from ..models.weights import cache_dir
+        from ..._cache import cache_dir
 
         self.name, self.located, self.progress = name, located, progress
         self.folder = cache_dir() / "real"

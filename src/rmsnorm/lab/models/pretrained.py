@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
+from ... import _cache as cache
 from ..._files import atomic_dir, write_text
-from . import cache
 from .weightfiles import (
     WeightFileError,
     check_gguf_architecture,

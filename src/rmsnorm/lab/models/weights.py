@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..._cache import cache_dir
 from ..._files import atomic_path
 
 __all__ = [
@@ -208,16 +209,6 @@ class WeightsMissingError(FileNotFoundError):
     command that installs it."""
 
 
-def cache_dir() -> Path:
-    """Where assembled weight files and the lab's caches go: ``$RMSNORM_CACHE``, else
-    ``$XDG_CACHE_HOME/rmsnorm``, else ``~/.cache/rmsnorm``."""
-    env = os.environ.get("RMSNORM_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "rmsnorm"
-
-
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -325,9 +316,9 @@ def _assemble(model: BuiltinModel) -> Path:
     with atomic_path(target) as tmp:
         package.assemble(tmp, overwrite=True)
         verify_file(tmp, model.weights.sha256, model.weights.size)
-    from . import cache
+    from ... import _cache
 
-    cache.wrote(target.parent)
+    _cache.wrote(target.parent)
     return target
 
 

@@ -1,5 +1,5 @@
-"""The lab's cache on disk (:func:`~.weights.cache_dir`): what is in it, how big it is, keeping it
-under a cap, and emptying it.
+"""The lab's cache on disk (:func:`cache_dir`): where it is, what is in it, how big it is,
+keeping it under a cap, and emptying it.
 
 Three kinds of entries live there:
 
@@ -26,9 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .weights import cache_dir
-
 __all__ = [
+    "cache_dir",
     "KINDS",
     "DEFAULT_MAX_GB",
     "Entry",
@@ -48,6 +47,16 @@ REBUILDABLE = ("dequantized", "stages")
 DEFAULT_MAX_GB = 5.0
 _ENV = "RMSNORM_CACHE_MAX_GB"
 _announced = False
+
+
+def cache_dir() -> Path:
+    """Where assembled weight files and the lab's caches go: ``$RMSNORM_CACHE``, else
+    ``$XDG_CACHE_HOME/rmsnorm``, else ``~/.cache/rmsnorm``."""
+    env = os.environ.get("RMSNORM_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "rmsnorm"
 
 
 @dataclass(frozen=True)
