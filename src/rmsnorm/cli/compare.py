@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from .._tables import show_table
 from .._validate import ArgumentError
@@ -199,16 +198,8 @@ def compare(
 
 
 def _print_comparison(results: dict, paths: dict) -> None:
-    """The headline table of a comparison, its warnings and the files written."""
-    from ..lab.experiments.comparison import SUMMARY_COLUMNS, summary_rows
+    from ..lab.present import comparison_lines, comparison_table
 
-    table = Table(title=f"rmsnorm compare ({results['wall_time_s']:.0f} s), nats/byte")
-    for column in SUMMARY_COLUMNS:
-        table.add_column(column)
-    for row in summary_rows(results):
-        table.add_row(*row)
-    show_table(console, table)
-    for warning in results["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
-    for path in paths.values():
-        console.print(f"wrote {path}")
+    show_table(console, comparison_table(results))
+    for line in comparison_lines(results, paths):
+        console.print(line)

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from .._tables import show_table
 from ._shared import (
@@ -40,17 +39,6 @@ _Seeds = Annotated[
         "trains).",
     ),
 ]
-
-
-def _verdict_line(name: str, verdict: dict) -> str:
-    v = verdict
-    if v["n"] < 2:
-        return f"{name}: one seed has no spread; --seeds 8 gives a verdict"
-    return (
-        f"{name}: median |μ|/σ ÷ i.i.d. median {v['ratio']:.3f} over {v['n']} seeds, "
-        f"{100 * v['confidence']:.0f}% interval {v['ci_low']:.3f}–{v['ci_high']:.3f} "
-        f"(seed SD {100 * v['seed_sd']:.0f}%): {v['verdict']}"
-    )
 
 
 def simulate(
@@ -103,7 +91,8 @@ def simulate(
     """The chapter's experiment: per-token μ, σ, RMS of the residual stream at every layer, the
     token-shared part of μ, and over --seeds a verdict against i.i.d. Gaussian rows."""
     from ..lab.experiments.simulation import SimulationConfig, write_seed_study, write_simulation
-    from ..lab.experiments.simulation.seeds import SeedStudy, replicate
+    from ..lab.experiments.simulation.seeds import replicate
+    from ..lab.present import simulation_lines, simulation_table
 
     _require("simulate", "matplotlib", "scipy")
     _check_out("simulate", out, overwrite, ("simulation.json",))
@@ -132,51 +121,12 @@ def simulate(
         seeds = 1 if train_steps else 8
     with _reported("simulate", OSError), _progress() as progress:
         study = replicate(cfg, seeds, progress, "simulate")
-        result = study.results[0]
-        files = write_simulation(result, out, progress)
-        studies = {"init": study}
-        if result.trained is not None:
-            studies["trained"] = SeedStudy(cfg, study.results, stage="trained")
+        files = write_simulation(study.results[0], out, progress)
         if seeds > 1:
             files.update(write_seed_study(study, out, progress))
-    many = seeds > 1
-    title = f"residual stream, {cfg.resolved_inputs} inputs" + (
-        f", median over {seeds} seeds" if many else f", seed {seed}"
-    )
-    table = Table(title=title, title_justify="left")
-    columns = ["layer", "stage", "median |μ|/σ"]
-    columns += ["seed range", "verdict"] if many else ["95% |μ|/σ", "mean cos(LN, RMS)"]
-    columns += ["shared\nshare"]
-    for col in columns:
-        table.add_column(
-            col,
-            justify="left" if col in ("layer", "stage", "verdict") else "right",
-            overflow="fold",
-        )
-    for stage, st in studies.items():
-        band = st.band("median_ratio")
-        shares = st.band("shared_share")
-        per_layer = result.stages[stage].summary()
-        for i, name in enumerate(result.layer_names):
-            row = [name, stage, f"{band['median'][i]:.4f}"]
-            if many:
-                row += [f"{band['min'][i]:.3g}–{band['max'][i]:.3g}", st.layer_verdicts[i].verdict]
-            else:
-                s = per_layer[i]
-                row += [f"{s['mu_over_sigma']['q95']:.4f}", f"{s['predicted_cosine']['mean']:.6f}"]
-            row.append(f"{100 * shares['median'][i]:.1f}%")
-            table.add_row(*row)
-    show_table(console, table)
-    for stage, st in studies.items():
-        console.print(_verdict_line(f"{stage}, all layers", st.verdict.to_dict()), markup=False)
-        origin = st.origin()
-        if origin is not None and stage == "init":
-            console.print(
-                f"token-shared offset at {result.layer_names[-1]}: the MLPs wrote "
-                f"{100 * origin['mlp_explained']:.0f}% of Σ m̄² (activation mean over tokens: "
-                f"{origin['activation_mean']:.4f} averaged over units)",
-                markup=False,
-            )
+    show_table(console, simulation_table(study))
+    for line in simulation_lines(study):
+        console.print(line, markup=False)
     console.print(f"{study.seconds:.1f} s; wrote " + ", ".join(map(str, files.values())))
 
 
@@ -344,6 +294,7 @@ def report(
 ) -> None:
     """The main job: the centering report (report.md, self-contained report.html, report.json,
     figures), one progress line per stage."""
+    from ..lab.present import verdict_line
     from ..lab.report import ReportConfig, build_report
     from ..lab.report.render import REPORT_FILES
 
@@ -374,7 +325,7 @@ def report(
             raise _fail("report", f"interrupted; {kept}", code=130) from None
     sim, ident = summary["simulation"], summary["identity"]
     console.print(
-        _verdict_line("at initialization", sim["verdict"])
+        verdict_line("at initialization", sim["verdict"])
         + f"; mean cos(LN, RMSNorm) {sim['mean_cosine']:.6f}; identity max rel error "
         f"{ident['max_rel_error']:.1e}",
         markup=False,
