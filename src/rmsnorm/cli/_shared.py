@@ -129,7 +129,8 @@ _LabThreads = Annotated[
     ),
 ]
 _TextFile = Annotated[
-    Path | None, typer.Option(exists=True, dir_okay=False, help="A text file to run.")
+    Path | None,
+    typer.Option("--text-file", exists=True, dir_okay=False, help="A text file to run."),
 ]
 _Json = Annotated[
     Path | None,
@@ -187,9 +188,11 @@ def _set_torch_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def options(ctx: typer.Context, *skip: str) -> dict:
-    """The command's parsed options, each under its parameter's name, except those in ``skip``:
-    the keyword arguments of the library function it calls, where the parameters are named as
-    that function's arguments (an option spelled otherwise names its spelling in its
-    ``typer.Option``)."""
-    return {name: value for name, value in ctx.params.items() if name not in skip}
+def options(ctx: typer.Context, *skip: str, **values) -> dict:
+    """The command's parsed options as the keyword arguments of the library function it calls, so
+    that a command spells each field once, in its signature: every option except those named in
+    ``skip``, under its parameter's name (a parameter is named as the library's argument; where
+    the option is spelled otherwise, its ``typer.Option`` names the spelling, and
+    :data:`_OPTION_OF` spells the argument back in error messages), with ``values`` replacing or
+    adding values the command converts first."""
+    return {name: v for name, v in ctx.params.items() if name not in skip} | values

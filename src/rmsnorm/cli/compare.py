@@ -21,15 +21,17 @@ from ._shared import (
     _Threads,
     console,
     err_console,
+    options,
 )
 
 
-def _override(what: str):
+def _override(what: str, *spelling: str):
     """An optional positive-integer option overriding the preset's value."""
-    return typer.Option(callback=_positive, help=f"{what} (default: the preset's).")
+    return typer.Option(*spelling, callback=_positive, help=f"{what} (default: the preset's).")
 
 
 def compare(
+    ctx: typer.Context,
     out: Annotated[
         Path,
         typer.Option(help="Folder for results.json, loss_curves.png, lr_sweep.png, summary.md."),
@@ -64,13 +66,13 @@ def compare(
         typer.Option(help="Model, schedule and design: cpu (quick look), full, gpu, tiny."),
     ] = "cpu",
     # Checked by the library, which reads it (its message says what is wrong with the file).
-    text_file: Annotated[
+    text: Annotated[
         Path | None,
-        typer.Option(help="Train on this text file instead of the stdlib corpus."),
+        typer.Option("--text-file", help="Train on this text file instead of the stdlib corpus."),
     ] = None,
     device: Annotated[str, typer.Option(help="auto (cuda when available), cpu or cuda.")] = "auto",
     steps: Annotated[int | None, _override("Training steps")] = None,
-    batch: Annotated[int | None, _override("Sequences per step")] = None,
+    batch_size: Annotated[int | None, _override("Sequences per step", "--batch")] = None,
     lr: Annotated[
         float | None,
         typer.Option(
@@ -157,27 +159,9 @@ def compare(
         with _reported("compare", interrupt=False):
             if full and preset not in ("cpu", "full"):
                 raise ArgumentError("full", f"--full is --preset full; got --preset {preset} too")
-            cfg = compare_config(
-                "full" if full else preset,
-                variants=variants,
-                seeds=seeds,
-                seed=seed,
-                lrs=lrs,
-                workers=workers,
-                text=None if text_file is None else str(text_file),
-                device=device,
-                steps=steps,
-                batch_size=batch,
-                lr=lr,
-                n_layers=n_layers,
-                d_model=d_model,
-                n_heads=n_heads,
-                seq_len=seq_len,
-                eval_interval=eval_interval,
-                eval_batches=eval_batches,
-                final_eval_batches=final_eval_batches,
-                threads=threads,
-            )
+            text = None if text is None else str(text)
+            skip = ("out", "full", "preset", "overwrite", "from_results")
+            cfg = compare_config("full" if full else preset, **options(ctx, *skip, text=text))
             out_dir = output_dir(out, overwrite=overwrite)
             if cfg.device == "cpu" and (estimate := estimate_seconds(cfg)) > CPU_REFUSE_S:
                 err_console.print(

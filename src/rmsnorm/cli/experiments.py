@@ -24,6 +24,7 @@ from ._shared import (
     _TextFile,
     console,
     err_console,
+    options,
 )
 
 _SIM_DIR = Path("simulation")
@@ -42,6 +43,7 @@ _Seeds = Annotated[
 
 
 def simulate(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Output directory.")] = _SIM_DIR,
     n_layers: Annotated[int, typer.Option(callback=_positive, help="Transformer blocks.")] = 12,
     d_model: Annotated[
@@ -57,7 +59,9 @@ def simulate(
     ] = 0,
     seeds: _Seeds = None,
     norm: Annotated[str, typer.Option(help="layernorm, rmsnorm, prmsnorm or none.")] = "layernorm",
-    position: Annotated[str, typer.Option(help="pre (pre-LN) or post (post-LN).")] = "pre",
+    norm_position: Annotated[
+        str, typer.Option("--position", help="pre (pre-LN) or post (post-LN).")
+    ] = "pre",
     activation: Annotated[str, typer.Option(help="The MLP's: gelu, relu or swiglu.")] = "gelu",
     center_activation: Annotated[
         bool,
@@ -71,7 +75,7 @@ def simulate(
     inputs: Annotated[
         str, typer.Option(help="tokens, gaussian, text, or auto (tokens; text when training).")
     ] = "auto",
-    text_file: _TextFile = None,
+    text: _TextFile = None,
     planted_mean: Annotated[
         float, typer.Option(help="Constant added to every element of the input embeddings.")
     ] = 0.0,
@@ -98,27 +102,11 @@ def simulate(
     _check_out("simulate", out, overwrite, ("simulation.json",))
     _set_torch_threads(threads)
     with _reported("simulate", ValueError, OSError):
-        cfg = SimulationConfig(
-            n_layers=n_layers,
-            d_model=d_model,
-            n_heads=n_heads,
-            seq_len=seq_len,
-            batch=batch,
-            seed=seed,
-            norm=norm,
-            norm_position=position,
-            init_std=init_std,
-            activation=activation,
-            center_activation=center_activation,
-            inputs=inputs,
-            text=None if text_file is None else str(text_file),
-            planted_mean=planted_mean,
-            planted_bias=planted_bias,
-            train_steps=train_steps,
-            train_batch=train_batch,
-        )
+        skip = ("out", "seeds", "threads", "overwrite")
+        text = None if text is None else str(text)
+        cfg = SimulationConfig(**options(ctx, *skip, text=text))
     if seeds is None:
-        seeds = 1 if train_steps else 8
+        seeds = 1 if cfg.train_steps else 8
     with _reported("simulate", OSError), _progress() as progress:
         study = replicate(cfg, seeds, progress, "simulate")
         files = write_simulation(study.results[0], out, progress)
@@ -221,12 +209,13 @@ def inspect(
 
 
 def report(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Output directory.")] = _REPORT_DIR,
     model: Annotated[
         str | None,
         typer.Option(help="Also inspect this model (local HF directory or built-in name)."),
     ] = None,
-    text_file: _TextFile = None,
+    text: _TextFile = None,
     seeds: Annotated[
         int | None,
         typer.Option(
@@ -301,23 +290,13 @@ def report(
     _require("report", "matplotlib", "scipy")
     _check_out("report", out, overwrite, ("report.json",), own=REPORT_FILES)
     _set_torch_threads(threads)
-    text = None if text_file is None else text_file.read_text(errors="replace")
+    text = None if text is None else text.read_text(errors="replace")
     had = out.is_dir() and any(out.iterdir())
     kept = f"the earlier report in {out} is as it was" if had else "nothing was written"
     with _reported("report", ValueError, OSError, ImportError):
-        cfg = ReportConfig.from_options(
-            quick=quick,
-            full=full,
-            model=model,
-            text=text,
-            planted_bias=planted_bias,
-            train_steps=train_steps,
-            seeds=seeds,
-            train_seeds=train_seeds,
-            sweep=sweep,
-            real=real,
-            recovery=None if recovery is None else str(recovery),
-        )
+        recovery = None if recovery is None else str(recovery)
+        skip = ("out", "threads", "overwrite")
+        cfg = ReportConfig.from_options(**options(ctx, *skip, text=text, recovery=recovery))
         try:
             with _progress() as progress:
                 summary = build_report(cfg, out, progress)
@@ -345,6 +324,7 @@ def _check_out_dir(out: Path) -> None:
 
 
 def recover(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Output directory.")] = _RECOVERY_DIR,
     seeds: Annotated[
         int | None,
@@ -395,13 +375,11 @@ def recover(
     _check_out_dir(out)
     _check_out("recover", out, overwrite, ("recovery.json",))
     with _reported("recover", ValueError, OSError, ImportError):
-        overrides: dict = {"trainable": trainable, "threads": threads}
-        if seeds is not None:
-            overrides["seeds"] = seeds
+        # options not given keep the configuration's values
+        given = options(ctx, "out", "quick", "overwrite", "steps", "model")
+        overrides = {name: value for name, value in given.items() if value is not None}
         if steps is not None:
             overrides["encoder_steps"] = overrides["causal_steps"] = steps
-        if checkpoints is not None:
-            overrides["checkpoints"] = checkpoints
         if model:
             overrides["models"] = tuple(model)
         cfg = RecoveryConfig.quick(**overrides) if quick else RecoveryConfig(**overrides)

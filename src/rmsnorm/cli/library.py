@@ -18,6 +18,7 @@ from ._shared import (
     _positive_number,
     _reported,
     console,
+    options,
 )
 
 
@@ -77,6 +78,7 @@ _BENCH_DIR = Path("benchmarks/results")
 
 
 def bench(
+    ctx: typer.Context,
     device: Annotated[
         str, typer.Option(help="auto (cuda when torch sees a GPU, else cpu), cuda or cpu.")
     ] = "auto",
@@ -92,9 +94,10 @@ def bench(
             "--variants", help="Also time forced kernel layouts of this library (tuning data)."
         ),
     ] = False,
-    budget: Annotated[
+    budget_s: Annotated[
         float | None,
         typer.Option(
+            "--budget",
             callback=_positive_number,
             help="Seconds for the main plan; what does not fit is skipped and logged.",
         ),
@@ -127,24 +130,15 @@ def bench(
     with _reported("bench", RuntimeError, ValueError, OSError):
         device = resolve_device(device)
         with RichProgress(console) as progress:
-            rows = run(
-                device=device,
-                quick=quick,
-                out=out,
-                variants=variants,
-                budget_s=budget,
-                log=_log,
-                latency=latency,
-                progress=progress,
-                ops=None if ops is None else [o.strip() for o in ops.split(",") if o.strip()],
-                overwrite=overwrite,
-            )
+            ops = None if ops is None else [o.strip() for o in ops.split(",") if o.strip()]
+            rows = run(**options(ctx, device=device, ops=ops), log=_log, progress=progress)
     if not latency:  # the latency mode logs its own summary
         _log(summary(rows))
 
 
 # --- ecosystem: exact LayerNorm -> RMSNorm conversion ---
 def convert(
+    ctx: typer.Context,
     source: Annotated[str, typer.Argument(help="A local model directory.")],
     destination: Annotated[str, typer.Argument(help="Where to write the converted model.")],
     check_dtypes: Annotated[
@@ -195,16 +189,13 @@ def convert(
         Progress(*columns, console=console) as bar,
     ):
         task = bar.add_task("starting", total=None)
-        report = convert_directory(
-            source,
-            destination,
-            check_dtypes=tuple(check_dtypes.split(",")),
-            batch=batch,
-            seq_len=seq_len,
-            repeats=repeats,
-            overwrite=overwrite,
-            progress=lambda message: bar.update(task, description=message),
-        )
+
+        def progress(message: str) -> None:
+            bar.update(task, description=message)
+
+        dtypes = tuple(check_dtypes.split(","))
+        args = options(ctx, "json_out", check_dtypes=dtypes, progress=progress)
+        report = convert_directory(**args)
     table = Table(title=f"{report.architecture}: {source} -> {destination}")
     table.add_column("check")
     table.add_column("value", justify="right")
