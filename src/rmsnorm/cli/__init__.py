@@ -1,5 +1,5 @@
-"""The ``rmsnorm`` command. Each command parses its options and calls a library function; what it
-prints is drawn by the library (the lab's printouts in :mod:`rmsnorm.lab.present`).
+"""The ``rmsnorm`` command. Each command parses its options, calls a library function and prints
+what it returns; the lab's tables and lines are drawn in :mod:`rmsnorm.lab.present`.
 
 ``root`` is the app and registers the commands, one module per family: ``library`` (info, warmup,
 bench, convert), ``store`` (the ``weights`` and ``cache`` groups), ``experiments`` (simulate,
