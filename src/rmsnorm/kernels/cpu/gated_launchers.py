@@ -39,7 +39,7 @@ _REFERENCE = L._RMS_REFERENCE
 _BWD_REFERENCE = L._RMS_BWD_REFERENCE
 
 
-def _kernel_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
+def _rms_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
     """The options as the numba kernels take them (a kernel cannot take the NamedTuples), for
     the input dtype ``in_dt`` (the one the casting mode rounds to), the parameters' and the
     gate's: (the flag fields the forward and backward share, or None where the norm's output
@@ -70,11 +70,11 @@ def _kernel_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
 
 def _fwd_plan(key: tuple) -> tuple:
     xdt, zdt, wdt, bdt, in_dt, opts, gating = key
-    fields, norm_out, (k, eps, offset) = _kernel_options(opts, gating, in_dt, wdt, bdt, zdt)
+    fields, norm_out, (k, eps, offset) = _rms_options(opts, gating, in_dt, wdt, bdt, zdt)
     plan = _REFERENCE
     if L._kernel_dtypes(xdt, in_dt, params=(wdt, bdt, zdt)):
         if fields is not None:
-            # (the options as _kernel_options gives them to the kernel)
+            # (the options as _rms_options gives them to the kernel)
             cast, gate_first, sigmoid = (fields[f] for f in ("cast", "first", "sigmoid"))
             gate_last = zdt is not None and not gate_first
             out = in_dt if gate_last else norm_out
@@ -147,7 +147,7 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
 
 def _bwd_plan(key: tuple) -> tuple:
     dydt, xdt, zdt, wdt, bdt, drdt, in_dt, sdt, opts, gating = key
-    fields, _, (k, eps, offset) = _kernel_options(opts, gating, in_dt, wdt, bdt, zdt)
+    fields, _, (k, eps, offset) = _rms_options(opts, gating, in_dt, wdt, bdt, zdt)
     plan = _BWD_REFERENCE
     if sdt == torch.float32 and L._kernel_dtypes(dydt, xdt, drdt, in_dt, params=(wdt, bdt, zdt)):
         if fields is not None:
