@@ -6,9 +6,11 @@ The launchers' results against the spec are checked with every backend's in test
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -509,22 +511,44 @@ def test_the_first_compilation_is_announced_once_and_cached(tmp_path):
     assert "compiling" not in second.stderr and "'compiled': False" in second.stdout
 
 
+def _package_imports(path: Path) -> set[Path]:
+    """The module at ``path`` and every module of its package that it imports, directly or through
+    another (the relative imports of the source)."""
+    seen, todo = set(), [path]
+    while todo:
+        file = todo.pop()
+        if file in seen:
+            continue
+        seen.add(file)
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                todo += [p for n in names if (p := path.parent / f"{n}.py").exists()]
+    return seen
+
+
 def test_each_cache_index_is_stamped_with_the_files_its_code_includes():
     # numba's cache watches only the file of the cached function, while the code it caches
-    # includes the runtime's and kernels.py's functions: an edit of any of them must recompile.
+    # includes the functions of every module of the package that the kernels import (the row
+    # toolkit, the flag fields, the runtime): an edit of any of them must recompile.
     cpu.warmup()
     from rmsnorm.kernels.cpu import gated as G
     from rmsnorm.kernels.cpu import kernels as K
     from rmsnorm.kernels.cpu import runtime as rt
 
-    for registry, modules in ((rt.ENTRIES, [rt]), (K.ENTRIES, [rt, K]), (G.ENTRIES, [rt, K, G])):
+    root = Path(cpu.__file__).resolve().parent
+    for registry, module in ((rt.ENTRIES, rt), (K.ENTRIES, K), (G.ENTRIES, G)):
+        files = _package_imports(Path(module.__file__).resolve())
+        if module is not rt:
+            assert {root / "rows.py", root / "flags.py", root / "runtime.py"} <= files
+        assert {Path(f).resolve() for f in registry.sources} >= files, module.__name__
         if not registry.cached:
             pytest.skip("no writable cache directory here")
         for compiled, _ in registry.items:
             stamp = compiled._cache._cache_file._source_stamp
-            for module in modules:
-                st = os.stat(module.__file__)
-                assert (st.st_mtime, st.st_size) in stamp, (compiled, module.__name__)
+            for file in files:
+                st = os.stat(file)
+                assert (st.st_mtime, st.st_size) in stamp, (compiled, file.name)
             # ... and with the vector widths, which RMSNORM_CPU_VECTOR_BITS may change
             assert ("prefer-vector-width", rt.VECTOR_BITS, rt.VECTOR_BITS_BWD) in stamp
 
@@ -743,12 +767,9 @@ def test_every_compiled_kernel_function_asks_for_the_vector_width():
     not inlined) starts with ``rt.wide_vectors()`` (or ``rt.wide_vectors_bwd()`` in the plain
     norms' backward): the width is a per-function attribute, so a function without the call would
     keep LLVM's default."""
-    import ast
-    from pathlib import Path
-
     root = Path(cpu.__file__).parent
     missing, seen = [], 0
-    for name in ("kernels.py", "gated.py"):
+    for name in ("rows.py", "kernels.py", "gated.py"):
         for node in ast.walk(ast.parse((root / name).read_text())):
             if not isinstance(node, ast.FunctionDef):
                 continue

@@ -1,7 +1,8 @@
 """The CPU kernels (numba) of grouped and gated RMSNorm, forward and backward, over blocks of rows.
 
-Rows, dtype codes, bit conversions, row sums and parameter rows are those of :mod:`.kernels`; the
-threads that share a call are :mod:`.runtime`'s.
+Rows, bit conversions, row sums, parameter rows and the backward's partial rows are the row
+toolkit's (:mod:`.rows`, shared with the plain kernels of :mod:`.kernels`); the dtype codes and the
+bit fields of ``flags`` are :mod:`.flags`'; the threads that share a call are :mod:`.runtime`'s.
 """
 
 from __future__ import annotations
@@ -9,25 +10,39 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, types
 
-from . import kernels as K
+from . import flags as flag
+from . import rows
 from . import runtime as rt
-from .kernels import BF16, F16, F32, F64
-from .runtime import bits_f64, f64_bits, ptr_f32, ptr_i64, ptr_u16
+from .flags import BF16, F16, F32, F64, GEMMA, LLAMA, NONE
+from .rows import (
+    FLOAT,
+    TINY,
+    add_row,
+    bf16_to_f32,
+    bwd_rows_per_block,
+    dx_rms,
+    esize,
+    f32_to_bf16,
+    f32_to_f16,
+    field,
+    load_bf16_sum_squares,
+    load_row,
+    param_rows,
+    partials,
+    reduce_grads,
+    rms_rstd,
+    round_row,
+    rounded,
+    scale_row,
+    scratch_row,
+    store_row,
+    sum_gx,
+    sum_squares,
+    sum_squares32,
+    sum_squares64,
+)
+from .runtime import I32, bits_f64, c32, f64_bits, ptr_f32, ptr_i64, ptr_u16
 from .runtime import njit as _njit
-
-# Bit fields of the kernels' `flags` (shift, width), built once per combination by the launchers
-GX, GZ, GY, GIN, GOUT, GCAST = (0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 2)
-GHAS_GATE, GFIRST, GSIGMOID, GEPS = (12, 1), (13, 1), (14, 1), (15, 1)
-GHAS_W, GHAS_B = (16, 1), (17, 1)
-GW, GB, GPARAM = (18, 2), (20, 2), (22, 2)
-GDY, GDR, GHAS_DR, GNEED_DW, GNEED_DB, GDZ = (24, 2), (26, 2), (28, 1), (29, 1), (30, 1), (31, 2)
-GOUTV, GINV, GRAW = (33, 6), (39, 4), (43, 1)  # 1 + out_variant, 1 + in_variant (0: none);
-# GRAW: the output loop reads the raw gate (no precomputed activation)
-# A bit no flags of .kernels set: the launchers' record of what sharing a call costs is keyed by
-# the flags, so these kernels' records never mix with the plain ones'.
-GATED = (45, 1)
-GEMMA, LLAMA, NONE = 0, 1, 2
-_CAST_CODES = {"gemma": GEMMA, "llama": LLAMA, "none": NONE}
 
 # The argument block of a task (int64 words), filled by the entry points
 _X, _XS, _Z, _ZS, _Y, _S, _B, _RSTD, _M, _N, _G, _K, _EPS, _FLAGS, _RPB = range(15)
@@ -39,8 +54,8 @@ _WORDS = 32
 def _pow2(b, kd):
     """2^n as a float32 from kd = n + 1.5·2^23 (n in its low mantissa bits, |n| ≤ 127): the bits
     (n + 127) << 23, in 32-bit integer lanes."""
-    bits = b.add(b.bitcast(kd, K._I32), K._c(127))
-    return b.bitcast(b.shl(bits, K._c(23)), K._F32)
+    bits = b.add(b.bitcast(kd, I32), c32(127))
+    return b.bitcast(b.shl(bits, c32(23)), FLOAT)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -109,7 +124,7 @@ def _silu32(z):
 def _gate_row(addr, n, code, t):
     """The gate row as float32 in t (copied for float32 too: the activation rewrites it)."""
     rt.wide_vectors()
-    row = K._load_row(addr, n, code, t)
+    row = load_row(addr, n, code, t)
     if code == F32:
         for j in range(n):
             t[j] = row[j]
@@ -126,10 +141,10 @@ def _act_row(addr, n, code, sigmoid, a):
         z16 = carray(ptr_u16(addr), n)
         if sigmoid:
             for j in range(n):
-                a[j] = _sigmoid32(K._bf16_to_f32(z16[j]))
+                a[j] = _sigmoid32(bf16_to_f32(z16[j]))
         else:
             for j in range(n):
-                a[j] = _silu32(K._bf16_to_f32(z16[j]))
+                a[j] = _silu32(bf16_to_f32(z16[j]))
     else:  # float16, float64: converted into a first, then activated in place (rare: slower)
         _gate_row(addr, n, code, a)
         _activation(a, n, sigmoid, a)
@@ -166,7 +181,7 @@ def _activation_grad(z, n, sigmoid, a, da):
             da[j] = s * (_ONE + z[j] * (_ONE - s))
 
 
-# Σx² of a group: :func:`.kernels._sum_squares` (float64, float32 squares for a tiny group). The
+# Σx² of a group: :func:`.rows.sum_squares` (float64, float32 squares for a tiny group). The
 # group helpers take the group's slices and loop from 0: a loop from a run-time start o would
 # keep numba's negative-index wraparound in every access, which LLVM cannot vectorize (measured
 # 0.9 ns an element against 0.05).
@@ -176,7 +191,7 @@ def _bf16_sum_squares(src, k):
     rt.wide_vectors()
     acc = 0.0
     for j in range(k):
-        d = np.float64(K._bf16_to_f32(src[j]))
+        d = np.float64(bf16_to_f32(src[j]))
         acc += d * d
     return acc
 
@@ -189,10 +204,10 @@ def _gated_input(x, a, n, cast, c_in, tv):
     if cast == NONE:
         for j in range(n):
             tv[j] = x[j]
-        K._round_row(tv, n, c_in)
+        round_row(tv, n, c_in)
         for j in range(n):
             tv[j] = tv[j] * a[j]
-        K._round_row(tv, n, c_in)
+        round_row(tv, n, c_in)
     else:
         for j in range(n):
             tv[j] = x[j] * a[j]
@@ -207,33 +222,33 @@ def _apply(v, r, s, b, has_b, cast, c_in, c_out, out):
     rt.wide_vectors()
     g = out.shape[0]
     if cast == GEMMA:
-        K.scale_row(v, r, s, b, has_b, out)
+        scale_row(v, r, s, b, has_b, out)
         return
     if cast == LLAMA:
         rr, c_mul, c_last = r, c_in, c_out
         for j in range(g):
             out[j] = v[j]
     else:  # "none": v and r rounded to the input dtype first
-        rr, c_mul, c_last = K._round(r, c_in), c_in, c_in
+        rr, c_mul, c_last = rounded(r, c_in), c_in, c_in
         for j in range(g):
             out[j] = v[j]
-        K._round_row(out, g, c_in)
+        round_row(out, g, c_in)
     for j in range(g):
         out[j] = out[j] * rr
-    K._round_row(out, g, c_mul)
+    round_row(out, g, c_mul)
     for j in range(g):
         out[j] = out[j] * s[j]
-    K._round_row(out, g, c_last)
+    round_row(out, g, c_last)
     if has_b:
         for j in range(g):
             out[j] = out[j] + b[j]
-        K._round_row(out, g, c_last)
+        round_row(out, g, c_last)
 
 
 @_njit(fastmath={"contract"})
 def _dv_gate_first(dn, s, v, x, act, dact, k, a, b, dx, dz):
     """Gate, then norm: dx = dv·act(z), d gate = dv·x·act'(z), dv formed as
-    :func:`.kernels._dx_rms` forms dx."""
+    :func:`.rows.dx_rms` forms dx."""
     rt.wide_vectors()
     g = dx.shape[0]
     for j in range(g):
@@ -260,7 +275,7 @@ def _dw_partial(dn, v, r, llama, c_in, pw, t):
     if llama:
         for j in range(g):
             t[j] = v[j] * r
-        K._round_row(t, g, c_in)
+        round_row(t, g, c_in)
         for j in range(g):
             pw[j] += dn[j] * t[j]
     else:
@@ -290,11 +305,11 @@ def _raw(zr, j, code):
     """Element j of a raw row (float32 or bfloat16 bits) as float32."""
     if code == F32:
         return zr[j]
-    return K._bf16_to_f32(zr[j])
+    return bf16_to_f32(zr[j])
 
 
 def _make_out(cast, c_in, c_out, gate, y_code):
-    rnd = K._round
+    rnd = rounded
 
     @_njit(inline="always")
     def value(vj, r, rr, sj, bj):
@@ -334,7 +349,7 @@ def _make_out(cast, c_in, c_out, gate, y_code):
     def out(v, xaddr, r, s, b, has_b, a, zaddr, dst):
         rt.wide_vectors()
         g = v.shape[0]
-        rr = K._round(r, c_in)
+        rr = rounded(r, c_in)
         if c_in == F32:
             zr, xr = carray(ptr_f32(zaddr), g), carray(ptr_f32(xaddr), g)
         else:
@@ -352,18 +367,18 @@ def _make_out(cast, c_in, c_out, gate, y_code):
             if has_b:
                 for j in range(g):
                     t = gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr)
-                    y16[j] = K._f32_to_bf16(t)
+                    y16[j] = f32_to_bf16(t)
             else:
                 for j in range(g):
-                    y16[j] = K._f32_to_bf16(gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr))
+                    y16[j] = f32_to_bf16(gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr))
         else:
             yh = carray(ptr_u16(dst), g)
             if has_b:
                 for j in range(g):
-                    yh[j] = K._f32_to_f16(gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr))
+                    yh[j] = f32_to_f16(gated(value(vx(v, xr, j), r, rr, s[j], b[j]), j, a, zr))
             else:
                 for j in range(g):
-                    yh[j] = K._f32_to_f16(gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr))
+                    yh[j] = f32_to_f16(gated(value_nb(vx(v, xr, j), r, rr, s[j]), j, a, zr))
 
     return out
 
@@ -383,7 +398,7 @@ def _make_in(c, sigmoid, none):
             xj, zj = _raw(xr, j, c), _raw(zr, j, c)
             aj = _sigmoid32(zj) if sigmoid else _silu32(zj)
             if none:
-                u[j] = K._round(xj * K._round(aj, c), c)
+                u[j] = rounded(xj * rounded(aj, c), c)
             else:
                 u[j] = xj * aj
 
@@ -449,55 +464,55 @@ def in_variant(code: int, sigmoid: bool, none: bool) -> int:
 def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
     rt.wide_vectors()
     n, g, k, flags = A[_N], A[_G], A[_K], A[_FLAGS]
-    x_code, z_code, y_code = K._field(flags, GX), K._field(flags, GZ), K._field(flags, GY)
-    c_in, c_out, cast = K._field(flags, GIN), K._field(flags, GOUT), K._field(flags, GCAST)
-    has_gate, first = K._field(flags, GHAS_GATE) == 1, K._field(flags, GFIRST) == 1
-    sigmoid, rms_eps = K._field(flags, GSIGMOID) == 1, K._field(flags, GEPS) == 1
-    out_v, in_v = K._field(flags, GOUTV) - 1, K._field(flags, GINV) - 1  # -1: no fused loop
-    raw = K._field(flags, GRAW) == 1  # the output loop reads the gate itself
-    has_b = K._field(flags, GHAS_B) == 1
+    x_code, z_code, y_code = field(flags, flag.GX), field(flags, flag.GZ), field(flags, flag.GY)
+    c_in, c_out, cast = field(flags, flag.GIN), field(flags, flag.GOUT), field(flags, flag.GCAST)
+    has_gate, first = field(flags, flag.GHAS_GATE) == 1, field(flags, flag.GFIRST) == 1
+    sigmoid, rms_eps = field(flags, flag.GSIGMOID) == 1, field(flags, flag.GEPS) == 1
+    out_v, in_v = field(flags, flag.GOUTV) - 1, field(flags, flag.GINV) - 1  # -1: no fused loop
+    raw = field(flags, flag.GRAW) == 1  # the output loop reads the gate itself
+    has_b = field(flags, flag.GHAS_B) == 1
     eps = bits_f64(A[_EPS])
     groups = n // g
     s = carray(ptr_f32(A[_S]), n)
     b = carray(ptr_f32(A[_B]), n)  # not read without a bias
     rstd = carray(ptr_f32(A[_RSTD]), A[_M] * groups)
-    xb, xs = A[_X], A[_XS] * K._esize(x_code)
-    zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else K._esize(z_code))
-    yb, ye = A[_Y], K._esize(y_code)
-    ze = 8 if z_code == F64 else K._esize(z_code)
-    xe = K._esize(x_code)
+    xb, xs = A[_X], A[_XS] * esize(x_code)
+    zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else esize(z_code))
+    yb, ye = A[_Y], esize(y_code)
+    ze = 8 if z_code == F64 else esize(z_code)
+    xe = esize(x_code)
     last = has_gate and not first
     for i in range(lo, hi):
         zrow = zb + i * zs
         if has_gate and (not raw) and (not first or in_v < 0):
             _act_row(zrow, n, z_code, sigmoid, ta)
             if cast == NONE:
-                K._round_row(ta, n, c_in)
+                round_row(ta, n, c_in)
         if first and in_v >= 0:
             _in(in_v, xb + i * xs, zrow, n, tv)
             v = tv[:n]
         elif first:
-            v = _gated_input(K._load_row(xb + i * xs, n, x_code, tx), ta, n, cast, c_in, tv)
+            v = _gated_input(load_row(xb + i * xs, n, x_code, tx), ta, n, cast, c_in, tv)
         elif x_code == BF16:  # converted in the pass that sums each group's squares
             v = tx[:n]
             src = carray(ptr_u16(xb + i * xs), n)
         else:
-            v = K._load_row(xb + i * xs, n, x_code, tx)
+            v = load_row(xb + i * xs, n, x_code, tx)
         row, xrow = yb + i * n * ye, xb + i * xs
         for q in range(groups):
             o = q * g
             vq = v[o : o + g]
             if not first and x_code == BF16 and raw:  # the output loop reads x raw
                 ss = _bf16_sum_squares(src[o : o + g], k)
-                if ss < K._TINY:
-                    K._load_row(xrow + 2 * o, g, BF16, vq)
-                    ss = K._sum_squares32(vq, k)
+                if ss < TINY:
+                    load_row(xrow + 2 * o, g, BF16, vq)
+                    ss = sum_squares32(vq, k)
             elif not first and x_code == BF16:
-                ss = K._load_bf16_sum_squares(src[o : o + g], vq, g, k)
-                ss = K._sum_squares32(vq, k) if ss < K._TINY else ss
+                ss = load_bf16_sum_squares(src[o : o + g], vq, g, k)
+                ss = sum_squares32(vq, k) if ss < TINY else ss
             else:
-                ss = K._sum_squares(vq, k)
-            r = K._rstd(ss, k, eps, rms_eps)
+                ss = sum_squares(vq, k)
+            r = rms_rstd(ss, k, eps, rms_eps)
             rstd[i * groups + q] = r
             if out_v >= 0:
                 sq, bq, aq = s[o : o + g], b[o : o + g], ta[o : o + g]
@@ -508,14 +523,14 @@ def _fwd_rows(A, lo, hi, tx, ta, tv, ty):
             if last:  # the gate product, in float32 (rounded at the store)
                 for j in range(n):
                     ty[j] = ty[j] * ta[j]
-            K._store_row(ty, row, n, y_code)
+            store_row(ty, row, n, y_code)
 
 
 def _fwd_block(args, blk, scratch):
     A = carray(ptr_i64(args), _WORDS)
     n, rpb = A[_N], A[_RPB]
-    tx, ta = K._row(scratch, n, 0), K._row(scratch, n, 1)
-    tv, ty = K._row(scratch, n, 2), K._row(scratch, n, 3)
+    tx, ta = scratch_row(scratch, n, 0), scratch_row(scratch, n, 1)
+    tv, ty = scratch_row(scratch, n, 2), scratch_row(scratch, n, 3)
     _fwd_rows(A, blk * rpb, min(A[_M], (blk + 1) * rpb), tx, ta, tv, ty)
 
 
@@ -525,13 +540,13 @@ def _fwd_block(args, blk, scratch):
 def _bwd_block(args, blk, scratch):
     A = carray(ptr_i64(args), _WORDS)
     m, n, g, k, flags = A[_M], A[_N], A[_G], A[_K], A[_FLAGS]
-    x_code, z_code, dy_code = K._field(flags, GX), K._field(flags, GZ), K._field(flags, GDY)
-    dr_code, dz_code = K._field(flags, GDR), K._field(flags, GDZ)
-    c_in, c_out, cast = K._field(flags, GIN), K._field(flags, GOUT), K._field(flags, GCAST)
-    has_gate, first = K._field(flags, GHAS_GATE) == 1, K._field(flags, GFIRST) == 1
-    sigmoid, rms_eps = K._field(flags, GSIGMOID) == 1, K._field(flags, GEPS) == 1
-    has_b, has_dr = K._field(flags, GHAS_B) == 1, K._field(flags, GHAS_DR) == 1
-    need_dw, need_db = K._field(flags, GNEED_DW) == 1, K._field(flags, GNEED_DB) == 1
+    x_code, z_code, dy_code = field(flags, flag.GX), field(flags, flag.GZ), field(flags, flag.GDY)
+    dr_code, dz_code = field(flags, flag.GDR), field(flags, flag.GDZ)
+    c_in, c_out, cast = field(flags, flag.GIN), field(flags, flag.GOUT), field(flags, flag.GCAST)
+    has_gate, first = field(flags, flag.GHAS_GATE) == 1, field(flags, flag.GFIRST) == 1
+    sigmoid, rms_eps = field(flags, flag.GSIGMOID) == 1, field(flags, flag.GEPS) == 1
+    has_b, has_dr = field(flags, flag.GHAS_B) == 1, field(flags, flag.GHAS_DR) == 1
+    need_dw, need_db = field(flags, flag.GNEED_DW) == 1, field(flags, flag.GNEED_DB) == 1
     last = has_gate and not first
     groups = n // g
     s = carray(ptr_f32(A[_S]), n)  # offset + γ in float32, unrounded (ones without γ)
@@ -545,22 +560,22 @@ def _bwd_block(args, blk, scratch):
         pw[:] = 0.0
     if need_db:
         pb[:] = 0.0
-    tx, tdy = K._row(scratch, n, 0), K._row(scratch, n, 1)
-    ta, tda = K._row(scratch, n, 2), K._row(scratch, n, 3)
-    tv = K._row(scratch, n, 4)
-    tn = K._row(scratch, n, 5)  # n (norm, then gate), then d gate
-    tdn = K._row(scratch, n, 6)  # the gradient reaching n
-    tdx = K._row(scratch, n, 7)
-    tw = K._row(scratch, n, 8)  # x̂ rounded to the input dtype ("llama" d weight)
-    xb, xs = A[_X], A[_XS] * K._esize(x_code)
-    zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else K._esize(z_code))
-    dyb, dys = A[_DY], A[_DYS] * K._esize(dy_code)
-    drb, drs = A[_DR], A[_DRS] * K._esize(dr_code)
+    tx, tdy = scratch_row(scratch, n, 0), scratch_row(scratch, n, 1)
+    ta, tda = scratch_row(scratch, n, 2), scratch_row(scratch, n, 3)
+    tv = scratch_row(scratch, n, 4)
+    tn = scratch_row(scratch, n, 5)  # n (norm, then gate), then d gate
+    tdn = scratch_row(scratch, n, 6)  # the gradient reaching n
+    tdx = scratch_row(scratch, n, 7)
+    tw = scratch_row(scratch, n, 8)  # x̂ rounded to the input dtype ("llama" d weight)
+    xb, xs = A[_X], A[_XS] * esize(x_code)
+    zb, zs = A[_Z], A[_ZS] * (8 if z_code == F64 else esize(z_code))
+    dyb, dys = A[_DY], A[_DYS] * esize(dy_code)
+    drb, drs = A[_DR], A[_DRS] * esize(dr_code)
     dxb, dzb = A[_DX], A[_DZ]
-    dze = 8 if dz_code == F64 else K._esize(dz_code)
+    dze = 8 if dz_code == F64 else esize(dz_code)
     for i in range(blk * rpb, min(m, (blk + 1) * rpb)):
-        x = K._load_row(xb + i * xs, n, x_code, tx)
-        dy = K._load_row(dyb + i * dys, n, dy_code, tdy)
+        x = load_row(xb + i * xs, n, x_code, tx)
+        dy = load_row(dyb + i * dys, n, dy_code, tdy)
         if has_gate:
             _gate_row(zb + i * zs, n, z_code, tdx)  # (tdx is free until dx)
             _activation_grad(tdx, n, sigmoid, ta, tda)
@@ -568,7 +583,7 @@ def _bwd_block(args, blk, scratch):
         if first:
             if cast == NONE:  # u as the forward rounded it: a rounded to the input dtype first
                 tdn[:n] = ta[:n]
-                K._round_row(tdn, n, c_in)
+                round_row(tdn, n, c_in)
                 v = _gated_input(x, tdn, n, cast, c_in, tv)
             else:
                 v = _gated_input(x, ta, n, cast, c_in, tv)
@@ -588,9 +603,9 @@ def _bwd_block(args, blk, scratch):
                 dn = dy[o:e]
             # S = Σ g'·v̂ over the group, g' = dn·(offset + γ), formed as r·Σ g'·v (so that
             # r = inf keeps S finite where the sum is); dv = r·g' − m·v̂·f as in the plain kernel
-            sv = rd * K._sum_gx(dn, vq, sq, g)
+            sv = rd * sum_gx(dn, vq, sq, g)
             if rms_eps:
-                root = np.sqrt(K._sum_squares64(vq, k) / k)
+                root = np.sqrt(sum_squares64(vq, k) / k)
                 f = sv / (k * root) if root > 0.0 else 0.0
             else:
                 f = rd * sv / k
@@ -598,7 +613,7 @@ def _bwd_block(args, blk, scratch):
                 xq, aq, daq = x[o:e], ta[o:e], tda[o:e]
                 _dv_gate_first(dn, sq, vq, xq, aq, daq, k, rd, rd * f, tdx[o:e], tn[o:e])
             else:
-                K._dx_rms(dn, vq, sq, g, k, rd, rd * f, tdx[o:e])
+                dx_rms(dn, vq, sq, g, k, rd, rd * f, tdx[o:e])
             if need_dw:
                 _dw_partial(dn, vq, r, cast == LLAMA, c_in, pw[o:e], tw[o:e])
             if need_db:
@@ -606,17 +621,17 @@ def _bwd_block(args, blk, scratch):
                 for j in range(g):
                     pbq[j] += dn[j]
         if has_dr:
-            K._add_row(drb + i * drs, n, dr_code, tdx)
-        K._store_row(tdx, dxb + i * n * K._esize(x_code), n, x_code)
+            add_row(drb + i * drs, n, dr_code, tdx)
+        store_row(tdx, dxb + i * n * esize(x_code), n, x_code)
         if has_gate:
-            K._store_row(tn, dzb + i * n * dze, n, dz_code)
+            store_row(tn, dzb + i * n * dze, n, dz_code)
 
 
 # ----------------------------------------------------------------------------------------------
-# Entry points: one signature each, cached on disk (stale when this file, kernels.py or runtime.py
-# changes)
+# Entry points: one signature each, cached on disk (stale when this file or a module it takes code
+# from changes: the row toolkit, the flag fields, the runtime)
 # ----------------------------------------------------------------------------------------------
-ENTRIES = rt.Entries(K.__file__, __file__)
+ENTRIES = rt.Entries(rows.__file__, flag.__file__, __file__)
 FWD_BLOCK = ENTRIES.block(_fwd_block)  # the block functions that the threads of a call run
 BWD_BLOCK = ENTRIES.block(_bwd_block)
 
@@ -627,9 +642,10 @@ _i, _f = types.int64, types.float64
 def forward(ctrl, fn, xp, xs, zp, zs, yp, wp, ws, bp, bs, rstdp, m, n, g, k, eps, offset, flags):
     """Grouped / gated RMSNorm over m rows of n elements in groups of g (statistics from the first
     k of each); y and rstd (m·n/g) contiguous. fn: FWD_BLOCK's address. ctrl: as kernels.forward."""
-    w_code, has_w, b_code = K._field(flags, GW), K._field(flags, GHAS_W) == 1, K._field(flags, GB)
-    has_b, c_param = K._field(flags, GHAS_B) == 1, K._field(flags, GPARAM)
-    sp, bpp, owner = K._param_rows(n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_param)
+    w_code, b_code = field(flags, flag.GW), field(flags, flag.GB)
+    has_w, has_b = field(flags, flag.GHAS_W) == 1, field(flags, flag.GHAS_B) == 1
+    c_param = field(flags, flag.GPARAM)
+    sp, bpp, owner = param_rows(n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_param)
     A = np.zeros(_WORDS, np.int64)
     rpb = max(1, 16384 // n)  # ~16 K elements a block, as kernels.forward
     nb = (m + rpb - 1) // rpb
@@ -671,19 +687,17 @@ def backward(
 ):
     """dx (x's dtype) and d gate (the gate's) for m rows, contiguous; d weight / d bias ((N,),
     their codes) where needed. fn: BWD_BLOCK's address."""
-    has_w, has_b = K._field(flags, GHAS_W) == 1, K._field(flags, GHAS_B) == 1
-    w_code, b_code = K._field(flags, GW), K._field(flags, GB)
-    sp, _, owner = K._param_rows(n, wp, ws, w_code, has_w, 0, 0, F32, False, offset, F32)
+    has_w, has_b = field(flags, flag.GHAS_W) == 1, field(flags, flag.GHAS_B) == 1
+    w_code, b_code = field(flags, flag.GW), field(flags, flag.GB)
+    sp, _, owner = param_rows(n, wp, ws, w_code, has_w, 0, 0, F32, False, offset, F32)
     # n in the gate's derivative (norm, then gate) as the forward rounded it in "llama" mode, in
     # float32 otherwise ("none" differentiates the unrounded function)
-    c_param = K._field(flags, GPARAM) if K._field(flags, GCAST) == LLAMA else F32
-    snp, bnp, owner_n = K._param_rows(
-        n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_param
-    )
-    need_dw, need_db = K._field(flags, GNEED_DW), K._field(flags, GNEED_DB)
-    rpb = K._bwd_rows_per_block(m, n)
+    c_param = field(flags, flag.GPARAM) if field(flags, flag.GCAST) == LLAMA else F32
+    snp, bnp, owner_n = param_rows(n, wp, ws, w_code, has_w, bp, bs, b_code, has_b, offset, c_param)
+    need_dw, need_db = field(flags, flag.GNEED_DW), field(flags, flag.GNEED_DB)
+    rpb = bwd_rows_per_block(m, n)
     nb = (m + rpb - 1) // rpb
-    pw, pb = K._partials(nb, n, need_dw), K._partials(nb, n, need_db)
+    pw, pb = partials(nb, n, need_dw), partials(nb, n, need_db)
     A = np.zeros(_WORDS, np.int64)
     A[_X], A[_XS], A[_Z], A[_ZS], A[_DY], A[_DYS] = xp, xs, zp, zs, dyp, dys
     A[_DR], A[_DRS], A[_DX], A[_DZ] = drp, drs, dxp, dzp
@@ -694,4 +708,4 @@ def backward(
     owner[:0] = 0.0
     owner_n[:0] = 0.0
     A[:0] = 0
-    K._reduce_grads(pw, pb, nb, n, dwp, K._field(flags, GW), dbp, K._field(flags, GB))
+    reduce_grads(pw, pb, nb, n, dwp, field(flags, flag.GW), dbp, field(flags, flag.GB))

@@ -15,15 +15,15 @@ import logging
 import torch
 
 from ... import reference as ref
+from . import flags as flag
 from . import gated as G
-from . import kernels as K
 from . import launchers as L
 from . import runtime as rt
 
 __all__ = ["gated_rms_norm_fwd", "gated_rms_norm_bwd"]
 
 log = logging.getLogger("rmsnorm")
-_CAST = G._CAST_CODES
+_CAST = flag.CASTING_MODES
 
 
 STATUS = rt.load("the grouped and gated RMSNorm kernels", G.ENTRIES)
@@ -39,7 +39,7 @@ _REFERENCE = L._RMS_REFERENCE
 _BWD_REFERENCE = L._RMS_BWD_REFERENCE
 
 
-def _kernel_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
+def _rms_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
     """The options as the numba kernels take them (a kernel cannot take the NamedTuples), for
     the input dtype ``in_dt`` (the one the casting mode rounds to), the parameters' and the
     gate's: (the flag fields the forward and backward share, or None where the norm's output
@@ -57,27 +57,25 @@ def _kernel_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
     cin, cout = L._CODES.get(in_dt), L._CODES.get(norm_out)
     if cin is None or cout is None:
         return None, norm_out, scalars
-    param = {"gemma": K.F32, "llama": cout, "none": cin}[casting_mode]
+    param = {"gemma": flag.F32, "llama": cout, "none": cin}[casting_mode]
     gate_first = zdt is not None and not gating.norm_before_gate
     fields = dict(
-        z=(G.GZ, L._pc(zdt)), cin=(G.GIN, cin), cout=(G.GOUT, cout),
-        cast=(G.GCAST, _CAST[casting_mode]), has_gate=(G.GHAS_GATE, zdt is not None),
-        first=(G.GFIRST, gate_first), sigmoid=(G.GSIGMOID, activation == "sigmoid"),
-        eps=(G.GEPS, eps_mode == "rms"), w=(G.GW, L._pc(wdt)), has_w=(G.GHAS_W, wdt is not None),
-        b=(G.GB, L._pc(bdt)), has_b=(G.GHAS_B, bdt is not None), param=(G.GPARAM, param),
-        gated=(G.GATED, 1),
+        z=L._pc(zdt), c_in=cin, c_out=cout, cast=_CAST[casting_mode], has_gate=zdt is not None,
+        first=gate_first, sigmoid=activation == "sigmoid", eps=eps_mode == "rms",
+        w=L._pc(wdt), has_w=wdt is not None, b=L._pc(bdt), has_b=bdt is not None,
+        c_param=param, gated=1,
     )  # fmt: skip
     return fields, norm_out, scalars
 
 
 def _fwd_plan(key: tuple) -> tuple:
     xdt, zdt, wdt, bdt, in_dt, opts, gating = key
-    fields, norm_out, (k, eps, offset) = _kernel_options(opts, gating, in_dt, wdt, bdt, zdt)
+    fields, norm_out, (k, eps, offset) = _rms_options(opts, gating, in_dt, wdt, bdt, zdt)
     plan = _REFERENCE
     if L._kernel_dtypes(xdt, in_dt, params=(wdt, bdt, zdt)):
         if fields is not None:
-            # (the options as _kernel_options gives them to the kernel)
-            cast, gate_first, sigmoid = (fields[f][1] for f in ("cast", "first", "sigmoid"))
+            # (the options as _rms_options gives them to the kernel)
+            cast, gate_first, sigmoid = (fields[f] for f in ("cast", "first", "sigmoid"))
             gate_last = zdt is not None and not gate_first
             out = in_dt if gate_last else norm_out
             cin, cx = L._CODES[in_dt], L._CODES[xdt]
@@ -92,10 +90,10 @@ def _fwd_plan(key: tuple) -> tuple:
                 raw, outv = False, G.out_variant(cast, cin, L._CODES[norm_out], G.PRE)
             inv = -1
             if gate_first and zdt == in_dt == xdt:
-                inv = G.in_variant(cx, sigmoid, cast == G.NONE)
-            flags = K.pack(
-                x=(G.GX, cx), y=(G.GY, L._CODES[out]), outv=(G.GOUTV, outv + 1),
-                inv=(G.GINV, inv + 1), raw=(G.GRAW, raw), **fields,
+                inv = G.in_variant(cx, sigmoid, cast == flag.NONE)
+            flags = flag.GATED.pack(
+                x=cx, y=L._CODES[out], out_variant=outv + 1, in_variant=inv + 1, raw=raw,
+                **fields,
             )  # fmt: skip
             plan = (out, flags, k, eps, offset)
     return L._keep(_fwd_plans, key, plan, (eps, offset))
@@ -149,21 +147,20 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
 
 def _bwd_plan(key: tuple) -> tuple:
     dydt, xdt, zdt, wdt, bdt, drdt, in_dt, sdt, opts, gating = key
-    fields, _, (k, eps, offset) = _kernel_options(opts, gating, in_dt, wdt, bdt, zdt)
+    fields, _, (k, eps, offset) = _rms_options(opts, gating, in_dt, wdt, bdt, zdt)
     plan = _BWD_REFERENCE
     if sdt == torch.float32 and L._kernel_dtypes(dydt, xdt, drdt, in_dt, params=(wdt, bdt, zdt)):
         if fields is not None:
-            flags = K.pack(
-                x=(G.GX, L._CODES[xdt]), dy=(G.GDY, L._CODES[dydt]),
-                dr=(G.GDR, L._CODES[drdt] if drdt else 0), has_dr=(G.GHAS_DR, drdt is not None),
-                dz=(G.GDZ, L._pc(zdt)), **fields,
+            flags = flag.GATED.pack(
+                x=L._CODES[xdt], dy=L._CODES[dydt], dr=L._CODES[drdt] if drdt else 0,
+                has_dr=drdt is not None, dz=L._pc(zdt), **fields,
             )  # fmt: skip
             plan = (xdt, flags, k, offset)
     return L._keep(_bwd_plans, key, plan, (eps, offset))
 
 
-_NEED_DW = K.pack(f=(G.GNEED_DW, 1))
-_NEED_DB = K.pack(f=(G.GNEED_DB, 1))
+_NEED_DW = flag.GATED.pack(need_dw=1)
+_NEED_DB = flag.GATED.pack(need_db=1)
 
 
 def gated_rms_norm_bwd(

@@ -17,6 +17,7 @@ import torch
 from ... import _calls
 from ... import reference as ref
 from ..._contract import LAUNCHERS
+from . import flags as flag
 from . import kernels as K
 from . import pool as _pool
 from . import runtime as rt
@@ -26,8 +27,8 @@ __all__ = [name for name in LAUNCHERS if not name.startswith("gated_")]
 
 log = logging.getLogger("rmsnorm")
 
-_CODES = {torch.float32: K.F32, torch.bfloat16: K.BF16, torch.float16: K.F16}
-_PARAM_CODES = {**_CODES, torch.float64: K.F64}  # weights and biases may also be float64
+_CODES = {torch.float32: flag.F32, torch.bfloat16: flag.BF16, torch.float16: flag.F16}
+_PARAM_CODES = {**_CODES, torch.float64: flag.F64}  # weights and biases may also be float64
 _F32 = torch.float32
 # Outputs come from Tensor.new_empty / torch.empty_like (~0.55 µs) rather than torch.empty (~0.8
 # µs): they also ignore torch.set_default_device, which would put an output on another device.
@@ -132,19 +133,17 @@ def _kernel_dtypes(*dtypes: torch.dtype | None, params: tuple = ()) -> bool:
 
 def _fwd_flags(xdt, ydt, wdt, bdt, norm: int, **fields) -> int:
     """The forward kernel's flags for these dtypes and norm, with RMSNorm's further ``fields``."""
-    return K.pack(
-        x=(K.FX, _CODES[xdt]), y=(K.FY, _CODES[ydt]), norm=(K.FNORM, norm),
-        w=(K.FW, _pc(wdt)), has_w=(K.FHAS_W, wdt is not None),
-        b=(K.FB, _pc(bdt)), has_b=(K.FHAS_B, bdt is not None), **fields,
+    return flag.FORWARD.pack(
+        x=_CODES[xdt], y=_CODES[ydt], norm=norm, w=_pc(wdt), has_w=wdt is not None,
+        b=_pc(bdt), has_b=bdt is not None, **fields,
     )  # fmt: skip
 
 
 def _bwd_flags(dydt, xdt, wdt, bdt, norm: int, **fields) -> int:
     """The backward kernel's flags for these dtypes and norm, with RMSNorm's further ``fields``."""
-    return K.pack(
-        dy=(K.BDY, _CODES[dydt]), x=(K.BX, _CODES[xdt]), norm=(K.BNORM, norm),
-        w=(K.BW, _pc(wdt)), has_w=(K.BHAS_W, wdt is not None), dw=(K.BDW, _pc(wdt)),
-        db=(K.BDB, _pc(bdt)), **fields,
+    return flag.BACKWARD.pack(
+        dy=_CODES[dydt], x=_CODES[xdt], norm=norm, w=_pc(wdt), has_w=wdt is not None,
+        dw=_pc(wdt), db=_pc(bdt), **fields,
     )  # fmt: skip
 
 
@@ -159,24 +158,21 @@ def _rms_options(opts: ref.RMSOptions, in_dt, wdt, backward: bool = False) -> tu
     llama = casting_mode == "llama"
     out = torch.promote_types(in_dt, wdt) if llama and wdt is not None else in_dt
     cin, cout = _CODES.get(in_dt), _CODES.get(out)  # (None: a dtype the reference serves)
-    form = K.RMS if eps_mode == "rms" else K.MEAN_SQUARE
+    form = flag.RMS if eps_mode == "rms" else flag.MEAN_SQUARE
     if backward:
-        fields = dict(eps=(K.BEPS, form), xhat=(K.BC_XHAT, cin if llama else K.F32))
+        fields = dict(eps=form, c_xhat=cin if llama else flag.F32)
     else:
         # rounding points as in reference.rms_norm_apply: "gemma" rounds once at the store;
         # "llama" rounds x·r to the input dtype and the products to the output dtype; "none"
         # rounds the input, r and every product to the input dtype. The parameters are rounded
         # to the dtype their product is taken in.
         pre, r, mul, last = {
-            "gemma": (K.F32,) * 4,
-            "llama": (K.F32, K.F32, cin, cout),
+            "gemma": (flag.F32,) * 4,
+            "llama": (flag.F32, flag.F32, cin, cout),
             "none": (cin,) * 4,
         }[casting_mode]
-        param = {"gemma": K.F32, "llama": cout, "none": cin}[casting_mode]
-        fields = dict(
-            eps=(K.FEPS, form), pre=(K.FC_PRE, pre), cr=(K.FC_R, r), mul=(K.FC_MUL, mul),
-            out=(K.FC_OUT, last), param=(K.FC_PARAM, param),
-        )  # fmt: skip
+        param = {"gemma": flag.F32, "llama": cout, "none": cin}[casting_mode]
+        fields = dict(eps=form, c_pre=pre, c_r=r, c_mul=mul, c_out=last, c_param=param)
     return out, fields, (opts.k, float(opts.eps), float(opts.offset))
 
 
@@ -186,8 +182,8 @@ def _rms_fwd_plan(key: tuple) -> tuple:
     plan = _RMS_REFERENCE
     if _kernel_dtypes(xdt, rdt, out, params=(wdt, bdt)):
         flags = _fwd_flags(
-            xdt, out, wdt, bdt, K.RMS_NORM,
-            r=(K.FR, _CODES[rdt] if rdt else 0), res=(K.FHAS_RES, rdt is not None), **fields,
+            xdt, out, wdt, bdt, flag.RMS_NORM,
+            r=_CODES[rdt] if rdt else 0, has_res=rdt is not None, **fields,
         )  # fmt: skip
         plan = (out, flags, k, eps, offset)
     return _keep(_rms_fwd_plans, key, plan, (eps, offset))
@@ -200,9 +196,8 @@ def _rms_bwd_plan(key: tuple) -> tuple:
     stats_ok = sdt == _F32
     if stats_ok and _kernel_dtypes(dydt, xdt, drdt, input_dtype, params=(wdt, bdt)):
         flags = _bwd_flags(
-            dydt, xdt, wdt, bdt, K.RMS_NORM,
-            dr=(K.BDR, _CODES[drdt] if drdt else 0), has_dr=(K.BHAS_DR, drdt is not None),
-            **fields,
+            dydt, xdt, wdt, bdt, flag.RMS_NORM,
+            dr=_CODES[drdt] if drdt else 0, has_dr=drdt is not None, **fields,
         )  # fmt: skip
         plan = (xdt, flags, k, offset)
     return _keep(_rms_bwd_plans, key, plan, (eps, offset))
@@ -240,20 +235,20 @@ def _scratch(count: int) -> int:
     return rows.data_ptr()
 
 
-_NEED_DW = K.pack(f=(K.BNEED_DW, 1))
-_STREAM = K.pack(f=(K.FSTREAM, 1))
-_STREAM_BWD = K.pack(f=(K.BSTREAM, 1))
+_NEED_DW = flag.BACKWARD.pack(need_dw=1)
+_STREAM = flag.FORWARD.pack(stream=1)
+_STREAM_BWD = flag.BACKWARD.pack(stream=1)
 # From this many bytes of input and output together, a call streams its outputs past the caches
 # (runtime.stream_rule); never where it is None
 _STREAM_AT = rt.STREAM_BYTES if rt.STREAM_BYTES is not None else 1 << 62
-_NEED_DB = K.pack(f=(K.BNEED_DB, 1))
+_NEED_DB = flag.BACKWARD.pack(need_db=1)
 
 
 def _ln_fwd_plan(key: tuple) -> tuple:
     xdt, wdt, bdt = key
     plan = _REFERENCE
     if _kernel_dtypes(xdt, params=(wdt, bdt)):
-        flags = _fwd_flags(xdt, xdt, wdt, bdt, K.LAYER_NORM)
+        flags = _fwd_flags(xdt, xdt, wdt, bdt, flag.LAYER_NORM)
         plan = (xdt, flags)
     _ln_fwd_plans[key] = plan
     return plan
@@ -428,7 +423,7 @@ def _ln_bwd_plan(key: tuple) -> tuple:
     dydt, xdt, wdt, bdt, meandt, sdt = key
     plan = _REFERENCE
     if meandt == _F32 and sdt == _F32 and _kernel_dtypes(dydt, xdt, params=(wdt, bdt)):
-        flags = _bwd_flags(dydt, xdt, wdt, bdt, K.LAYER_NORM)
+        flags = _bwd_flags(dydt, xdt, wdt, bdt, flag.LAYER_NORM)
         plan = (xdt, flags)
     _ln_bwd_plans[key] = plan
     return plan

@@ -31,11 +31,12 @@ def njit(fn=None, **options):
     return _numba_njit(**options) if fn is None else _numba_njit(**options)(fn)
 
 
-_I8P, _I32, _I64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
+_I8P, I32, _I64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
 
 
-def _c(v: int) -> ir.Constant:
-    return ir.Constant(_I32, v)
+def c32(v: int) -> ir.Constant:
+    """A 32-bit integer constant of LLVM IR."""
+    return ir.Constant(I32, v)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,8 +129,8 @@ def _gomp_parallel(b, addr, body, data, threads):
     """Call ``void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned
     flags)`` at addr: run body(data) on a team of `threads` (this thread included) and return when
     every member has."""
-    fn = _at(b, addr, ir.VoidType(), _I8P, _I8P, _I32, _I32)
-    b.call(fn, [b.inttoptr(body, _I8P), b.inttoptr(data, _I8P), b.trunc(threads, _I32), _c(0)])
+    fn = _at(b, addr, ir.VoidType(), _I8P, _I8P, I32, I32)
+    b.call(fn, [b.inttoptr(body, _I8P), b.inttoptr(data, _I8P), b.trunc(threads, I32), c32(0)])
 
 
 _ARCH = platform.machine().lower()
@@ -142,21 +143,21 @@ def _pause(b):
         fnty = ir.FunctionType(ir.VoidType(), [])
         b.call(b.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=fnty), [])
     elif _ARCH in ("aarch64", "arm64"):
-        fnty = ir.FunctionType(ir.VoidType(), [_I32])
-        b.call(b.module.declare_intrinsic("llvm.aarch64.hint", fnty=fnty), [_c(1)])
+        fnty = ir.FunctionType(ir.VoidType(), [I32])
+        b.call(b.module.declare_intrinsic("llvm.aarch64.hint", fnty=fnty), [c32(1)])
 
 
 @lowered(types.int64(_W))
 def _call_int(b, addr):
     """Call ``int f(void)`` at addr (``omp_get_thread_num``) and return its value."""
-    return b.sext(b.call(_at(b, addr, _I32), []), _I64)
+    return b.sext(b.call(_at(b, addr, I32), []), _I64)
 
 
 @lowered(types.void(_W))
 def _call_int_void(b, addr):
     """Call ``int f(void)`` at addr (``sched_yield``). The address is a run-time value: code that
     embeds a library's address cannot be cached."""
-    b.call(_at(b, addr, _I32), [])
+    b.call(_at(b, addr, I32), [])
 
 
 @lowered(types.void(_W, _W, _W, _W))
@@ -179,7 +180,7 @@ def stream_line(b, dst, src):
     vt = ir.VectorType(_I64, 8)
     value = b.load(b.inttoptr(src, vt.as_pointer()), align=1)
     store = b.store(value, b.inttoptr(dst, vt.as_pointer()), align=64)
-    store.set_metadata("nontemporal", b.module.add_metadata([_c(1)]))
+    store.set_metadata("nontemporal", b.module.add_metadata([c32(1)]))
 
 
 @lowered(types.void())
