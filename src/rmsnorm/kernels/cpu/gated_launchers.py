@@ -47,8 +47,7 @@ def _kernel_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
     module reads the options: a new option is read here, and computed in gated.py."""
     eps_mode, casting_mode, activation = opts.eps_mode, opts.casting_mode, gating.activation
     L._check_modes(eps_mode, casting_mode)
-    if activation not in ref.ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ref.ACTIVATIONS}, got {activation!r}")
+    ref.check_activation(activation)
     scalars = (opts.k, float(opts.eps), float(opts.offset))
     # the norm's output dtype (reference.output_dtype): promote(input, weight) in "llama"
     norm_out = in_dt

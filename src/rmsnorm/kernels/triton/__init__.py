@@ -16,7 +16,13 @@ import triton
 import triton.language as tl
 
 from ..._contract import LAUNCHERS
-from ...reference import ACTIVATIONS, compute_dtype, output_dtype
+from ...reference import (
+    check_activation,
+    check_casting_mode,
+    check_eps_mode,
+    compute_dtype,
+    output_dtype,
+)
 
 # Triton 3.3 passes the kernels' dtype-annotated scalars (eps, offset: tl.float64) as float32,
 # which float64 inputs need exactly, and rejects chained boolean operators; both checked by
@@ -52,14 +58,11 @@ _TL = {
     torch.float64: tl.float64,
 }
 _CAST = {"gemma": flag.CAST_GEMMA, "llama": flag.CAST_LLAMA, "none": flag.CAST_NONE}
-_EPS_MODES = ("mean_square", "rms")
 
 
 def _check_mode(eps_mode: str, casting_mode: str) -> None:
-    if eps_mode not in _EPS_MODES:
-        raise ValueError(f"eps_mode must be one of {_EPS_MODES}, got {eps_mode!r}")
-    if casting_mode not in _CAST:
-        raise ValueError(f"casting_mode must be one of {tuple(_CAST)}, got {casting_mode!r}")
+    check_eps_mode(eps_mode)
+    check_casting_mode(casting_mode)
 
 
 def _rms_options(opts, size: int, in_dtype: torch.dtype, weight) -> tuple:
@@ -444,8 +447,7 @@ def _gated_setup(kernel, x, in_dtype, n, g):
 
 
 def _gating(gate, norm_before_gate: bool, activation: str) -> int:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_activation(activation)
     if gate is None:
         return 0
     return (1 if norm_before_gate else 2) + (4 if activation == "sigmoid" else 0)
