@@ -799,20 +799,13 @@ def gated_rms_norm(
     if group_size is not None:
         group_size, k = _group_arguments(group_size, n, partial)
         opts = opts._replace(k=k)
-    if gate is None and group_size is None:
-        return rms_norm(
-            input,
-            normalized_shape,
-            weight,
-            opts.eps,
-            eps_mode=eps_mode,
-            casting_mode=casting_mode,
-            offset=opts.offset,
-            bias=bias,
-            partial=partial,
-        )
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, gate, weight, bias = _fp32(input), _fp32(gate), _fp32(weight), _fp32(bias)
+    if gate is None and group_size is None:  # rms_norm, its arguments checked above
+        path = _path(input, weight, bias)
+        if _calls.recording:
+            _served("rms_norm", path, input)
+        return _like(_PATHS[path].rms_norm(input, norm_dims, n, weight, bias, opts), input)
     gating = ref.GateOptions(group_size, norm_before_gate, activation)
     return _grouped_gated(input, gate, None, norm_dims, n, weight, bias, opts, gating)[0]
 
