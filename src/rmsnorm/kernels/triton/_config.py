@@ -39,6 +39,7 @@ class Config:
 
 
 def _pow2(n: int) -> int:
+    """The least power of two ≥ n (1 for n ≤ 1): a block's size; the launchers use it too."""
     return 1 << max(0, (n - 1).bit_length())
 
 
