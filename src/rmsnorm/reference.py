@@ -508,7 +508,7 @@ def _normed_then_gated(vg, rstd, weight, bias, a, opts, in_dtype, cd):
     return n * a.to(in_dtype)
 
 
-def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
+def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, input_dtype=None, stats=True):
     """Grouped and gated RMSNorm forward. x (*, N) rows, gate of x's rows or None, weight and
     bias (N,), ``opts`` an :class:`RMSOptions`, ``gating`` a :class:`GateOptions`; each group of
     ``group_size`` elements (``None``: the row) is normalized with its own r from its first k
@@ -762,7 +762,7 @@ def add_rms_norm(
     opts, bias, gating = _friendly("add_rms_norm", x, eps, options)
     if gating is not None:
         h = residual_sum(x, residual)
-        y, _ = gated_rms_norm_fwd(row_matrix(h), None, weight, bias, opts, gating, True, x.dtype)
+        y, _ = gated_rms_norm_fwd(row_matrix(h), None, weight, bias, opts, gating, x.dtype)
         return y.reshape(x.shape), h
     y, h, _ = add_rms_norm_fwd(row_matrix(x), row_matrix(residual), weight, bias, opts)
     return y.reshape(x.shape), h.reshape(x.shape)

@@ -287,7 +287,7 @@ def test_grouped_add_rms_norm_is_add_then_grouped_norm():
         ref.RMSOptions(1e-6, "mean_square", "llama", 0.0, 6),
         ref.GateOptions(6, True, "silu"),
     )
-    expected, _ = ref.gated_rms_norm_fwd(h, None, w, None, opts, gating, True, torch.bfloat16)
+    expected, _ = ref.gated_rms_norm_fwd(h, None, w, None, opts, gating, torch.bfloat16)
     assert torch.equal(y, expected) and y.dtype == torch.float32
 
 

@@ -440,7 +440,7 @@ def _gating(gate, norm_before_gate: bool, activation: str) -> int:
     return (1 if norm_before_gate else 2) + (4 if activation == "sigmoid" else 0)
 
 
-def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
+def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, input_dtype=None, stats=True):
     """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
     group_size, norm_before_gate, activation = gating
     n = x.shape[-1]
