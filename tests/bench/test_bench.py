@@ -498,7 +498,8 @@ def test_the_latency_mode_runs_on_the_one_harness():
 
 
 # ----------------------------------------------------------------------------------------------
-# benchmarks/cpu_vector_width.py: the child's report and the script's refusals (no timing checked)
+# benchmarks/probes/cpu_vector_width.py: the child's report and the script's refusals (no timing
+# checked)
 # ----------------------------------------------------------------------------------------------
 def _vector_width_script(*args: str, env_src: str | None = None):
     import os
@@ -509,7 +510,7 @@ def _vector_width_script(*args: str, env_src: str | None = None):
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": env_src or str(root / "src")}
     return subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "cpu_vector_width.py"), *args],
+        [sys.executable, str(root / "benchmarks" / "probes" / "cpu_vector_width.py"), *args],
         env=env,
         capture_output=True,
         text=True,
