@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 GPU_TEST_FILES ?= $(addprefix tests/kernels/,test_launchers.py test_triton_kernels.py test_overflow.py)
 LINT_PATHS := src tests benchmarks scripts
 
-.PHONY: setup report test test-latest lock test-gpu lint bench clean
+.PHONY: setup report test test-latest lock test-gpu gpu-check lint bench clean
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh constraints.txt
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup.sh
@@ -50,6 +50,14 @@ test-gpu: setup
 	$(BIN)/python -m pytest --timeout 900 -q $(GPU_TEST_FILES)
 	$(BIN)/python -m pytest --timeout 900 -q -m gpu tests $(addprefix --ignore=,$(GPU_TEST_FILES)); \
 	  rc=$$?; test $$rc -eq 0 -o $$rc -eq 5
+
+# The GPU runbook, benchmarks/gpu_check.sh: needs a CUDA device that torch sees, and $(PYTHON)
+# with the package's dependencies installed (no network, so no setup step: setup installs
+# weights). The GPU tests, the contention and decoding checks and a time-boxed benchmark, about
+# 5-8 minutes; its knobs (OUT, RMSNORM_COMMIT, SHARDS, VARIANTS, ...) come from the environment
+# (benchmarks/README.md).
+gpu-check:
+	PYTHON=$(PYTHON) bash benchmarks/gpu_check.sh
 
 # `rmsnorm bench` on the device torch sees (cuda, else cpu): <device>_bench.csv/.md/.png in
 # $(BENCH_OUT), replacing those of an earlier run. BENCH_ARGS adds options, e.g. BENCH_ARGS=--quick.

@@ -13,7 +13,7 @@
 #    caches (compiling is most of the wall time);
 # 3. runs the split-layout contention test alone (split rows on two streams beside a matmul loop):
 #    a deadlock ends at its timeout and is reported as one;
-# 4. times eager and CUDA-graph calls at decoding shapes (benchmarks/gpu_decode.py);
+# 4. times eager and CUDA-graph calls at decoding shapes (benchmarks/probes/gpu_decode.py);
 # 5. runs the benchmark (time-boxed; VARIANTS=1 adds the forced-layout sweep), replacing the
 #    gpu_bench.* of an earlier run in $OUT;
 # 6. prints the summary table and the test results last.
@@ -99,7 +99,7 @@ echo "split rows under contention: $contention" | tee "$OUT/contention.txt"
 stamp "contention test: $contention"
 
 # 4. Per-call cost at decoding shapes (eager and CUDA graph).
-timeout "$DECODE_TIMEOUT" "$PY" benchmarks/gpu_decode.py --out "$LOG/decode.json" \
+timeout "$DECODE_TIMEOUT" "$PY" benchmarks/probes/gpu_decode.py --out "$LOG/decode.json" \
   >"$OUT/decode.txt" 2>"$LOG/decode.err" || echo "decode timing failed or timed out (decode.err)" >>"$OUT/decode.txt"
 stamp "decode timing done"
 

@@ -67,7 +67,7 @@ def _spec_gated_backward(
     n = _row_size(x, norm_dims)
     x2, z2 = ref.row_matrix(x, n), ref.row_matrix(gate, n)
     w, b = ref.param_vector(weight), ref.param_vector(bias)
-    _, rstd = ref.gated_rms_norm_fwd(x2, z2, w, b, opts, gating, True, input_dtype)
+    _, rstd = ref.gated_rms_norm_fwd(x2, z2, w, b, opts, gating, input_dtype)
     dx, dz, dw, db = ref.gated_rms_norm_bwd(
         ref.row_matrix(dy, n), x2, z2, w, b, rstd, None, opts, gating, input_dtype, need_params
     )

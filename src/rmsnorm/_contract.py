@@ -53,6 +53,11 @@ class Backend(Protocol):
     unpacking or by name) and passes them on whole; LayerNorm has no options but ``eps``. Callers
     validate the tensors' shapes, dtypes and devices first (:mod:`rmsnorm._ops`,
     :mod:`rmsnorm.functional`).
+
+    Order: the tensors, then the options (``opts``, then ``gating``; LayerNorm's ``eps``), then
+    ``input_dtype`` where the launcher takes one, then the one flag with a default (``stats`` in
+    the forwards, ``need_weight_grad`` in the backwards). :mod:`rmsnorm._launch` and the custom
+    ops keep the same order.
     """
 
     def rms_norm_fwd(
@@ -129,8 +134,8 @@ class Backend(Protocol):
         bias: Tensor | None,
         opts: RMSOptions,
         gating: GateOptions,
-        stats: bool = True,
         input_dtype: dtype | None = None,
+        stats: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """Grouped and gated RMSNorm forward: (y, rstd). ``gate`` (x's rows, any float dtype, read
         in the compute dtype) or None; ``gating.group_size`` a divisor g of N, or None (g = N):

@@ -416,20 +416,15 @@ class _Rows:
     def rms_rstd(self, xd: torch.Tensor, opts) -> torch.Tensor:
         """r per row from the first k elements (ε, its form and k from ``opts``), x given in
         float64 (squares of any float32 value and their sums cannot overflow there): Σx² of this
-        rank's part of each row, all-reduced."""
-        eps, eps_mode, k = opts.eps, opts.eps_mode, opts.k
+        rank's part of each row, all-reduced, then the spec's ε form
+        (:func:`rmsnorm.reference.rstd_from_mean_square`)."""
+        k = opts.k
         sq = xd.square()
         mask = self._first_k(k)
         if mask is not None:
             sq = sq * mask
         ms = self._all_reduce(sq.sum(dim=-1)) / k  # (M,)
-        if eps_mode == "mean_square":
-            return torch.rsqrt(ms + eps)
-        # "rms": 1/(sqrt(ms) + ε); sqrt's derivative at an all-zero row taken as 0 (the spec's
-        # limit: dx = g/ε there, finite).
-        positive = ms > 0
-        root = torch.where(positive, torch.where(positive, ms, 1.0).sqrt(), 0.0)
-        return 1.0 / (root + eps)
+        return ref.rstd_from_mean_square(ms, opts.eps, opts.eps_mode)
 
     def mean_var(self, xd: torch.Tensor):
         """(μ, σ²) per row in float64: each rank's count, mean and Σ(x − mean)² of its part

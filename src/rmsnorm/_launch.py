@@ -144,11 +144,11 @@ def gated_rms_norm_fwd(x, gate, norm_dims, weight, bias, opts, gating, input_dty
     skips them). ``gating`` is a :class:`~rmsnorm.reference.GateOptions`."""
     if norm_dims == 1 and x.is_contiguous():  # the backend reads the gate in any layout
         return backend_for(x).gated_rms_norm_fwd(
-            x, gate, weight, bias, opts, gating, stats, input_dtype
+            x, gate, weight, bias, opts, gating, input_dtype, stats
         )
     rows = _rows(norm_dims, x, gate)
     w, b = param_vector(weight), param_vector(bias)
-    y, rstd = backend_for(x).gated_rms_norm_fwd(*rows, w, b, opts, gating, stats, input_dtype)
+    y, rstd = backend_for(x).gated_rms_norm_fwd(*rows, w, b, opts, gating, input_dtype, stats)
     return _shaped(y, x), rstd
 
 

@@ -20,11 +20,11 @@ from . import _autograd, _dtensor, _launch
 from ._contract import LAUNCHERS
 from ._opcall import call
 from .reference import (
-    ACTIVATIONS,
-    CASTING_MODES,
-    EPS_MODES,
     GateOptions,
     RMSOptions,
+    check_activation,
+    check_casting_mode,
+    check_eps_mode,
     compute_dtype,
     gated_output_dtype,
     output_dtype,
@@ -144,10 +144,8 @@ def _check_stat(op: str, s: torch.Tensor, x: torch.Tensor, n: int, name: str) ->
 
 def _check_rms(op: str, opts: RMSOptions, n: int) -> None:
     eps, eps_mode, casting_mode, _, k = opts
-    if eps_mode not in EPS_MODES:
-        _fail(op, f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
-    if casting_mode not in CASTING_MODES:
-        _fail(op, f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+    check_eps_mode(eps_mode, f"rmsnorm.{op}: ")
+    check_casting_mode(casting_mode, f"rmsnorm.{op}: ")
     if not 1 <= k <= n:
         _fail(op, f"k must be in [1, N={n}], got {k}")
     if not eps >= 0.0:
@@ -215,8 +213,7 @@ def _layer_norm_bwd(dy, x, norm_dims, weight, bias, mean, rstd, need_weight_grad
 def _check_gated(op: str, x, n: int, opts: RMSOptions, gating: GateOptions) -> int:
     """G, the groups of a row of n elements; group_size must divide n, k fit in a group."""
     group_size, _, activation = gating
-    if activation not in ACTIVATIONS:
-        _fail(op, f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_activation(activation, f"rmsnorm.{op}: ")
     if group_size is None:
         return 1
     if group_size < 1 or n % group_size:

@@ -29,7 +29,14 @@ from torch.overrides import handle_torch_function
 # _ops registers torch.ops.rmsnorm.*, which _opcall calls
 from . import _autograd, _backend, _calls, _dtensor, _launch, _layout, _opcall, _ops  # noqa: F401
 from . import reference as ref
-from .reference import ACTIVATIONS, CASTING_MODES, EPS_MODES, RMSOptions, default_eps, partial_size
+from .reference import (
+    RMSOptions,
+    check_activation,
+    check_casting_mode,
+    check_eps_mode,
+    default_eps,
+    partial_size,
+)
 
 __all__ = ["rms_norm", "add_rms_norm", "gated_rms_norm", "layer_norm"]
 
@@ -182,10 +189,8 @@ def check_rms_options(opts: RMSOptions, partial: float | None, weight) -> RMSOpt
     own, its k the size of a row or group), ``partial`` and whether there is a ``weight``.
     Returns ``opts`` completed: offset a float, k the ⌊p·k⌋ of ``partial``
     (:func:`rmsnorm.reference.partial_size`); ``opts`` itself where that changes nothing."""
-    if opts.eps_mode not in EPS_MODES:
-        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {opts.eps_mode!r}")
-    if opts.casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {opts.casting_mode!r}")
+    check_eps_mode(opts.eps_mode)
+    check_casting_mode(opts.casting_mode)
     offset = given = opts.offset
     if type(offset) is not float:
         real = _real(offset)
@@ -513,8 +518,7 @@ def _check_gating(gate, input, norm_before_gate, activation) -> None:
         _check_like_input(gate, "gate", input)
     if type(norm_before_gate) is not bool:
         raise TypeError(f"norm_before_gate must be True or False, got {norm_before_gate!r}")
-    if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_activation(activation)
 
 
 def _untraced(check, *args):
@@ -795,20 +799,13 @@ def gated_rms_norm(
     if group_size is not None:
         group_size, k = _group_arguments(group_size, n, partial)
         opts = opts._replace(k=k)
-    if gate is None and group_size is None:
-        return rms_norm(
-            input,
-            normalized_shape,
-            weight,
-            opts.eps,
-            eps_mode=eps_mode,
-            casting_mode=casting_mode,
-            offset=opts.offset,
-            bias=bias,
-            partial=partial,
-        )
     if not input.is_cpu and _autocast_to_fp32(input, _AUTOCAST_FP32_RMS):
         input, gate, weight, bias = _fp32(input), _fp32(gate), _fp32(weight), _fp32(bias)
+    if gate is None and group_size is None:  # rms_norm, its arguments checked above
+        path = _path(input, weight, bias)
+        if _calls.recording:
+            _served("rms_norm", path, input)
+        return _like(_PATHS[path].rms_norm(input, norm_dims, n, weight, bias, opts), input)
     gating = ref.GateOptions(group_size, norm_before_gate, activation)
     return _grouped_gated(input, gate, None, norm_dims, n, weight, bias, opts, gating)[0]
 

@@ -36,12 +36,16 @@ __all__ = [
     "GateOptions",
     "EPS_MODES",
     "CASTING_MODES",
+    "check_eps_mode",
+    "check_casting_mode",
+    "check_activation",
     "compute_dtype",
     "default_eps",
     "partial_size",
     "output_dtype",
     "overflow_scale",
     "row_stats",
+    "rstd_from_mean_square",
     "rms_rstd",
     "rms_norm_apply",
     "row_matrix",
@@ -105,6 +109,34 @@ class GateOptions(NamedTuple):
     group_size: int | None
     norm_before_gate: bool
     activation: str
+
+
+# ----------------------------------------------------------------------------------------------
+# The checks of the option values: the one place each is written. The functional API, the custom
+# ops, every backend's launchers and the lab call these; ``where`` prefixes the message (the custom
+# ops name themselves there).
+# ----------------------------------------------------------------------------------------------
+def check_eps_mode(eps_mode: str, where: str = "") -> str:
+    """``eps_mode`` itself when it is one of :data:`EPS_MODES`, else ``ValueError``."""
+    if not isinstance(eps_mode, str) or eps_mode not in EPS_MODES:
+        raise ValueError(f"{where}eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    return eps_mode
+
+
+def check_casting_mode(casting_mode: str, where: str = "") -> str:
+    """``casting_mode`` itself when it is one of :data:`CASTING_MODES`, else ``ValueError``."""
+    if not isinstance(casting_mode, str) or casting_mode not in CASTING_MODES:
+        raise ValueError(
+            f"{where}casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}"
+        )
+    return casting_mode
+
+
+def check_activation(activation: str, where: str = "") -> str:
+    """``activation`` itself when it is one of :data:`ACTIVATIONS`, else ``ValueError``."""
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"{where}activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return activation
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,18 +257,36 @@ def _mean_square(xf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(over, ms_s, ms), _ones_but(over, s, ms)
 
 
+def rstd_from_mean_square(
+    ms: torch.Tensor, eps: float, eps_mode: str, sc: torch.Tensor | None = None
+) -> torch.Tensor:
+    """r from ms = mean(x²) per row (the ε form): ``"mean_square"`` r = 1/sqrt(ms + ε);
+    ``"rms"`` r = 1/(sqrt(ms) + ε). With ``sc`` (per row: s where ms is that of s·x, its
+    statistics having overflowed, else 1) r = sc/sqrt(ms + ε·sc²) or sc/(sqrt(ms) + ε·sc). The
+    one statement of the ε form: :func:`rms_rstd` and the sharded RMSNorm of DTensors (which
+    all-reduces Σx² first) both call it. Differentiable: in ``"rms"`` form the derivative of
+    sqrt at ms = 0 is taken as 0, the limit :func:`rms_norm_bwd` uses (an all-zero row gets
+    dx = g/ε, finite)."""
+    if eps_mode == "mean_square":
+        if sc is None:
+            return torch.rsqrt(ms + eps)
+        return torch.rsqrt(ms + eps * sc * sc) * sc
+    check_eps_mode(eps_mode)  # "rms", the other
+    zero = ms == 0
+    root = torch.where(zero, 0.0, torch.where(zero, 1.0, ms).sqrt())
+    if sc is None:
+        return 1.0 / (root + eps)
+    return 1.0 / (root + eps * sc) * sc
+
+
 def rms_rstd(xf: torch.Tensor, opts: RMSOptions) -> torch.Tensor:
     """r per row of xf (*, N), in its dtype (a compute dtype), from the first k elements of each
-    row (ε, the ε form and k from ``opts``): ``"mean_square"`` r = 1/sqrt(mean(x²) + ε);
-    ``"rms"`` r = 1/(sqrt(mean(x²)) + ε); for a row whose mean(x²) overflows, the same from s·x:
-    r = s/sqrt(mean((s·x)²) + ε·s²) or s/(sqrt(mean((s·x)²)) + ε·s)."""
+    row (ε, the ε form and k from ``opts``; :func:`rstd_from_mean_square`): ``"mean_square"``
+    r = 1/sqrt(mean(x²) + ε); ``"rms"`` r = 1/(sqrt(mean(x²)) + ε); for a row whose mean(x²)
+    overflows, the same from s·x: r = s/sqrt(mean((s·x)²) + ε·s²) or
+    s/(sqrt(mean((s·x)²)) + ε·s)."""
     ms, sc = _mean_square(xf, opts.k)  # (*), (*)
-    eps, eps_mode = opts.eps, opts.eps_mode
-    if eps_mode == "mean_square":
-        return torch.rsqrt(ms + eps * sc * sc) * sc
-    if eps_mode == "rms":
-        return 1.0 / (ms.sqrt() + eps * sc) * sc
-    raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    return rstd_from_mean_square(ms, opts.eps, opts.eps_mode, sc)
 
 
 def _scale(
@@ -279,11 +329,10 @@ def rms_norm_apply(
         # normalize in fp32, cast to the input dtype, then × weight in promote(input, weight).
         y = (x.to(cd) * rstd[..., None]).to(in_dtype).to(out_dtype)
         return _affine(y, weight, bias, opts, out_dtype)
-    if casting_mode == "none":
-        # rstd rounded to the input dtype; x·rstd and × weight each rounded in the input dtype.
-        y = x.to(in_dtype) * rstd.to(in_dtype)[..., None]
-        return _affine(y, weight, bias, opts, in_dtype)
-    raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+    check_casting_mode(casting_mode)  # "none", the last
+    # rstd rounded to the input dtype; x·rstd and × weight each rounded in the input dtype.
+    y = x.to(in_dtype) * rstd.to(in_dtype)[..., None]
+    return _affine(y, weight, bias, opts, in_dtype)
 
 
 def rms_norm_fwd(x, weight, bias, opts, stats=True):
@@ -349,13 +398,12 @@ def rms_norm_bwd(dy, x, weight, bias, rstd, dresidual, opts, input_dtype, need_w
     n = x.shape[-1]
     if eps_mode == "mean_square":
         corr = xhat * (r * S / k)
-    elif eps_mode == "rms":
+    else:
+        check_eps_mode(eps_mode)  # "rms", the other
         ms, sc = _mean_square(xf, k)
         root = ms.sqrt()[..., None]  # (*, 1): RMS, or s·RMS where mean(x²) overflows
         coef = torch.where(root > 0, S / (k * root), torch.zeros_like(S)) * sc[..., None]
         corr = xhat * coef
-    else:
-        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
     if k < n:
         corr = corr * (torch.arange(n, device=x.device) < k)
     dx = r * g - corr
@@ -394,9 +442,8 @@ def gate_activation(z: torch.Tensor, activation: str) -> torch.Tensor:
     """act(z) in z's dtype: ``"silu"`` z·σ(z) (``F.silu``), ``"sigmoid"`` σ(z)."""
     if activation == "silu":
         return torch.nn.functional.silu(z)
-    if activation == "sigmoid":
-        return torch.sigmoid(z)
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_activation(activation)  # "sigmoid", the other
+    return torch.sigmoid(z)
 
 
 def gate_activation_grad(z: torch.Tensor, activation: str) -> torch.Tensor:
@@ -404,9 +451,8 @@ def gate_activation_grad(z: torch.Tensor, activation: str) -> torch.Tensor:
     sig = torch.sigmoid(z)
     if activation == "silu":
         return sig * (1.0 + z * (1.0 - sig))
-    if activation == "sigmoid":
-        return sig * (1.0 - sig)
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_activation(activation)  # "sigmoid", the other
+    return sig * (1.0 - sig)
 
 
 def gated_output_dtype(
@@ -457,13 +503,12 @@ def _normed_then_gated(vg, rstd, weight, bias, a, opts, in_dtype, cd):
     if casting_mode == "llama":
         n = rms_norm_apply(vg, rstd, weight, bias, opts, in_dtype)
         return (n.to(cd) * a).to(in_dtype)
-    if casting_mode == "none":
-        n = rms_norm_apply(vg, rstd, weight, bias, opts, in_dtype)
-        return n * a.to(in_dtype)
-    raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+    check_casting_mode(casting_mode)  # "none", the last
+    n = rms_norm_apply(vg, rstd, weight, bias, opts, in_dtype)
+    return n * a.to(in_dtype)
 
 
-def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
+def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, input_dtype=None, stats=True):
     """Grouped and gated RMSNorm forward. x (*, N) rows, gate of x's rows or None, weight and
     bias (N,), ``opts`` an :class:`RMSOptions`, ``gating`` a :class:`GateOptions`; each group of
     ``group_size`` elements (``None``: the row) is normalized with its own r from its first k
@@ -717,7 +762,7 @@ def add_rms_norm(
     opts, bias, gating = _friendly("add_rms_norm", x, eps, options)
     if gating is not None:
         h = residual_sum(x, residual)
-        y, _ = gated_rms_norm_fwd(row_matrix(h), None, weight, bias, opts, gating, True, x.dtype)
+        y, _ = gated_rms_norm_fwd(row_matrix(h), None, weight, bias, opts, gating, x.dtype)
         return y.reshape(x.shape), h
     y, h, _ = add_rms_norm_fwd(row_matrix(x), row_matrix(residual), weight, bias, opts)
     return y.reshape(x.shape), h.reshape(x.shape)

@@ -194,7 +194,7 @@ def test_gpu_mode_dry_run(tmp_path):
 def test_run_loop_budget_skips_and_failures_are_logged(monkeypatch):
     """Past the budget the remaining items are skipped with a line each; a provider that fails on
     an item is dropped from it with a line, the others still timed."""
-    from rmsnorm.bench import cpu, harness
+    from rmsnorm.bench import cpu, harness, providers
 
     setup = cpu.setup(dry_run=True)
     logs = []
@@ -209,9 +209,9 @@ def test_run_loop_budget_skips_and_failures_are_logged(monkeypatch):
     setup = cpu.setup(dry_run=True)
     setup.plan, setup.strict = setup.plan[:1], False
     logs.clear()
-    real = harness.providers_for
+    real = providers.providers_for
     monkeypatch.setattr(
-        harness,
+        providers,
         "providers_for",
         lambda op, liger, compile: {**real(op, liger, compile), "bad": broken},
     )
@@ -498,7 +498,8 @@ def test_the_latency_mode_runs_on_the_one_harness():
 
 
 # ----------------------------------------------------------------------------------------------
-# benchmarks/cpu_vector_width.py: the child's report and the script's refusals (no timing checked)
+# benchmarks/probes/cpu_vector_width.py: the child's report and the script's refusals (no timing
+# checked)
 # ----------------------------------------------------------------------------------------------
 def _vector_width_script(*args: str, env_src: str | None = None):
     import os
@@ -509,7 +510,7 @@ def _vector_width_script(*args: str, env_src: str | None = None):
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": env_src or str(root / "src")}
     return subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "cpu_vector_width.py"), *args],
+        [sys.executable, str(root / "benchmarks" / "probes" / "cpu_vector_width.py"), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -552,3 +553,30 @@ def test_vector_width_script_refuses_bad_cases_and_an_existing_out(tmp_path):
     assert done.returncode != 0 and "--widths must be two of 256 and 512" in done.stderr
     done = _vector_width_script("--widths", "256,512", "--threads", "0")
     assert done.returncode != 0 and "--threads must be a positive integer" in done.stderr
+
+
+def test_a_provider_in_the_table_is_timed_by_both_modes(monkeypatch):
+    """docs/architecture.md's recipe: a provider listed once in ``providers.providers_for`` is
+    timed by the throughput mode and by the latency mode, every pass, with no other change."""
+    from rmsnorm.bench import cpu, harness, latency, providers
+
+    real = providers.providers_for
+
+    def extra(x, w):  # a peer of rms_norm, taking the op's tensors (providers.OP_ARGS)
+        return x * w
+
+    def with_extra(op, liger, compile=True):
+        table = real(op, liger, compile)
+        return {**table, "extra": extra} if op == "rms_norm" else table
+
+    monkeypatch.setattr(providers, "providers_for", with_extra)
+    setup = cpu.setup(dry_run=True)
+    setup.plan = [item for item in setup.plan if item.op == "rms_norm"][:1]
+    rows = harness.run(setup, variants=False, log=lambda line: None)
+    assert {r.mode for r in rows if r.provider == "extra"} == set(setup.plan[0].modes)
+    meta = latency._device_meta("cpu", quick=True)
+    gen = torch.Generator().manual_seed(0)
+    rows = latency._cell(meta, "cpu", 1, 64, torch.float32, None, gen, True, lambda line: None)
+    assert {r.mode for r in rows if (r.op, r.provider) == ("rms_norm", "extra")} == set(
+        latency.PASSES
+    )

@@ -91,6 +91,23 @@ def test_no_gate_is_rms_norm_and_one_group_is_the_plain_norm():
     assert torch.equal(grouped, rmsnorm.rms_norm(x, N, w, 1e-6, group_size=8))
 
 
+def test_no_gate_checks_the_arguments_once(monkeypatch):
+    from rmsnorm import functional
+
+    x, _, w, _, _ = _make((3, N), torch.float32, {})
+    real, calls = functional._rms_arguments, []
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(functional, "_rms_arguments", counted)
+    y = rmsnorm.gated_rms_norm(x, None, N, w, 1e-6, eps_mode="rms", partial=0.5)
+    assert len(calls) == 1
+    monkeypatch.setattr(functional, "_rms_arguments", real)
+    assert torch.equal(y, rmsnorm.rms_norm(x, N, w, 1e-6, eps_mode="rms", partial=0.5))
+
+
 def test_grouped_rms_norm_normalizes_each_group_on_its_own():
     scales = torch.tensor([0.01, 1.0, 100.0]).repeat_interleave(8)
     x = torch.randn(2, 5, N) * scales

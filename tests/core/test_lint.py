@@ -30,6 +30,7 @@ def test_ci_runs_lint_and_the_readmes_test_command():
         ("bench", "rmsnorm bench --out benchmarks/results --overwrite"),
         ("test-gpu", "tests/kernels/test_triton_kernels.py"),
         ("test-gpu", "-m gpu tests"),
+        ("gpu-check", "bash benchmarks/gpu_check.sh"),
     ],
 )
 def test_make_targets_run_their_command(target, command):

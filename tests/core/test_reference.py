@@ -287,7 +287,7 @@ def test_grouped_add_rms_norm_is_add_then_grouped_norm():
         ref.RMSOptions(1e-6, "mean_square", "llama", 0.0, 6),
         ref.GateOptions(6, True, "silu"),
     )
-    expected, _ = ref.gated_rms_norm_fwd(h, None, w, None, opts, gating, True, torch.bfloat16)
+    expected, _ = ref.gated_rms_norm_fwd(h, None, w, None, opts, gating, torch.bfloat16)
     assert torch.equal(y, expected) and y.dtype == torch.float32
 
 
@@ -401,3 +401,27 @@ def test_activation_derivatives():
         assert torch.equal(ref.gate_activation(z.detach(), name), act(z.detach()))
     with pytest.raises(ValueError, match="activation"):
         ref.gate_activation(z, "gelu")
+
+
+def test_the_eps_form_is_one_function_with_the_backwards_limit_at_zero():
+    ms = torch.tensor([0.0, 0.25, 4.0, float("nan")], dtype=torch.float64, requires_grad=True)
+    r_ms = ref.rstd_from_mean_square(ms, 1e-2, "mean_square")
+    r_rms = ref.rstd_from_mean_square(ms, 1e-2, "rms")
+    with torch.no_grad():
+        assert torch.allclose(r_ms[:3], (ms[:3] + 1e-2).rsqrt())
+        assert torch.allclose(r_rms[:3], 1 / (ms[:3].sqrt() + 1e-2))
+        assert r_ms[3].isnan() and r_rms[3].isnan()  # NaN rows stay NaN
+    (g,) = torch.autograd.grad(r_rms[:3].sum(), ms)
+    assert g[0] == 0 and g[:3].isfinite().all()  # sqrt's derivative at 0 taken as its limit, 0
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=torch.float64)
+    opts = ref.RMSOptions(1e-2, "rms", "gemma", 0.0, 2)
+    assert torch.equal(
+        ref.rms_rstd(x, opts), ref.rstd_from_mean_square(x.square().mean(-1), *opts[:2])
+    )
+    for check, name in (
+        (ref.check_eps_mode, "eps_mode"),
+        (ref.check_casting_mode, "casting_mode"),
+        (ref.check_activation, "activation"),
+    ):
+        with pytest.raises(ValueError, match=f"^op: {name} must be one of .*, got 'x'$"):
+            check("x", "op: ")

@@ -543,7 +543,7 @@ def test_gated_rms_norm(backend, case):
     args, in_dt = _gated_inputs(case, dev)
     x, z, w, b, opts, gating = args
     g = gating.group_size
-    (y, rstd), eager, exact = check_launcher(mod, "gated_rms_norm_fwd", *args, True, in_dt)
+    (y, rstd), eager, exact = check_launcher(mod, "gated_rms_norm_fwd", *args, in_dt, True)
     m, n = x.shape
     groups = 1 if g is None else n // g
     assert rstd.shape == (m * groups,) and y.shape == x.shape
@@ -604,8 +604,8 @@ def test_gated_forward_may_skip_the_statistics(backend):
     mod, dev = backend.mod, backend.device
     x, z, w = randn(4, 3, 24, device=dev), randn(4, 3, 24, device=dev), randn(24, device=dev)
     opts, gating = R.RMSOptions(1e-6, "rms", "llama", 0.5, 4), R.GateOptions(8, True, "sigmoid")
-    full = mod.gated_rms_norm_fwd(x, z, w, w, opts, gating, True)
-    lean = mod.gated_rms_norm_fwd(x, z, w, w, opts, gating, False)
+    full = mod.gated_rms_norm_fwd(x, z, w, w, opts, gating, None, True)
+    lean = mod.gated_rms_norm_fwd(x, z, w, w, opts, gating, None, False)
     assert torch.equal(full[0], lean[0]) and full[0].shape == x.shape
     assert lean[1] is None or torch.equal(full[1], lean[1])
 

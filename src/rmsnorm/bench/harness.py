@@ -16,7 +16,8 @@ import torch
 
 from .._progress import ensure
 from .._timing import cuda_graph_replay, interleaved, median, sync
-from .providers import providers_for, random_inputs, timed_fn
+from . import providers as _providers
+from .providers import random_inputs, timed_fn
 from .rows import Row, format_gbps, make_row
 
 __all__ = [
@@ -253,7 +254,8 @@ def _failed(setup: Setup, log, what: str, exc: Exception) -> None:
 def time_throughput_item(setup: Setup, item: Item, log) -> list[Row]:
     """A ``"sweep"`` or ``"decode"`` item over the providers of its op."""
     if item.op not in setup.providers:
-        setup.providers[item.op] = providers_for(item.op, setup.liger, compile=setup.compile)
+        table = _providers.providers_for(item.op, setup.liger, compile=setup.compile)
+        setup.providers[item.op] = table
     copy_gbps, _ = setup.timer.copy_gbps(item.m * item.n, item.dtype)
     time_kind = _decode if item.kind == "decode" else _sweep
     return time_kind(setup, item, setup.providers[item.op], copy_gbps, log)

@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 import rmsnorm
 
 from .._files import write_text
 from .._timing import sync
-from . import harness
+from . import harness, providers
 from .harness import Item, Setup, Timer
+from .providers import EPS, OP_ARGS
 from .rows import Row, check_device, machine, make_row, run_header, save_plot
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "summary",
 ]
 
-EPS = 1e-6
 MS = (1, 8, 128, 1024, 8192)
 NS = (128, 768, 4096)
 DTYPES = (torch.float32, torch.bfloat16)
@@ -116,52 +115,57 @@ def _modules(n: int, dtype: torch.dtype, dev: str) -> _Modules:
     return _Modules(ours, torch_nn, hf_eager, hf_patched)
 
 
-# A provider: its forward of (x, r, w, b) and what its backward differentiates: some of the
-# letters "xrwb", or a module (the input x and the module's weight).
-_Spec = tuple[Callable, "str | torch.nn.Module"]
+# The ops of the grid. Their function providers are the throughput mode's, from the one table
+# (providers.providers_for; no torch.compile peer: a compile per shape would take most of the
+# run); this mode adds the module providers, which need an instance per (N, dtype).
+OPS = ("rms_norm", "layer_norm", "add_rms_norm")
+
+# A provider: the callable timed, the letters of the tensors it is called with (of "xrwb", in
+# order: providers.OP_ARGS) and what its backward differentiates: the same letters, or a module
+# (the input x and the module's weight).
+_Spec = tuple[Callable, str, "str | torch.nn.Module"]
+# The order a cell's providers are timed in and the markdown's columns: op by op, this library's
+# paths beside their peers, then HF's classes, then Liger; any other provider of the table after.
+_ORDER = {
+    key: i
+    for i, key in enumerate(
+        [
+            ("rms_norm", "rmsnorm"),
+            ("rms_norm", "rmsnorm_module"),
+            ("rms_norm", "torch"),
+            ("rms_norm", "torch_nn_rmsnorm"),
+            ("layer_norm", "rmsnorm"),
+            ("layer_norm", "torch"),
+            ("add_rms_norm", "rmsnorm"),
+            ("add_rms_norm", "torch_add"),
+            ("rms_norm", "hf_patched"),
+            ("rms_norm", "hf_llama_eager"),
+            ("rms_norm", "liger"),
+            ("add_rms_norm", "liger"),
+            ("layer_norm", "liger"),
+        ]
+    )
+}
 
 
 def _specs(n: int, mods: _Modules, liger, decode: bool) -> dict[tuple[str, str], _Spec]:
-    shape = (n,)
-
-    def call(module):
-        return lambda x, r, w, b: module(x)
-
-    def torch_add(x, r, w, b):
-        h = x + r
-        return F.rms_norm(h, shape, w, EPS), h
-
-    s: dict[tuple[str, str], _Spec] = {
-        ("rms_norm", "rmsnorm"): (lambda x, r, w, b: rmsnorm.rms_norm(x, shape, w, EPS), "xw"),
-        ("rms_norm", "rmsnorm_module"): (call(mods.ours), mods.ours),
-        ("rms_norm", "torch"): (lambda x, r, w, b: F.rms_norm(x, shape, w, EPS), "xw"),
-        ("rms_norm", "torch_nn_rmsnorm"): (call(mods.torch_nn), mods.torch_nn),
-        ("layer_norm", "rmsnorm"): (
-            lambda x, r, w, b: rmsnorm.layer_norm(x, shape, w, b, EPS),
-            "xwb",
-        ),
-        ("layer_norm", "torch"): (lambda x, r, w, b: F.layer_norm(x, shape, w, b, EPS), "xwb"),
-        ("add_rms_norm", "rmsnorm"): (
-            lambda x, r, w, b: rmsnorm.add_rms_norm(x, r, shape, w, EPS),
-            "xrw",
-        ),
-        ("add_rms_norm", "torch_add"): (torch_add, "xrw"),
-    }
-    if mods.hf_patched is not None:
-        s[("rms_norm", "hf_patched")] = (call(mods.hf_patched), mods.hf_patched)
-        s[("rms_norm", "hf_llama_eager")] = (call(mods.hf_eager), mods.hf_eager)
-    if liger is not None and decode:
-        rms_fn, add_fn, ln_fn = liger
-        s[("rms_norm", "liger")] = (
-            lambda x, r, w, b: rms_fn.apply(x, w, EPS, 0.0, "gemma", False),
-            "xw",
-        )
-        s[("add_rms_norm", "liger")] = (
-            lambda x, r, w, b: add_fn.apply(x, r, w, EPS, 0.0, "gemma", False),
-            "xrw",
-        )
-        s[("layer_norm", "liger")] = (lambda x, r, w, b: ln_fn.apply(x, w, b, EPS), "xwb")
-    return s
+    """Every provider of a cell: the table's for each op (Liger at decoding sizes only), then
+    this library's module, torch's and, where transformers is installed, HF's LlamaRMSNorm
+    unpatched (the class itself, in place of the table's written-out forward) and patched."""
+    s: dict[tuple[str, str], _Spec] = {}
+    for op in OPS:
+        args = OP_ARGS[op]
+        table = providers.providers_for(op, liger if decode else None, compile=False)
+        for name, fn in table.items():
+            s[(op, name)] = (fn, args, args)
+    s[("rms_norm", "rmsnorm_module")] = (mods.ours, "x", mods.ours)
+    s[("rms_norm", "torch_nn_rmsnorm")] = (mods.torch_nn, "x", mods.torch_nn)
+    if mods.hf_patched is None:
+        s.pop(("rms_norm", "hf_llama_eager"), None)  # the HF providers need transformers
+    else:
+        s[("rms_norm", "hf_patched")] = (mods.hf_patched, "x", mods.hf_patched)
+        s[("rms_norm", "hf_llama_eager")] = (mods.hf_eager, "x", mods.hf_eager)
+    return dict(sorted(s.items(), key=lambda item: _ORDER.get(item[0], len(_ORDER))))
 
 
 def _calls(
@@ -171,24 +175,24 @@ def _calls(
     with respect to the input(s) and the parameters (`leaf`: .backward() into their .grad, reset
     to None after each call, so that every call's AccumulateGrad takes a fresh gradient), in one
     call."""
-    x, r, w, b = tensors
     named = dict(zip("xrwb", tensors, strict=True))
     out = {}
-    for key, (fwd, wrt) in specs.items():
+    for key, (fwd, letters, wrt) in specs.items():
+        args = tuple(named[c] for c in letters)
         if not grad:
-            out[key] = lambda fwd=fwd: fwd(x, r, w, b)
+            out[key] = lambda fwd=fwd, args=args: fwd(*args)
             continue
         if isinstance(wrt, torch.nn.Module):
-            inputs = [x, wrt.weight]
+            inputs = [named["x"], wrt.weight]
         else:
             inputs = [named[c] for c in wrt]
         gouts = (dy, dh) if key[0] == "add_rms_norm" else dy
 
-        def fwd_bwd(fwd=fwd, inputs=inputs, gouts=gouts):
-            return torch.autograd.grad(fwd(x, r, w, b), inputs, gouts)
+        def fwd_bwd(fwd=fwd, args=args, inputs=inputs, gouts=gouts):
+            return torch.autograd.grad(fwd(*args), inputs, gouts)
 
-        def fwd_bwd_leaf(fwd=fwd, inputs=inputs, gouts=gouts):
-            torch.autograd.backward(fwd(x, r, w, b), gouts)
+        def fwd_bwd_leaf(fwd=fwd, args=args, inputs=inputs, gouts=gouts):
+            torch.autograd.backward(fwd(*args), gouts)
             for t in inputs:
                 t.grad = None
 
@@ -252,9 +256,7 @@ def setup(
     notes = [f"{meta['device_name']}; torch {meta['torch']}; commit {meta['commit']}"]
     liger = None
     if device == "cuda":
-        from .providers import liger_functions
-
-        liger, why = liger_functions()
+        liger, why = providers.liger_functions()
         if liger is None:
             notes.append(f"liger: not available ({why}); its columns are left out")
     if _hf_norm_class() is None:

@@ -1,6 +1,8 @@
 """The providers both benchmark modes time: this library and its peers as functions of one op's
-tensors, the random inputs they take, and the forward / backward / both callables that are timed.
-Device-independent; the GPU and CPU modes (``gpu.py``, ``cpu.py``) choose shapes and timers."""
+tensors (:func:`providers_for`, the one provider table: the throughput mode times every provider it
+lists, the latency mode every one for the ops its grid covers), the random inputs they take, and
+the forward / backward / both callables that are timed. Device-independent; the GPU and CPU modes
+(``gpu.py``, ``cpu.py``) choose shapes and timers."""
 
 from __future__ import annotations
 
@@ -13,7 +15,16 @@ import rmsnorm
 
 from .. import reference as R
 
-EPS = 1e-6
+EPS = 1e-6  # ε of every provider in both modes
+# The tensors a provider of each op takes, in order (x the input, r the residual, z the gate,
+# w the weight, b the bias): what random_inputs returns, and what a backward differentiates.
+OP_ARGS = {
+    "rms_norm": "xw",
+    "add_rms_norm": "xrw",
+    "layer_norm": "xwb",
+    "gated_rms_norm": "xzw",
+    "gated_rms_norm_grouped": "xzw",
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -84,9 +95,10 @@ def _compile(fn: Callable) -> Callable:
 
 
 def providers_for(op: str, liger, compile: bool = True) -> dict[str, Callable]:
-    """{provider name: function of ``op``'s tensors} for this library and its peers; ``liger`` is
-    :func:`liger_functions`' first value (None: no Liger), ``compile`` adds the reference as
-    ``torch.compile`` compiles it."""
+    """{provider name: function of ``op``'s tensors (:data:`OP_ARGS`)} for this library and its
+    peers: the provider table of both modes. ``liger`` is :func:`liger_functions`' first value
+    (None: no Liger), ``compile`` adds the reference as ``torch.compile`` compiles it. A provider
+    that cannot run here is left out (as Liger without its package)."""
     if op == "rms_norm":
         p = {
             "rmsnorm": lambda x, w: rmsnorm.rms_norm(x, (x.shape[-1],), w, EPS),

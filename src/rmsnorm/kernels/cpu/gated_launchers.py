@@ -47,8 +47,7 @@ def _rms_options(opts, gating, in_dt, wdt, bdt, zdt) -> tuple:
     module reads the options: a new option is read here, and computed in gated.py."""
     eps_mode, casting_mode, activation = opts.eps_mode, opts.casting_mode, gating.activation
     L._check_modes(eps_mode, casting_mode)
-    if activation not in ref.ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ref.ACTIVATIONS}, got {activation!r}")
+    ref.check_activation(activation)
     scalars = (opts.k, float(opts.eps), float(opts.offset))
     # the norm's output dtype (reference.output_dtype): promote(input, weight) in "llama"
     norm_out = in_dt
@@ -99,7 +98,7 @@ def _fwd_plan(key: tuple) -> tuple:
     return L._keep(_fwd_plans, key, plan, (eps, offset))
 
 
-def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
+def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, input_dtype=None, stats=True):
     """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
     in_dt = x.dtype if input_dtype is None else input_dtype
     key = (
@@ -111,7 +110,7 @@ def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dt
     m = x.numel() // n if n else 0
     if out is None or not m:
         L._to_reference("gated_rms_norm_fwd", out is None)
-        return ref.gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats, input_dtype)
+        return ref.gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, input_dtype, stats)
     group_size = gating.group_size
     g = n if group_size is None else group_size
     if x.is_contiguous():

@@ -107,10 +107,8 @@ def _keep(plans: dict, key: tuple, plan: tuple, scalars: tuple) -> tuple:
 
 
 def _check_modes(eps_mode: str, casting_mode: str) -> None:
-    if eps_mode not in ref.EPS_MODES:
-        raise ValueError(f"eps_mode must be one of {ref.EPS_MODES}, got {eps_mode!r}")
-    if casting_mode not in ref.CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {ref.CASTING_MODES}, got {casting_mode!r}")
+    ref.check_eps_mode(eps_mode)
+    ref.check_casting_mode(casting_mode)
 
 
 def _to_reference(op: str, dtypes: bool) -> None:

@@ -16,7 +16,13 @@ import triton
 import triton.language as tl
 
 from ..._contract import LAUNCHERS
-from ...reference import ACTIVATIONS, compute_dtype, output_dtype
+from ...reference import (
+    check_activation,
+    check_casting_mode,
+    check_eps_mode,
+    compute_dtype,
+    output_dtype,
+)
 
 # Triton 3.3 passes the kernels' dtype-annotated scalars (eps, offset: tl.float64) as float32,
 # which float64 inputs need exactly, and rejects chained boolean operators; both checked by
@@ -38,7 +44,7 @@ if _version(triton.__version__) < MIN_TRITON:
 from . import _config  # noqa: E402
 from . import _flags as flag  # noqa: E402
 from ._common import sum_partials_kernel  # noqa: E402
-from ._config import Config, override  # noqa: E402
+from ._config import Config, _pow2, override  # noqa: E402
 from ._gated import gated_rms_norm_bwd_kernel, gated_rms_norm_fwd_kernel  # noqa: E402
 from ._layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel  # noqa: E402
 from ._rms import rms_norm_bwd_kernel, rms_norm_fwd_kernel  # noqa: E402
@@ -52,14 +58,11 @@ _TL = {
     torch.float64: tl.float64,
 }
 _CAST = {"gemma": flag.CAST_GEMMA, "llama": flag.CAST_LLAMA, "none": flag.CAST_NONE}
-_EPS_MODES = ("mean_square", "rms")
 
 
 def _check_mode(eps_mode: str, casting_mode: str) -> None:
-    if eps_mode not in _EPS_MODES:
-        raise ValueError(f"eps_mode must be one of {_EPS_MODES}, got {eps_mode!r}")
-    if casting_mode not in _CAST:
-        raise ValueError(f"casting_mode must be one of {tuple(_CAST)}, got {casting_mode!r}")
+    check_eps_mode(eps_mode)
+    check_casting_mode(casting_mode)
 
 
 def _rms_options(opts, size: int, in_dtype: torch.dtype, weight) -> tuple:
@@ -166,8 +169,9 @@ def _launch(kernel, cfg: Config, launches: list, m: int, args: tuple) -> None:
 
 def _quiet():
     """Under the interpreter, NumPy's warnings off for a launch: a row with eps = 0 divides by 0,
-    an inf row makes NaN, as torch's ops and a GPU do without a word (IEEE results are the
-    answer, torch's); NumPy would warn on each. Nothing on a GPU."""
+    an inf row makes NaN, and the gate's exp(−z) overflows to inf for z < −88 by design (σ(z) is
+    then 0), as torch's ops and a GPU do without a word (IEEE results are the answer, torch's);
+    NumPy would warn on each. Nothing on a GPU."""
     if not flag.INTERPRETED:
         return contextlib.nullcontext()
     import numpy as np
@@ -295,10 +299,6 @@ def _reduce_partials(part: torch.Tensor, dw, db, need_dw: bool, need_db: bool, n
         )  # fmt: skip
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _bwd_buffers(cfg: Config, m: int, n: int, need_dw: bool, need_db: bool, acc, x: torch.Tensor):
     """The backward's split-row workspace and counter, and its per-program d weight / d bias
     partials (slots, N·#grads) in the accumulator dtype (x stands in when no partials are kept)."""
@@ -423,16 +423,6 @@ def layer_norm_bwd(dy, x, weight, bias, mean, rstd, need_weight_grad=True):
 # ----------------------------------------------------------------------------------------------
 # Grouped and gated RMSNorm
 # ----------------------------------------------------------------------------------------------
-def _quiet():
-    """NumPy's floating-point warnings off while the interpreter runs a kernel (exp(−z) overflows
-    to inf for z < −88 by design: σ(z) is then 0, as in torch); nothing on a GPU."""
-    if not flag.INTERPRETED:
-        return contextlib.nullcontext()
-    import numpy as np
-
-    return np.errstate(all="ignore")
-
-
 def _gated_setup(kernel, x, in_dtype, n, g):
     """What a gated kernel's build starts from, forward and backward alike: the accumulation dtype
     (torch's, triton's) and a launch config whose block holds a group."""
@@ -444,14 +434,13 @@ def _gated_setup(kernel, x, in_dtype, n, g):
 
 
 def _gating(gate, norm_before_gate: bool, activation: str) -> int:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_activation(activation)
     if gate is None:
         return 0
     return (1 if norm_before_gate else 2) + (4 if activation == "sigmoid" else 0)
 
 
-def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, stats=True, input_dtype=None):
+def gated_rms_norm_fwd(x, gate, weight, bias, opts, gating, input_dtype=None, stats=True):
     """Grouped and gated RMSNorm forward (:func:`rmsnorm.reference.gated_rms_norm_fwd`)."""
     group_size, norm_before_gate, activation = gating
     n = x.shape[-1]

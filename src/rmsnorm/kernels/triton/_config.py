@@ -39,14 +39,15 @@ class Config:
 
 
 def _pow2(n: int) -> int:
+    """The least power of two ≥ n (1 for n ≤ 1): a block's size; the launchers use it too."""
     return 1 << max(0, (n - 1).bit_length())
 
 
 # ----------------------------------------------------------------------------------------------
 # The shape classes, in "units": columns × element size / 2, i.e. bf16 columns (an fp32 row of
 # 4096 is the class of a bf16 row of 8192: registers hold fp32 copies, loads move bytes).
-# Register counts quoted are ptxas's for sm_90 (benchmarks/static_check.py, Triton 3.9); a CTA of
-# 512 threads fits once per SM above 64 registers, twice up to 64.
+# Register counts quoted are ptxas's for sm_90 (benchmarks/probes/static_check.py, Triton 3.9); a
+# CTA of 512 threads fits once per SM above 64 registers, twice up to 64.
 # ----------------------------------------------------------------------------------------------
 _FWD_CHUNK = 16384  # units per program in a split forward row (RMSNorm: 117 regs with prefetch)
 _LN_FWD_CHUNK = 8192  # LayerNorm keeps x and x − μ: 16384 units already need 128 regs
@@ -132,10 +133,10 @@ def _interpreter_config(kind: str, n: int, elem: int) -> Config:
 # ----------------------------------------------------------------------------------------------
 # Grouped and gated kernels (_gated.py): a tile holds block_m rows of GP = pow2(G) groups of
 # block_n = pow2(g) columns; rows longer than 4096 padded elements loop over each group in column
-# blocks. Register counts are ptxas's for sm_90 (benchmarks/static_check.py --kinds gated, Triton
-# 3.9, "llama" SiLU, the heaviest variant): forward tiles of 4096 elements on 16 warps take 55–62
-# registers (2 CTAs an SM), of 2048 on 8 warps 55 (4); backward tiles of 2048 on 8 warps 80–109
-# (2 an SM), of 4096 on 16 warps 83–107 (1; on 8 warps 164–187).
+# blocks. Register counts are ptxas's for sm_90 (benchmarks/probes/static_check.py --kinds gated,
+# Triton 3.9, "llama" SiLU, the heaviest variant): forward tiles of 4096 elements on 16 warps take
+# 55–62 registers (2 CTAs an SM), of 2048 on 8 warps 55 (4); backward tiles of 2048 on 8 warps
+# 80–109 (2 an SM), of 4096 on 16 warps 83–107 (1; on 8 warps 164–187).
 # ----------------------------------------------------------------------------------------------
 _GATED_TILE = 4096  # padded elements of one tile, forward and backward
 _GATED_LOOP = 2048  # column block of the looped layout

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import functional
-from ...reference import EPS_MODES
+from ...reference import check_eps_mode
 from ...reference import row_stats as _row_stats
 
 __all__ = [
@@ -131,8 +131,7 @@ def _scales(
 def _check_eps(eps: float, eps_mode: str) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps < math.inf:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    if eps_mode not in EPS_MODES:
-        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    check_eps_mode(eps_mode)
     return float(eps)
 
 

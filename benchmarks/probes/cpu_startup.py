@@ -1,7 +1,7 @@
 """Start-up cost of the CPU kernels: ``import rmsnorm``, the first forward + backward in a process
 with an empty numba cache (compilation), and in a second process (loaded from the cache).
 
-    PYTHONPATH=src python benchmarks/cpu_startup.py [--as-user nobody]
+    PYTHONPATH=src python benchmarks/probes/cpu_startup.py [--as-user nobody]
 
 Each measurement runs in a fresh interpreter on a private copy of the package, so the repository's
 own cache is neither used nor touched. With ``--as-user`` (as root) the copy is read-only to that
@@ -73,7 +73,7 @@ def main() -> None:
         "--as-user", help="run the children as this user (needs root), package read-only"
     )
     args = ap.parse_args()
-    src = Path(__file__).resolve().parents[1] / "src" / "rmsnorm"
+    src = Path(__file__).resolve().parents[2] / "src" / "rmsnorm"
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         shutil.copytree(src, tmp / "pkg" / "rmsnorm", ignore=shutil.ignore_patterns("__pycache__"))

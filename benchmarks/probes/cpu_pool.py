@@ -1,7 +1,7 @@
 """What the CPU kernels' helper-thread pool buys where torch's OpenMP team cannot take a call: a
 process forked after torch ran multi-threaded work (a DataLoader worker, a multiprocessing fork).
 
-    PYTHONPATH=src python benchmarks/cpu_pool.py [--rounds 15] [--threads 2]
+    PYTHONPATH=src python benchmarks/probes/cpu_pool.py [--rounds 15] [--threads 2]
 
 The parent runs a matmul on every core, then forks; the child sets ``--threads`` torch threads and
 times, in alternating single calls, the float32 and bfloat16 RMSNorm and LayerNorm forward and

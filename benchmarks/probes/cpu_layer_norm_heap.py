@@ -2,7 +2,7 @@
 allocator and with glibc keeping freed memory (the setting of ``rmsnorm bench``): whether the
 latency grid's few-percent misses there hold for a process as users run it.
 
-    PYTHONPATH=src python benchmarks/cpu_layer_norm_heap.py [--rounds 9]
+    PYTHONPATH=src python benchmarks/probes/cpu_layer_norm_heap.py [--rounds 9]
 
 Each setting runs in a child process of its own (the allocator setting cannot be undone). In a
 child, for each cell, ``F.layer_norm`` and ``rmsnorm.layer_norm`` take turns over the rounds, each

@@ -5,7 +5,7 @@ A developer tool for tuning the config table in ``src/rmsnorm/kernels/triton/_co
 GPU: spills ("LOCAL" > 0) or a register count that caps occupancy show before any benchmark run.
 It swaps in a stand-in driver, so it depends on Triton internals (checked with Triton 3.9).
 
-    PYTHONPATH=src python benchmarks/static_check.py [--arch 90] [--sms 132]
+    PYTHONPATH=src python benchmarks/probes/static_check.py [--arch 90] [--sms 132]
 """
 
 from __future__ import annotations
@@ -18,14 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    sys.exit("static_check compiles real GPU code: unset TRITON_INTERPRET")
-
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime.driver import driver  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
 
 
 class _StandInDriver:
@@ -77,6 +74,10 @@ def main() -> None:
     ap.add_argument("--sms", type=int, default=132, help="SM count the configs are sized for")
     ap.add_argument("--kinds", default="plain,gated", help="plain, gated or both (comma-separated)")
     args = ap.parse_args()
+    # (the kernels are decorated when rmsnorm's Triton package is imported, below: the interpreter
+    # would make them Python functions, with nothing to compile)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("static_check compiles real GPU code: unset TRITON_INTERPRET")
 
     driver.set_active(_StandInDriver(args.arch))
     JITFunction.run = _compile_only

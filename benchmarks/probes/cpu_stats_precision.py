@@ -1,6 +1,6 @@
 """What float64 row statistics cost the CPU kernels, and what float32 sums would give up.
 
-    PYTHONPATH=src python benchmarks/cpu_stats_precision.py [--quick]
+    PYTHONPATH=src python benchmarks/probes/cpu_stats_precision.py [--quick]
 
 The CPU kernels accumulate each row's statistics (Σx², the backward's Σg·x) in float64 and form the
 backward's dx = a·g − b·x in float64, rounding once. This script times the row loops of the float32

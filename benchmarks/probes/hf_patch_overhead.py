@@ -4,7 +4,7 @@ forward bound per instance (the earlier way of patching) and, where the ``kernel
 installed, the module kernelized with ``rmsnorm.integrations.kernels.kernel_mapping()``
 (transformers' kernel route), timed in turns in one process.
 
-    PYTHONPATH=src python benchmarks/hf_patch_overhead.py [--rounds 15] [--number 2000]
+    PYTHONPATH=src python benchmarks/probes/hf_patch_overhead.py [--rounds 15] [--number 2000]
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ kernels compiled for two widths.
 
     git worktree add /tmp/before <commit without the change>
     PYTHONPATH=/tmp/before/src python -m rmsnorm warmup     # compile that tree's kernels once
-    PYTHONPATH=src python benchmarks/cpu_vector_width.py --before /tmp/before/src [--out FILE]
-    PYTHONPATH=src python benchmarks/cpu_vector_width.py --widths 512,256 [--out FILE]
+    PYTHONPATH=src python benchmarks/probes/cpu_vector_width.py --before /tmp/before/src \
+        [--out FILE]
+    PYTHONPATH=src python benchmarks/probes/cpu_vector_width.py --widths 512,256 [--out FILE]
 
 With ``--widths A,B`` (AVX-512 hosts) the children set ``RMSNORM_CPU_VECTOR_BITS`` to A, then B,
 each width with its own numba cache under ``--cache-dir`` (the first child of each compiles its
@@ -172,7 +173,7 @@ def main() -> None:
         print(json.dumps(child(args.cases, args.threads)))
         return
     _parse_cases(args.cases)
-    here = str(Path(__file__).resolve().parents[1] / "src")
+    here = str(Path(__file__).resolve().parents[2] / "src")
     if args.widths is not None:
         widths = args.widths.split(",")
         if len(widths) != 2 or not all(w in ("256", "512") for w in widths):

@@ -1,7 +1,7 @@
 """Where a CPU forward + backward call spends its time against ATen's fused LayerNorm, at the sizes
 where the per-call targets are missed (2^16–2^17 elements).
 
-    PYTHONPATH=src python benchmarks/cpu_call_overhead.py [--rounds 7]
+    PYTHONPATH=src python benchmarks/probes/cpu_call_overhead.py [--rounds 7]
 
 Three tables, every provider of a table taking turns in each round (medians over the rounds):
 

@@ -1,7 +1,7 @@
 """Per-call cost of the CPU launchers against torch's own norms, in one process, interleaved.
 
-    PYTHONPATH=src python benchmarks/cpu_launchers.py [--quick] [--threads T] [--shapes 1x768,...]
-        [--timer wall|cpu]
+    PYTHONPATH=src python benchmarks/probes/cpu_launchers.py [--quick] [--threads T]
+        [--shapes 1x768,...] [--timer wall|cpu]
 
 For each shape and dtype: the launcher alone (``rmsnorm.kernels.cpu.rms_norm_fwd`` / ``_bwd``,
 ``layer_norm_fwd`` / ``_bwd``) and ``F.layer_norm`` / ``F.rms_norm`` (forward under ``no_grad``;

@@ -1,7 +1,7 @@
 """How the CPU kernels share a call between threads, measured: this library's helper-thread pool
 against numba's own threading layers running the same serial kernel.
 
-    PYTHONPATH=src python benchmarks/cpu_threading.py [--rounds 5]
+    PYTHONPATH=src python benchmarks/probes/cpu_threading.py [--rounds 5]
 
 Each layer runs in its own interpreter (numba's threading layer is chosen once per process).
 Every process times the float32 RMSNorm forward at N = 1024 for M·N from 2^16 to 2^22 and at

@@ -3,7 +3,7 @@ back-to-back eager call of this library's ops next to torch's (and the gated nor
 Face's Qwen3-Next forward), and device time per call replayed in a CUDA graph. Prints a table and
 writes it as JSON.
 
-    PYTHONPATH=src python benchmarks/gpu_decode.py [--out decode.json]
+    PYTHONPATH=src python benchmarks/probes/gpu_decode.py [--out decode.json]
 """
 
 from __future__ import annotations

