@@ -20,7 +20,7 @@ from rmsnorm.lab.stats.iid import iid_reference
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # --------------------------------------------------------------------------------------------------
-# The report's document model (lab/report/page.py): Markdown and HTML from the same blocks.
+# The lab's document model (lab/page.py): Markdown and HTML from the same blocks.
 
 
 def test_page_renders_escaped_tables():
