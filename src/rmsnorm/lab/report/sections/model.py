@@ -1,5 +1,6 @@
-"""An inspected model (``--model``): its words, from the inspection's own numbers
-(:meth:`~rmsnorm.lab.experiments.inspection.run.InspectResult.to_dict`) and figure."""
+"""An inspected model (``--model``): its part of ``report.json`` (:func:`data`: the inspection's
+own numbers, :meth:`~rmsnorm.lab.experiments.inspection.run.InspectResult.to_dict`), its figure
+(:func:`figures`: the inspection's) and its words."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Per-channel outliers and the blind spot of |μ|/σ: its part of ``report.json``
-(:func:`numbers`), the figure (:func:`blind_spot_figure`) and the words."""
+"""Per-channel outliers and the blind spot of |μ|/σ: its part of ``report.json`` (:func:`data`,
+from :func:`numbers`), the figure (:func:`figures`, drawn by :func:`blind_spot_figure`) and the
+words."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """A mean planted inside a block, LayerNorm against RMSNorm: its part of ``report.json``
-(:func:`numbers`) and its words."""
+(:func:`data`, from :func:`numbers`) and its words; no figure of its own (its points are on the
+divergence curve)."""
 
 from __future__ import annotations
 

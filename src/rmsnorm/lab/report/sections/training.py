@@ -1,6 +1,6 @@
-"""LayerNorm and RMSNorm models trained over seeds: their part of ``report.json``
-(:func:`numbers`), the figure of |μ| and σ per block before and after (:func:`trained_mu_sigma`)
-and the words."""
+"""LayerNorm and RMSNorm models trained over seeds: their part of ``report.json`` (:func:`data`,
+from :func:`numbers`), the figure of |μ| and σ per block before and after (:func:`figures`, drawn
+by :func:`trained_mu_sigma`) and the words."""
 
 from __future__ import annotations
 
