@@ -61,7 +61,7 @@ def comparison_run(tmp_path_factory):
     from typer.testing import CliRunner
 
     from rmsnorm.cli import app
-    from rmsnorm.lab.comparison import OUTPUT_FILES
+    from rmsnorm.lab.experiments.comparison import OUTPUT_FILES
 
     out = tmp_path_factory.mktemp("compare")
     args = ["compare", "--preset", "tiny", "--variants", COMPARISON_VARIANTS, "--seeds", "2"]

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import rmsnorm
 from rmsnorm.cli import app
-from rmsnorm.lab.comparison import ArgumentError, compare_config
+from rmsnorm.lab.experiments.comparison import ArgumentError, compare_config
 
 SRC = str(Path(rmsnorm.__file__).resolve().parents[1])
 OPTIONAL = ("matplotlib", "transformers", "triton", "numba")

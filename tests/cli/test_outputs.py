@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rmsnorm import _files
 from rmsnorm.cli import app
-from rmsnorm.lab.report import page as page_mod
+from rmsnorm.lab import page as page_mod
 from rmsnorm.lab.report import render
 
 
@@ -100,9 +100,6 @@ class _Results:
     def finish(self):
         pass
 
-    def to_dict(self):
-        return {"seconds": {}}
-
 
 def _fake_pages(monkeypatch, figures=("new",), interrupt=False):
     def write_figures(r, fig_dir, progress=None):
@@ -116,6 +113,7 @@ def _fake_pages(monkeypatch, figures=("new",), interrupt=False):
         return out
 
     monkeypatch.setattr(render, "write_figures", write_figures)
+    monkeypatch.setattr(render, "report_json", lambda r: {"seconds": {}})
     monkeypatch.setattr(render, "report_page", lambda j, f: page_mod.Page("new"))
 
 

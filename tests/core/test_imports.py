@@ -1,6 +1,6 @@
 """The package's import graph, read from the source: no module imports another that imports it back
-(directly or around a circle, imports inside functions and ``importlib.import_module`` calls with a
-constant name included), and no floor imports a higher
+(directly or around a circle, imports inside functions, imports under ``if TYPE_CHECKING:`` and
+``importlib.import_module`` calls with a constant name included), and no floor imports a higher
 one: the core never imports the applications (integrations, convert, the lab, the benchmark) nor
 the command, the lab and the benchmark never import each other, and the conversion never imports
 the lab."""
@@ -29,22 +29,14 @@ def _modules(src: Path = SRC) -> dict[str, tuple[Path, bool]]:
     return out
 
 
-def _type_checking_only(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-    )
-
-
 def _imports(tree: ast.AST):
-    """Every import statement, at any depth, except those under ``if TYPE_CHECKING:``."""
-    for node in ast.iter_child_nodes(tree):
-        if _type_checking_only(node):
-            continue
+    """Every import statement, at any depth: inside functions, and under ``if TYPE_CHECKING:`` too
+    (a module that needs another's names only for its annotations still depends on it, and a
+    circle through such an import is a circle of the design that a refactoring or a run-time use
+    of the annotation turns into an import error)."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        yield from _imports(node)
 
 
 def _dynamic_imports(tree: ast.AST, name: str, package: bool):
@@ -243,8 +235,8 @@ def test_no_import_goes_up_a_floor_and_the_lab_never_imports_the_benchmark():
 
 def test_the_checks_see_circles_and_forbidden_edges(tmp_path):
     """The checks on a planted package: a circle through an import inside a function, one through
-    ``importlib.import_module`` calls (absolute and relative), an import under TYPE_CHECKING (not
-    one), the lab importing the benchmark, the core importing the lab."""
+    ``importlib.import_module`` calls (absolute and relative), one through an import under
+    ``TYPE_CHECKING``, the lab importing the benchmark, the core importing the lab."""
     files = {
         "rmsnorm/__init__.py": "",
         "rmsnorm/core.py": "def f():\n    from .lab import x\n",
@@ -267,11 +259,36 @@ def test_the_checks_see_circles_and_forbidden_edges(tmp_path):
     graph = import_graph(tmp_path)
     assert cycles(graph) == [
         ["rmsnorm.bench.a", "rmsnorm.bench.b"],
+        ["rmsnorm.bench.c", "rmsnorm.bench.d"],
         ["rmsnorm.disp", "rmsnorm.kern", "rmsnorm.kern.impl"],
     ]
     assert forbidden_edges(graph) == [
         "rmsnorm.core -> rmsnorm.lab",
         "rmsnorm.lab -> rmsnorm.bench.a",
+    ]
+
+
+def test_a_circle_through_a_type_checking_import_is_caught(tmp_path):
+    """A report's run importing its sections, one of which names the run's results class in its
+    annotations only (``if TYPE_CHECKING:``, spelled ``typing.TYPE_CHECKING`` here): a circle of
+    three modules through a package's ``__init__``."""
+    files = {
+        "rmsnorm/__init__.py": "",
+        "rmsnorm/report/__init__.py": "",
+        "rmsnorm/report/run.py": "from . import sections\n",
+        "rmsnorm/report/sections/__init__.py": "from . import divergence\n",
+        "rmsnorm/report/sections/divergence.py": "import typing\n"
+        "if typing.TYPE_CHECKING:\n    from ..run import ReportResults\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cycles(import_graph(tmp_path)) == [
+        [
+            "rmsnorm.report.run",
+            "rmsnorm.report.sections",
+            "rmsnorm.report.sections.divergence",
+        ]
     ]
 
 

@@ -53,7 +53,7 @@ def test_no_commit_for_a_copy_inside_another_repository(tmp_path):
 
 
 def test_comparison_records_the_environment_commit(monkeypatch):
-    from rmsnorm.lab.comparison import machine_info
+    from rmsnorm.lab.experiments.comparison import machine_info
 
     monkeypatch.setenv("RMSNORM_COMMIT", "f00dfeed")
     assert machine_info("cpu")["commit"] == "f00dfeed"

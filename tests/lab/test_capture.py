@@ -14,8 +14,7 @@ from torch import nn
 
 import rmsnorm
 from rmsnorm.lab.experiments import inspection
-from rmsnorm.lab.experiments.inspection import capture
-from rmsnorm.lab.inspection import inspect_model
+from rmsnorm.lab.experiments.inspection import capture, inspect_model
 from rmsnorm.lab.models import norm_layers
 from rmsnorm.lab.models.transformer import Transformer, TransformerConfig
 from rmsnorm.lab.stats import summarize

@@ -10,7 +10,7 @@ import torch
 
 import tiny_hf
 from rmsnorm.lab.experiments import centering, sites
-from rmsnorm.lab.inspection import RunnableModel
+from rmsnorm.lab.experiments.inspection import RunnableModel
 from tiny_hf import WordTokenizer
 
 tf = pytest.importorskip("transformers")

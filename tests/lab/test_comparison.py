@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from rmsnorm.lab.comparison import (
+from rmsnorm.lab.experiments.comparison import (
     PRESETS,
     ArgumentError,
     build_models,

@@ -15,8 +15,9 @@ import rmsnorm.lab
 
 def test_importing_the_lab_needs_no_extra():
     code = (
-        "import sys, rmsnorm.lab, rmsnorm.lab.simulation, rmsnorm.lab.inspection, "
-        "rmsnorm.lab.comparison, rmsnorm.lab.report, rmsnorm.lab.models, rmsnorm.lab.stats, "
+        "import sys, rmsnorm.lab, rmsnorm.lab.experiments.simulation, "
+        "rmsnorm.lab.experiments.inspection, rmsnorm.lab.experiments.comparison, "
+        "rmsnorm.lab.report, rmsnorm.lab.models, rmsnorm.lab.stats, "
         "rmsnorm.lab.experiments, rmsnorm.lab.experiments.simulation.seeds, "
         "rmsnorm.lab.experiments.sweep, rmsnorm.lab.experiments.trained, "
         "rmsnorm.lab.experiments.swap, rmsnorm.lab.experiments.planted, "

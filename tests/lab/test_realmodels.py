@@ -5,6 +5,7 @@ correlations, and the report section and figures drawn from it."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,8 +14,8 @@ import tiny_hf
 from rmsnorm.lab.experiments import centering, realmodels
 from rmsnorm.lab.models import weights
 from rmsnorm.lab.models.text import stdlib_docstrings
-from rmsnorm.lab.report.page import Page
-from rmsnorm.lab.report.sections import real_figures, real_models
+from rmsnorm.lab.page import Page
+from rmsnorm.lab.report.sections import real_models
 
 tf = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -119,7 +120,7 @@ def test_missing_model_is_a_result_that_says_how_to_install(monkeypatch, source)
     assert m["install"] == "rmsnorm weights install stand-in"
     j = {"real_models": out}
     page = Page("t")
-    real_models.real_section(page, j, {})
+    real_models.words(page, j, {})
     text = page.markdown(".")
     assert "stand-in: missing" in text and "rmsnorm weights install stand-in" in text
     assert real_models.real_answer(j) == []
@@ -154,12 +155,14 @@ def test_section_and_figures_from_a_study(tmp_path, source):
         realmodels.RealConfig(models=(path,), **CFG), _sources(source)
     )
     fig_dir = tmp_path / "figures"
-    figures = {
-        "real_ratio": real_figures.ratio_by_block(real, fig_dir / "a.png"),
-        "real_largest": real_figures.largest_by_block(real, fig_dir / "b.png"),
-        "real_blocks": real_figures.block_costs(real, fig_dir / "d.png"),
-        "real_mechanism": real_figures.mechanism_bars(real, fig_dir / "e.png"),
-        "real_predictor": real_figures.predictor_scatter(real, fig_dir / "c.png"),
+    fig_dir.mkdir()
+    figures = real_models.figures(SimpleNamespace(real=real), fig_dir)
+    assert set(figures) == {
+        "real_ratio",
+        "real_largest",
+        "real_blocks",
+        "real_mechanism",
+        "real_predictor",
     }
     assert all(p.stat().st_size > 1000 for p in figures.values())
     j = {"real_models": json.loads(json.dumps(real))}
@@ -169,7 +172,7 @@ def test_section_and_figures_from_a_study(tmp_path, source):
             page.table(*part)
         else:
             page.p(part)
-    real_models.real_section(page, j, figures)
+    real_models.words(page, j, figures)
     text = page.markdown(tmp_path)
     assert "Real pretrained transformers" in text and "pre-norm (4, 32)" in text
     assert "Verdict on three real transformers" in text

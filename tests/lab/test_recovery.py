@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,10 +15,10 @@ import torch
 import tiny_hf
 from rmsnorm._validate import ArgumentError
 from rmsnorm.lab.experiments import centering, recovery, sites
-from rmsnorm.lab.inspection import RunnableModel
-from rmsnorm.lab.report.page import Page
+from rmsnorm.lab.experiments.inspection import RunnableModel
+from rmsnorm.lab.page import Page
 from rmsnorm.lab.report.sections import recovery as section
-from rmsnorm.lab.report.sections.common import _f
+from rmsnorm.lab.report.sections.common import fmt
 from tiny_hf import WordTokenizer
 
 tf = pytest.importorskip("transformers")
@@ -209,7 +210,7 @@ def stored():
 
 def test_section_words_state_the_stored_numbers(stored, tmp_path):
     j = {"recovery": section.numbers(stored)}
-    files = section.figures(j, tmp_path)
+    files = section.figures(SimpleNamespace(recovery=stored), tmp_path)
     assert files["recovery"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = Page("t")
     section.words(page, j, files)
@@ -217,9 +218,9 @@ def test_section_words_state_the_stored_numbers(stored, tmp_path):
     assert "What a short fine-tune recovers" in md
     for m in j["recovery"]["models"]:
         s = m["summary"]["swapped"][m["metrics"][0]]
-        assert _f(s["start"], ".3g") in md
-        assert _f(s["final"]["value"], ".3g") in md
-        assert f"{_f(100 * s['recovered_fraction']['value'], '.0f')}% recovered" in md
+        assert fmt(s["start"], ".3g") in md
+        assert fmt(s["final"]["value"], ".3g") in md
+        assert f"{fmt(100 * s['recovered_fraction']['value'], '.0f')}% recovered" in md
         assert f"n = {s['final']['n']} seeds" in md
     assert "+0.067" in md and "arXiv:2507.02559" in md  # beside the published costs
     cells = section.verdict_cells(j)

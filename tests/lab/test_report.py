@@ -20,7 +20,7 @@ from rmsnorm.lab.stats.iid import iid_reference
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # --------------------------------------------------------------------------------------------------
-# The report's document model (lab/report/page.py): Markdown and HTML from the same blocks.
+# The lab's document model (lab/page.py): Markdown and HTML from the same blocks.
 
 
 def test_page_renders_escaped_tables():
@@ -218,6 +218,55 @@ def test_quick_report_writes_everything(quick_report):
         assert (out / rel).is_file(), name
     # nothing half-written is left beside the files
     assert not [p for p in out.rglob(".*") if p.is_file()]
+
+
+def test_a_new_section_is_a_module_and_one_line(tmp_path, monkeypatch):
+    """docs/architecture.md's recipe walked: a section with the three callables, appended to the
+    list, lands in report.json (its data), figures/ (its figure) and the page (its words), with no
+    other edit; render walks the list in its order."""
+    from types import SimpleNamespace
+
+    from rmsnorm.lab.report import render, sections
+    from rmsnorm.lab.report.run import Provenance
+
+    def figures(r, out):
+        png = out / "new_figure.png"
+        png.write_bytes(b"\x89PNG\r\n\x1a\n")
+        return {"new_figure": png}
+
+    def words(page, j, figs):
+        page.h2("A new section")
+        page.p(f"It states {j['new_section']['value']:.2f}.")
+        page.figure(figs["new_figure"], "the new section's figure")
+
+    new = SimpleNamespace(
+        data=lambda r: {"new_section": {"value": r.value}}, figures=figures, words=words
+    )
+    monkeypatch.setattr(sections, "SECTIONS", [new])
+    r = SimpleNamespace(
+        config=SimpleNamespace(mode="quick"),
+        provenance=Provenance.now(),
+        seconds={"runs": 0.0},
+        value=0.25,
+    )
+    summary = render.write_report(r, tmp_path / "rep")
+    assert summary["new_section"] == {"value": 0.25}
+    assert summary["files"]["new_figure"] == "figures/new_figure.png"
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## 1. A new section" in md and "It states 0.25." in md
+    assert (
+        json.loads((tmp_path / "rep" / "report.json").read_text())["new_section"]["value"] == 0.25
+    )
+
+
+def test_every_section_has_the_three_callables():
+    from rmsnorm.lab.report import sections
+
+    assert len(set(map(id, sections.SECTIONS))) == len(sections.SECTIONS) == 15
+    for section in sections.SECTIONS:
+        assert all(callable(getattr(section, f, None)) for f in ("data", "figures", "words"))
+    assert sections.common not in sections.SECTIONS  # helpers, not sections
+    assert sections.real_figures not in sections.SECTIONS
 
 
 def test_report_json_holds_the_measurements(quick_report):

@@ -11,8 +11,9 @@ from rmsnorm.lab.experiments.simulation import SimulationConfig
 from rmsnorm.lab.experiments.simulation.seeds import replicate
 from rmsnorm.lab.experiments.sweep import SweepCell
 from rmsnorm.lab.report import Page, sections
-from rmsnorm.lab.report.sections.common import _spread, chapter
+from rmsnorm.lab.report.sections.common import chapter
 from rmsnorm.lab.stats import median
+from rmsnorm.lab.stats.rows import spread
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -42,7 +43,7 @@ def test_the_token_shared_share_is_one_number(four_seeds):
     cell = SweepCell("default", "default", study.config, study).to_dict()
     assert cell["last_layer_shared_share_median"] == pytest.approx(expected, rel=1e-12)
     assert study.band("shared_share")["median"][-1] == pytest.approx(expected, rel=1e-12)
-    assert _spread(shares)["median"] == pytest.approx(expected, rel=1e-12)
+    assert spread(shares)["median"] == pytest.approx(expected, rel=1e-12)
     rows = sections.simulation.numbers(study)["layers"]
     assert rows[-1]["shared_share_median"] == pytest.approx(expected, rel=1e-12)
 

@@ -12,6 +12,7 @@ import torch
 from scipy import stats
 
 from rmsnorm.lab.experiments.planted import planted_in_block
+from rmsnorm.lab.experiments.simulation import SimulationConfig, simulate, write_simulation
 from rmsnorm.lab.experiments.simulation.seeds import (
     centering_verdict,
     paired_spread_test,
@@ -20,7 +21,6 @@ from rmsnorm.lab.experiments.simulation.seeds import (
     token_test_verdicts,
 )
 from rmsnorm.lab.models.transformer import Transformer, TransformerConfig
-from rmsnorm.lab.simulation import SimulationConfig, simulate, write_simulation
 from rmsnorm.lab.stats.decomposition import capture_writes, shared_share
 from rmsnorm.lab.stats.iid import iid_reference
 
@@ -185,8 +185,8 @@ def test_simulation_json_carries_the_decomposition(tmp_path):
 
 def test_seed_study_files(tmp_path):
     pytest.importorskip("matplotlib")
+    from rmsnorm.lab.experiments.simulation import write_seed_study
     from rmsnorm.lab.experiments.simulation.seeds import replicate
-    from rmsnorm.lab.simulation import write_seed_study
 
     files = write_seed_study(replicate(SimulationConfig(**TINY), 3), tmp_path)
     assert {"ratio_by_layer_seeds", "decomposition", "seeds_json"} == set(files)

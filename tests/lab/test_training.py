@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rmsnorm.lab.experiments.simulation import SimulationConfig
 from rmsnorm.lab.experiments.swap import logit_cost, naive_swap, norm_slots, swap_costs
 from rmsnorm.lab.experiments.sweep import SweepConfig, run_sweep
 from rmsnorm.lab.experiments.trained import TrainStudyConfig, measure_state, run_training_study
 from rmsnorm.lab.models.corpus import Corpus
 from rmsnorm.lab.models.train import TrainConfig, Trainer, evaluate, train, val_parts
 from rmsnorm.lab.models.transformer import Transformer, TransformerConfig
-from rmsnorm.lab.simulation import SimulationConfig
 from rmsnorm.modules import RMSNorm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

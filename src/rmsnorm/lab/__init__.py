@@ -9,10 +9,11 @@
   the training comparison, the hooks on any model's norm layers, the real models' study);
 - :mod:`.report`: ``rmsnorm report``, every experiment's numbers, figures and words in one page.
 
-:mod:`.io` (JSON and atomic writes) and :mod:`.figures` (matplotlib, imported only when a figure
-is drawn) are what all of them share. ``rmsnorm.lab.simulation``, ``.comparison`` and
-``.inspection`` are the public paths of those experiments' names. Importing the lab never imports
-matplotlib, rich, scipy or transformers."""
+:mod:`.io` (JSON and atomic writes), :mod:`.figures` (matplotlib, imported only when a figure
+is drawn) and :mod:`.page` (the document model: Markdown and HTML) are what all of them share. The
+names below are the lab's public ones; the rest live at their module's path
+(``rmsnorm.lab.experiments.comparison`` ...). Importing the lab never imports matplotlib, rich,
+scipy or transformers."""
 
 from . import stats
 from .experiments.inspection import (

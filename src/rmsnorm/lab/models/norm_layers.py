@@ -90,7 +90,10 @@ def _probe_kind(module: nn.Module, width: int) -> str | None:
 
 def norm_kind(module: nn.Module) -> str | None:
     """``"layernorm"``, ``"rmsnorm"`` or None (not a norm layer), by the rule in the module
-    docstring."""
+    docstring. The lab's one test of a norm layer, in the lab's words for the two kinds (the norm
+    names of its models, ``TransformerConfig.norm``); it asks
+    :func:`rmsnorm.integrations.norm_kind` first, whose ``"layer"`` / ``"rms"`` it translates here
+    and nowhere else."""
     recognised = integrations.norm_kind(module)
     if recognised is not None:
         return _KINDS[recognised]

@@ -1,7 +1,7 @@
 """Pretrained models as lab inputs: a local Hugging Face directory, a ``.gguf`` file, a Hub id
 already in the local Hugging Face cache, or a built-in name
 (:data:`~rmsnorm.lab.models.weights.BUILTIN`), loaded in float32 as a
-:class:`~rmsnorm.lab.inspection.RunnableModel`.
+:class:`~.runnable.RunnableModel`.
 
 What is read: safetensors and GGUF only, never a pickle (a directory holding only ``*.bin`` /
 ``*.pt`` weights is refused); a built-in model's files are checked against their pinned sha256
@@ -311,7 +311,7 @@ def _from_pretrained(tf, directory: Path, file_kw: dict, weights_kw: dict):
 
 
 def load_pretrained(source: str, *, progress=None, cache: bool = True, located=None):
-    """A :class:`~rmsnorm.lab.inspection.RunnableModel` of ``source`` in float32, eval mode, with
+    """A :class:`~.runnable.RunnableModel` of ``source`` in float32, eval mode, with
     its tokenizer when its files are there and ``provenance`` (form, files and digests, weight
     format). ``cache``: keep dequantized GGUF weights in the cache (see the module docstring);
     ``located``: :func:`locate`'s answer for ``source`` when already asked (its digests read)."""

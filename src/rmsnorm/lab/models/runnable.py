@@ -1,6 +1,6 @@
 """A model with what it takes to run it (:class:`RunnableModel`), and the one import of
 transformers the lab's loaders share (:func:`_transformers`): a leaf that both
-:mod:`~rmsnorm.lab.inspection` and :mod:`~rmsnorm.lab.models.pretrained` build on."""
+:mod:`~rmsnorm.lab.experiments.inspection` and :mod:`~rmsnorm.lab.models.pretrained` build on."""
 
 from __future__ import annotations
 

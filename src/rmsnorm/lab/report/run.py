@@ -1,6 +1,8 @@
-"""The report's runs: what it runs (:class:`ReportConfig`), running it once (:func:`run_report`)
-into one structured object (:class:`ReportResults`), whose :meth:`~ReportResults.to_dict` is
-``report.json`` and holds every number the page states."""
+"""The report's runs: what it runs (:class:`ReportConfig`) and running it once (:func:`run_report`),
+one stage per experiment, into one structured object (:class:`ReportResults`). This module runs
+experiments only: it imports no section; each section of :mod:`.sections` reads its part of
+``report.json``, its figures and its words from the :class:`ReportResults`
+(:func:`~.render.report_json` assembles them)."""
 
 from __future__ import annotations
 
@@ -9,23 +11,24 @@ import json
 import math
 import platform
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ... import __version__, info
 from ..._progress import ensure
 from ..._validate import ArgumentError, finite_number, positive_int
+from ..experiments.conventions import eps_demo, measure_conventions
 from ..experiments.planted import planted_in_block
 from ..experiments.realmodels import RealConfig
 from ..experiments.recovery import RecoveryConfig
 from ..experiments.simulation import SimulationConfig, SimulationResult
-from ..experiments.simulation.seeds import SeedStudy, replicate
+from ..experiments.simulation.seeds import SeedStudy, identity_over_seeds, replicate
+from ..experiments.swap import swap_over_seeds
 from ..experiments.sweep import SweepConfig, SweepResult, run_sweep
 from ..experiments.trained import TrainStudy, TrainStudyConfig, run_training_study
 from ..stats.outliers import blind_spot
-from . import sections
-from .timing import SHAPES, time_norms
+from .timing import SHAPES, time_norms, timing_ratios
 
 __all__ = [
     "ReportConfig",
@@ -200,9 +203,14 @@ class Provenance:
 
 @dataclass
 class ReportResults:
-    """Everything the report shows, computed once by :func:`run_report`. Sections the
-    configuration skips are None. :meth:`to_dict` is ``report.json`` without its list of files;
-    the page states no number that is not in it."""
+    """Everything the report shows, computed once by :func:`run_report`, one field per stage:
+    ``study`` the simulation over seeds, ``identity`` RMS² = σ² + μ² checked on its rows,
+    ``conventions`` the ε placements and β measured on it, ``eps_demo`` the worked ε example,
+    ``sweep``, ``training``, ``swap`` (:func:`~rmsnorm.lab.experiments.swap.swap_over_seeds` on the
+    trained LayerNorm models), ``planted``, ``inspected`` (the ``--model``), ``real`` (the
+    pretrained models), ``recovery``, ``blind_spot`` and ``timing``. Stages the configuration
+    skips are None. :func:`~.render.report_json` is ``report.json`` without its list of files; the
+    page states no number that is not in it."""
 
     config: ReportConfig
     provenance: Provenance
@@ -210,6 +218,7 @@ class ReportResults:
     timing: dict
     identity: dict
     eps_demo: dict
+    conventions: dict = field(default_factory=dict)
     sweep: SweepResult | None = None
     training: TrainStudy | None = None
     swap: dict | None = None
@@ -227,39 +236,7 @@ class ReportResults:
 
     @property
     def timing_ratios(self) -> dict:
-        return sections.speed.timing_ratios(self.timing)
-
-    def to_dict(self) -> dict:
-        out: dict = asdict(self.provenance)
-        out["mode"] = self.config.mode
-        out["identity"] = self.identity
-        out["derivations"] = sections.divergence.derivations()
-        out["simulation"] = sections.simulation.numbers(self.study)
-        out["decomposition"] = sections.decomposition.numbers(self.study, self.sweep)
-        if self.sweep is not None:
-            out["sweep"] = sections.sweep.numbers(self.sweep)
-        if self.training is not None:
-            out["training"] = sections.training.numbers(self.training)
-        if self.swap is not None:
-            out["swap"] = self.swap
-        if self.planted is not None:
-            out["planted"] = sections.planted.numbers(self.planted)
-        out["outliers"] = sections.outliers.numbers(self.blind_spot, self.study.config.d_model)
-        out["conventions"] = sections.divergence.conventions(self.study)
-        out["real_models"] = self.real or {
-            "skipped": "--quick" if self.config.mode == "quick" else "--no-real"
-        }
-        out["recovery"] = (
-            sections.recovery.numbers(self.recovery)
-            if self.recovery is not None
-            else {"skipped": "no recovery.json given (`--recovery FILE`) and not `--full`"}
-        )
-        out["eps_demo"] = self.eps_demo
-        if self.inspected is not None:
-            out["model"] = self.inspected
-        out["timing"] = {**self.timing, "rms_over_ln": self.timing_ratios}
-        out["seconds"] = dict(self.seconds)
-        return out
+        return timing_ratios(self.timing)
 
 
 def read_recovery(path) -> dict:
@@ -300,6 +277,11 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
     t0 = time.perf_counter()
     study = replicate(cfg.simulation, cfg.seeds, progress, "simulation")
     stage("simulation", t0)
+    # cheap stages on the simulation, untimed: the identity on its rows, the ε and β conventions
+    # measured on its stream, and the worked ε example
+    identity = identity_over_seeds(study)
+    conventions = measure_conventions(study)
+    demo = eps_demo()
     sweep = None
     if cfg.sweep is not None:
         t0 = time.perf_counter()
@@ -324,7 +306,7 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
         stage("training", t0)
         t0 = time.perf_counter()
         with progress.task("swap: naive and exact", total=1) as advance:
-            swap = sections.swap.numbers(training)
+            swap = swap_over_seeds(training)
             advance()
         stage("swap", t0)
     t0 = time.perf_counter()
@@ -364,8 +346,9 @@ def run_report(cfg: ReportConfig, progress=None) -> ReportResults:
         provenance=provenance,
         study=study,
         timing=timing,
-        identity=sections.identity.numbers(study, inspected),
-        eps_demo=sections.divergence.eps_demo(),
+        identity=identity,
+        eps_demo=demo,
+        conventions=conventions,
         sweep=sweep,
         training=training,
         swap=swap,

@@ -4,6 +4,8 @@ library (``rmsnorm.rms_norm`` / ``layer_norm``, whatever backend is in force) an
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -12,7 +14,7 @@ from ..._progress import ensure
 from ..._timing import interleaved
 from ..stats.rows import median
 
-__all__ = ["SHAPES", "METHOD", "time_norms"]
+__all__ = ["SHAPES", "METHOD", "time_norms", "timing_ratios"]
 
 # (name, rows, hidden): hidden sizes of GPT-2 small and of Llama-2 7B
 SHAPES = (("2048 × 768 (GPT-2 small)", 2048, 768), ("512 × 4096 (Llama-2 7B)", 512, 4096))
@@ -88,3 +90,23 @@ def time_norms(
         "method": METHOD,
         "results": results,
     }
+
+
+def timing_ratios(timing: dict) -> dict:
+    """Geometric means over shapes of time ratios: RMSNorm / LayerNorm per library ("rmsnorm",
+    "torch"), and this library's rms_norm / each of torch's norms ("ours_over_torch_rms_norm",
+    "ours_over_torch_layer_norm")."""
+    out = {}
+    for lib, rms, ln in (
+        ("rmsnorm", "rmsnorm.rms_norm", "rmsnorm.layer_norm"),
+        ("torch", "torch F.rms_norm", "torch F.layer_norm"),
+        ("ours_over_torch_rms_norm", "rmsnorm.rms_norm", "torch F.rms_norm"),
+        ("ours_over_torch_layer_norm", "rmsnorm.rms_norm", "torch F.layer_norm"),
+    ):
+        logs = []
+        for shape in dict.fromkeys(r["shape_name"] for r in timing["results"]):
+            t = {r["impl"]: r["median_ms"] for r in timing["results"] if r["shape_name"] == shape}
+            if rms in t and ln in t and t[ln] > 0:
+                logs.append(math.log(t[rms] / t[ln]))
+        out[lib] = math.exp(sum(logs) / len(logs)) if logs else math.nan
+    return out

@@ -260,3 +260,12 @@ def median(values) -> float:
     if v.numel() % 2:
         return float(low)
     return float((low + torch.kthvalue(v, k + 2).values) / 2)
+
+
+def spread(values) -> dict:
+    """{min, median, max} of the finite entries of ``values`` (None entries skipped; NaN for each
+    when none is finite): the spread over seeds that ``report.json`` gives a measurement."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return {"min": math.nan, "median": math.nan, "max": math.nan}
+    return {"min": min(vals), "median": median(vals), "max": max(vals)}

@@ -1,13 +1,16 @@
 """What a training comparison's summary.md says: the verdicts, the tables behind them (power,
 the learning-rate sweep, stability, flattening, speed), the setup and the command that
-reproduces the run."""
+reproduces the run, written through the lab's document model (:class:`~rmsnorm.lab.page.Page`),
+the one the report's page is written with."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from collections import Counter
+from pathlib import Path
 
+from ...page import Page
 from ...stats.rows import median
 from .config import BASELINE, MODEL_OPTIONS, PRESETS, TRAIN_OPTIONS
 from .paired import ALPHA, POWER
@@ -79,7 +82,7 @@ def _rates_text(rates: dict[str, str]) -> str:
     return ", ".join(f"{k} ×{n}" for k, n in sorted(counts.items(), key=lambda kv: float(kv[0])))
 
 
-def _comparison_row(label: str, setting: str, c: dict) -> str:
+def _comparison_row(label: str, setting: str, c: dict) -> list[str]:
     p = c["paired"]
     rates = _rates_text(c["rates"])
     base_rates = _rates_text(c["baseline_rates"])
@@ -94,16 +97,30 @@ def _comparison_row(label: str, setting: str, c: dict) -> str:
         ci = f"[{p['ci_low']:+.4f}, {p['ci_high']:+.4f}]"
     need = c.get("seeds_to_detect_observed")
     we = c.get("window_standard_error")
-    return (
-        f"| {label} | {setting} | {rates} / {base_rates} | {delta} | {ci} | {wide} "
-        f"| {_num(p['sd'])} | {_p(p['t_p'])} | {_p(p['wilcoxon_p'])} "
-        f"| {p['worse']}/{p['better']} ({_p(p['sign_p'])}) | {_num(p['mde'])} "
-        f"| {'—' if need is None else need} | {_num(we)} |"
-    )
+    return [
+        label,
+        setting,
+        f"{rates} / {base_rates}",
+        delta,
+        ci,
+        wide,
+        _num(p["sd"]),
+        _p(p["t_p"]),
+        _p(p["wilcoxon_p"]),
+        f"{p['worse']}/{p['better']} ({_p(p['sign_p'])})",
+        _num(p["mde"]),
+        "—" if need is None else str(need),
+        _num(we),
+    ]
 
 
 def render_markdown(results: dict) -> str:
     """The Markdown summary (``summary.md``)."""
+    return summary_page(results).markdown(Path("."))
+
+
+def summary_page(results: dict) -> Page:
+    """``summary.md`` as a :class:`~rmsnorm.lab.page.Page`."""
     cfg, m, summ = results["config"], results["machine"], results["summary"]
     sv, base = summ["variants"], summ["variants"][BASELINE]
     mc, tc, corpus = cfg["model"], cfg["train"], results["corpus"]
@@ -111,15 +128,14 @@ def render_markdown(results: dict) -> str:
     seeds = results.get("seeds_completed", cfg["seeds"])
     sweep = len(summ["lrs"]) > 1
     labels = " vs ".join(s["label"] for s in sv.values())
-    lines = [f"# Training comparison: {labels}", ""]
+    page = Page(f"Training comparison: {labels}")
     if seeds < cfg["seeds"]:
-        lines += [
+        page.p(
             f"**Partial results: {seeds} of {cfg['seeds']} seeds finished** (the run was "
-            "stopped or is still running; the file is rewritten after every seed).",
-            "",
-        ]
+            "stopped or is still running; the file is rewritten after every seed)."
+        )
     k = sv["prmsnorm"]["rms_elements"] if "prmsnorm" in sv else None
-    lines += [
+    page.p(
         f"The same GPT-style byte-level language model ({mc['n_layers']} layers, d_model "
         f"{mc['d_model']}) trained {seeds} times per setting (seeds {summ['seeds'][0]}–"
         f"{summ['seeds'][-1]}) with each normalization"
@@ -137,33 +153,28 @@ def render_markdown(results: dict) -> str:
             f"(p = {mc['partial']:.2%})."
             if k is not None
             else ""
-        ),
-        "",
-    ]
+        )
+    )
     if k is not None and k < 32:
-        lines += [
+        page.p(
             f"**pRMSNorm here is not the paper's regime**: k = {k} elements give its RMS about "
             f"{1 / math.sqrt(2 * k):.0%} relative noise for Gaussian rows; `--full` trains at "
-            "d_model 512, where k = 32.",
-            "",
-        ]
-    lines += ["## Answer", ""]
-    for v, s in sv.items():
-        if v == BASELINE:
-            continue
-        lines += [f"- {text}" for text in s["verdicts"].values() if text]
-    lines += [""]
+            "d_model 512, where k = 32."
+        )
+    page.h2("Answer", numbered=False)
+    page.bullets(
+        [text for v, s in sv.items() if v != BASELINE for text in s["verdicts"].values() if text]
+    )
     if not sweep:
-        lines += [
+        page.p(
             "With one learning rate a difference can come from the rate suiting one norm better "
             "than another; `--lrs` (or `--full`) sweeps it and compares each norm at its own best "
-            "rate too.",
-            "",
-        ]
-    lines += [f"**Warning**: {w}\n" for w in results.get("warnings", [])]
-    lines += [
-        "## Paired differences in final validation loss",
-        "",
+            "rate too."
+        )
+    for w in results.get("warnings", []):
+        page.p(f"**Warning**: {w}")
+    page.h2("Paired differences in final validation loss", numbered=False)
+    page.p(
         "Final validation loss on the report half of the held-out bytes"
         + (
             f" ({cfg['train']['final_eval_batches'] * cfg['train']['batch_size']} windows of "
@@ -180,38 +191,51 @@ def render_markdown(results: dict) -> str:
         "mean Δ's error that comes from which validation windows were scored (fixed for every "
         "run, so not in the seed spread); the CI with windows adds it to the seeds' standard "
         "error (in quadrature, with the seeds' degrees of freedom) and is the interval for "
-        "new text of the same kind.",
-        "",
-        "| variant | rate setting | rate (variant / LN) | Δ mean | 95% CI (seeds) "
-        "| 95% CI (seeds + windows) | sd | t p | Wilcoxon p | sign worse/better (p) | MDE | seeds "
-        "| window s.e. |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        "new text of the same kind."
+    )
+    rows = []
     for v, s in sv.items():
         if v == BASELINE:
             continue
         if not sweep:
-            lines.append(_comparison_row(s["label"], "the one rate", s["at_shared_rate"]))
+            rows.append(_comparison_row(s["label"], "the one rate", s["at_shared_rate"]))
         elif same_rates(s):
-            lines.append(_comparison_row(s["label"], "LayerNorm's = own", s["at_shared_rate"]))
+            rows.append(_comparison_row(s["label"], "LayerNorm's = own", s["at_shared_rate"]))
         else:
-            lines.append(_comparison_row(s["label"], "LayerNorm's", s["at_shared_rate"]))
-            lines.append(_comparison_row(s["label"], "own", s["at_own_rate"]))
-    rows = sum(1 + (sweep and not same_rates(s)) for v, s in sv.items() if v != BASELINE)
-    lines += [
-        "",
-        f"The intervals are per comparison, not corrected for the {rows} comparisons in this "
-        "table: at 95% each, about one in twenty intervals misses its true value.",
-        "",
-    ]
-    lines += _power_section(results)
-    lines += _sweep_section(results) + _stability_section(results) + _flat_section(results)
-    lines += _speed_section(results, nt, sv, base)
-    lines += _setup_section(results, cfg, m, mc, tc, corpus, summ)
-    return "\n".join(lines)
+            rows.append(_comparison_row(s["label"], "LayerNorm's", s["at_shared_rate"]))
+            rows.append(_comparison_row(s["label"], "own", s["at_own_rate"]))
+    page.table(
+        [
+            "variant",
+            "rate setting",
+            "rate (variant / LN)",
+            "Δ mean",
+            "95% CI (seeds)",
+            "95% CI (seeds + windows)",
+            "sd",
+            "t p",
+            "Wilcoxon p",
+            "sign worse/better (p)",
+            "MDE",
+            "seeds",
+            "window s.e.",
+        ],
+        rows,
+    )
+    page.p(
+        f"The intervals are per comparison, not corrected for the {len(rows)} comparisons in this "
+        "table: at 95% each, about one in twenty intervals misses its true value."
+    )
+    _power_section(page, results)
+    _sweep_section(page, results)
+    _stability_section(page, results)
+    _flat_section(page, results)
+    _speed_section(page, results, nt, sv, base)
+    _setup_section(page, results, cfg, m, mc, tc, corpus, summ)
+    return page
 
 
-def _power_section(results: dict) -> list[str]:
+def _power_section(page: Page, results: dict) -> None:
     """What the design can and cannot detect, from the paired comparisons with finite runs."""
     summ = results["summary"]
     sv = summ["variants"]
@@ -237,15 +261,13 @@ def _power_section(results: dict) -> list[str]:
                     c.get("window_standard_error"),
                 )
             )
-    lines = ["## What this design can and cannot detect", ""]
+    page.h2("What this design can and cannot detect", numbered=False)
     if not rows:
-        return lines + [
-            "No comparison has every run finite and two or more seeds: no interval.",
-            "",
-        ]
+        page.p("No comparison has every run finite and two or more seeds: no interval.")
+        return
     sds, mdes, rels = [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
     window = [(r[5], r[4]) for r in rows if r[5] is not None and r[4] > 0]
-    lines.append(
+    page.p(
         f"With {n} paired seeds the per-seed differences spread by {min(sds):.4f}–{max(sds):.4f} "
         f"nats/byte (sd), so the smallest true differences detected with {POWER:.0%} power are "
         f"{min(mdes):.4f}–{max(mdes):.4f} nats/byte ({min(rels):.1%}–{max(rels):.1%} of "
@@ -255,8 +277,7 @@ def _power_section(results: dict) -> list[str]:
     )
     if window:
         ratio = max(w / se for w, se in window)
-        lines.append("")
-        lines.append(
+        page.p(
             "The validation windows are the same for every run, so their own sampling error is "
             "not in the seed spread: the intervals over seeds are for these windows. Drawn anew, "
             f"the windows would move a mean difference by a standard error of up to {ratio:.1f}× "
@@ -268,22 +289,15 @@ def _power_section(results: dict) -> list[str]:
                 "more validation windows (--final-eval-batches) would narrow it."
             )
         )
-    return lines + [""]
 
 
-def _sweep_section(results: dict) -> list[str]:
+def _sweep_section(page: Page, results: dict) -> None:
     summ = results["summary"]
     sv = summ["variants"]
     n = len(summ["seeds"])
-    lines = [
-        "## Every rate" if len(summ["lrs"]) > 1 else "## Final losses",
-        "",
-        f"Selection: {summ['selection']}",
-        "",
-        "| variant | lr | final val loss, report half (mean ± sd) | selection half (mean) "
-        "| Δ vs LayerNorm at this rate [95% CI] | diverged or above chance | chosen for seeds |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    page.h2("Every rate" if len(summ["lrs"]) > 1 else "Final losses", numbered=False)
+    page.p(f"Selection: {summ['selection']}")
+    rows = []
     for s in sv.values():
         for key, r in s["by_lr"].items():
             std = r["final_val_loss_std"]
@@ -297,32 +311,46 @@ def _sweep_section(results: dict) -> list[str]:
                 delta = "— (a run diverged)" if n > 1 else "—"
             else:
                 delta = f"{pv['mean']:+.4f} [{pv['ci_low']:+.4f}, {pv['ci_high']:+.4f}]"
-            lines.append(
-                f"| {s['label']} | {key} | {loss} | {_num(r['select_val_loss_mean'])} | {delta} "
-                f"| {r['diverged']}/{n} | {r['chosen_for_seeds']}/{n} |"
+            rows.append(
+                [
+                    s["label"],
+                    key,
+                    loss,
+                    _num(r["select_val_loss_mean"]),
+                    delta,
+                    f"{r['diverged']}/{n}",
+                    f"{r['chosen_for_seeds']}/{n}",
+                ]
             )
-    return lines + [""]
+    page.table(
+        [
+            "variant",
+            "lr",
+            "final val loss, report half (mean ± sd)",
+            "selection half (mean)",
+            "Δ vs LayerNorm at this rate [95% CI]",
+            "diverged or above chance",
+            "chosen for seeds",
+        ],
+        rows,
+    )
 
 
-def _stability_section(results: dict) -> list[str]:
+def _stability_section(page: Page, results: dict) -> None:
     cfg, summ = results["config"], results["summary"]
     tc, mc = cfg["train"], cfg["model"]
     chance = math.log(mc["vocab_size"])
-    lines = [
-        "## Stability",
-        "",
+    page.h2("Stability", numbered=False)
+    page.p(
         f"Per run, after the {tc['warmup']} warm-up steps: the largest training loss (the worst "
         f"seed, and at which step), the steps whose training loss was above ln {mc['vocab_size']} "
         f"= {chance:.2f} (chance; summed over seeds, with the worst seed), the gradient norm "
         f"before clipping (largest over seeds; median of the per-seed medians) and the share of "
         f"steps it was clipped at {tc['grad_clip']:g}. A run whose loss or gradient norm turns "
         "non-finite stops there; it, and a run whose final validation loss is above chance, "
-        "counts as diverged.",
-        "",
-        "| variant | lr | max train loss (seed, step) | steps > ln V (worst seed) "
-        "| max grad norm | median grad norm | clipped | diverged (step) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+        "counts as diverged."
+    )
+    rows = []
     for s in summ["variants"].values():
         for key, r in s["by_lr"].items():
             st = r["stability"]
@@ -340,15 +368,32 @@ def _stability_section(results: dict) -> list[str]:
                 for i, x in enumerate(st)
                 if x["diverged_at"] is not None
             ]
-            lines.append(
-                f"| {s['label']} | {key} | {_num(w['max_train_loss_after_warmup'], '.2f')} "
-                f"({seeds[worst]}, {w['argmax_step']}) | {sum(above)} ({max(above)}) "
-                f"| {_num(max(grads, key=_key), '.3g')} "
-                f"| {_num(median(medians) if medians else None, '.3g')} "
-                f"| {_num(statistics.fmean(clipped) if clipped else None, '.0%')} "
-                f"| {', '.join(div) if div else 'none'} |"
+            rows.append(
+                [
+                    s["label"],
+                    key,
+                    f"{_num(w['max_train_loss_after_warmup'], '.2f')} "
+                    f"({seeds[worst]}, {w['argmax_step']})",
+                    f"{sum(above)} ({max(above)})",
+                    _num(max(grads, key=_key), ".3g"),
+                    _num(median(medians) if medians else None, ".3g"),
+                    _num(statistics.fmean(clipped) if clipped else None, ".0%"),
+                    ", ".join(div) if div else "none",
+                ]
             )
-    return lines + [""]
+    page.table(
+        [
+            "variant",
+            "lr",
+            "max train loss (seed, step)",
+            "steps > ln V (worst seed)",
+            "max grad norm",
+            "median grad norm",
+            "clipped",
+            "diverged (step)",
+        ],
+        rows,
+    )
 
 
 def _key(value) -> float:
@@ -358,13 +403,12 @@ def _key(value) -> float:
     return math.inf if math.isnan(value) else value
 
 
-def _flat_section(results: dict) -> list[str]:
+def _flat_section(page: Page, results: dict) -> None:
     summ = results["summary"]
     tc, mc = results["config"]["train"], results["config"]["model"]
     steps = tc["steps"]
-    lines = [
-        "## Has the validation loss flattened?",
-        "",
+    page.h2("Has the validation loss flattened?", numbered=False)
+    page.p(
         f"Criterion: over the last {FLAT_WINDOW:.0%} of the steps the mean (over seeds) validation "
         f"loss falls by at most {FLAT_TOLERANCE:.0%} of its final value, on the report half's "
         f"{tc['eval_batches'] * tc['batch_size']} windows scored at every evaluation (the curve; "
@@ -373,97 +417,111 @@ def _flat_section(results: dict) -> list[str]:
         f"takes the rate down to {tc.get('min_lr_ratio', 0.1):.0%} of its peak at the last step, "
         f"so this is a loss flattened at the end of a fixed budget of {steps} steps "
         f"({steps * tc['batch_size'] * mc['seq_len']:,} bytes), not a model trained to "
-        "convergence: more steps would lower every loss.",
-        "",
-        "| variant | lr | from step | loss then | final | drop | relative | flat |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+        "convergence: more steps would lower every loss."
+    )
     used = {(v, k) for v, s in summ["variants"].items() for k in s["chosen_rates"].values()}
     used |= {(v, k) for v in summ["variants"] for k in summ["shared_rates"].values()}
+    rows = []
     for v, s in summ["variants"].items():
         for key, r in s["by_lr"].items():
             f = r["flattening"]
             mark = " (compared)" if (v, key) in used else ""
             if f is None:
-                lines.append(f"| {s['label']} | {key}{mark} | — | — | — | — | — | n/a (diverged) |")
+                rows.append([s["label"], f"{key}{mark}", *["—"] * 5, "n/a (diverged)"])
                 continue
-            lines.append(
-                f"| {s['label']} | {key}{mark} | {f['from_step']} | {f['loss_from']:.4f} "
-                f"| {f['loss_to']:.4f} | {f['drop']:+.4f} | {f['relative_drop']:.2%} "
-                f"| {'yes' if f['flat'] else '**no**'} |"
+            rows.append(
+                [
+                    s["label"],
+                    f"{key}{mark}",
+                    str(f["from_step"]),
+                    f"{f['loss_from']:.4f}",
+                    f"{f['loss_to']:.4f}",
+                    f"{f['drop']:+.4f}",
+                    f"{f['relative_drop']:.2%}",
+                    "yes" if f["flat"] else "**no**",
+                ]
             )
+    page.table(
+        ["variant", "lr", "from step", "loss then", "final", "drop", "relative", "flat"], rows
+    )
     compared = [summ["variants"][v]["by_lr"][k]["flattening"] for v, k in sorted(used)]
     ok = [f["flat"] for f in compared if f is not None]
     if ok:
-        lines += [
-            "",
+        page.p(
             f"At the rates the comparisons use (marked), the criterion holds in {sum(ok)} of "
-            f"{len(ok)} settings with finite runs.",
-        ]
-    return lines + [""]
+            f"{len(ok)} settings with finite runs."
+        )
 
 
-def _speed_section(results, nt, sv, base) -> list[str]:
-    lines = [
-        "## Speed",
-        "",
+def _speed_section(page: Page, results, nt, sv, base) -> None:
+    page.h2("Speed", numbered=False)
+    page.p(
         f"Whole training step (forward, backward, clipping, update), median over every step after "
         f"the first {TIMING_SKIP_STEPS} of every run of the variant; the runs of a seed advance in "
-        "lockstep, one step each in a rotating order, so every variant meets the same load.",
-        "",
-        "| variant | step time (median) | tokens/s | step ratio vs LN | norm-only ratio vs LN |",
-        "|---|---|---|---|---|",
-    ]
+        "lockstep, one step each in a rotating order, so every variant meets the same load."
+    )
+    rows = []
     for s in sv.values():
         norm_ratio = f"{s['norm_time_ratio']:.2f}×" if s["norm_time_ratio"] is not None else "—"
-        lines.append(
-            f"| {s['label']} | {_fmt_time(s['step_time_median_s'])} "
-            f"| {s['tokens_per_s_median']:,.0f} | {s['step_time_ratio']:.2f}× | {norm_ratio} |"
+        rows.append(
+            [
+                s["label"],
+                _fmt_time(s["step_time_median_s"]),
+                f"{s['tokens_per_s_median']:,.0f}",
+                f"{s['step_time_ratio']:.2f}×",
+                norm_ratio,
+            ]
         )
+    page.table(
+        [
+            "variant",
+            "step time (median)",
+            "tokens/s",
+            "step ratio vs LN",
+            "norm-only ratio vs LN",
+        ],
+        rows,
+    )
     samples = len(next(iter(nt["cases"].values()))["per_call_s"])
-    lines += [
-        "",
+    page.p(
         f"Norm layers alone: one {nt['what']} at the model's activation shape "
         f"{tuple(nt['shape'])} {nt['dtype']}, timed with `torch.utils.benchmark`'s "
         f"`blocked_autorange` (at least {nt['seconds_per_sample']:g} s of back-to-back calls per "
         "sample, the cases taking turns), in samples interleaved with the training; median per "
         f"call over {samples} samples. The model calls its norm "
-        f"{results['norm_layers_per_model']} times per forward pass.",
-        "",
-        "| norm | per call (fwd+bwd) | ratio vs rmsnorm LayerNorm | share of a training step |",
-        "|---|---|---|---|",
-    ]
+        f"{results['norm_layers_per_model']} times per forward pass."
+    )
     base_norm = base["norm_time_median_s"]
+    rows = []
     for name, case in nt["cases"].items():
         if not case["per_call_s"]:
             continue
         med = median(case["per_call_s"])
         share = f"{sv[name]['norm_share_of_step']:.1%}" if name in sv else "— (not in the model)"
-        lines.append(f"| {case['label']} | {_fmt_time(med)} | {med / base_norm:.2f}× | {share} |")
+        rows.append([case["label"], _fmt_time(med), f"{med / base_norm:.2f}×", share])
+    page.table(
+        ["norm", "per call (fwd+bwd)", "ratio vs rmsnorm LayerNorm", "share of a training step"],
+        rows,
+    )
     backend = results["machine"]["backend"]
-    lines += [
-        "",
+    page.p(
         f"The library's modules ran on the `{backend}` backend"
         + (
             " (the plain-PyTorch spec: the fast CPU kernels were not available to this run)."
             if backend == "reference"
             else "."
-        ),
-        "",
-    ]
-    return lines
+        )
+    )
 
 
-def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
+def _setup_section(page: Page, results, cfg, m, mc, tc, corpus, summ) -> None:
     sv = summ["variants"]
     load = results["load_average"]
     samples = load.get("samples") or []
     during = [x[1] for x in samples]
     workers = m.get("workers", 1)
-    return [
-        "## Setup",
-        "",
-        f"- Model: {mc['n_layers']} layers, d_model {mc['d_model']}, {mc['n_heads']} heads, "
+    items = [
+        f"Model: {mc['n_layers']} layers, d_model {mc['d_model']}, {mc['n_heads']} heads, "
         f"seq_len {mc['seq_len']}, MLP ×{mc['mlp_ratio']} ({mc.get('activation', 'gelu')}), "
         f"{mc['norm_position']}-norm, eps {mc['eps']}; "
         + ", ".join(f"{s['label']} {s['parameters']:,} parameters" for s in sv.values())
@@ -472,14 +530,14 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
             f"{s['label']} {s['rms_elements']} elements" for s in sv.values() if s["rms_elements"]
         )
         + ".",
-        f"- Training: {tc['steps']} steps, batch {tc['batch_size']} × {mc['seq_len']} = "
+        f"Training: {tc['steps']} steps, batch {tc['batch_size']} × {mc['seq_len']} = "
         f"{tc['batch_size'] * mc['seq_len']:,} bytes/step "
         f"({tc['steps'] * tc['batch_size'] * mc['seq_len']:,} bytes per run), AdamW (β = 0.9, "
         f"0.95, weight decay {tc['weight_decay']} on matrices), {tc['warmup']} warm-up steps then "
         f"cosine to {tc.get('min_lr_ratio', 0.1):.0%} of the peak rate, gradient clip "
         f"{tc['grad_clip']}; peak rates "
         f"{', '.join(map(lr_key, summ['lrs']))}.",
-        f"- Validation: every {tc['eval_interval']} steps, on {tc['eval_batches']} × "
+        f"Validation: every {tc['eval_interval']} steps, on {tc['eval_batches']} × "
         f"{tc['batch_size']} fixed windows of {mc['seq_len']} bytes in each half of the held-out "
         f"bytes ({corpus['val_parts']['bytes_each']:,} bytes each)"
         + (
@@ -490,10 +548,10 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
         )
         + ". The selection half chooses rates, the report half is reported. The same windows for "
         "every seed, rate and variant.",
-        f"- Data: {corpus['name']}, {corpus['train_bytes']:,} training bytes, "
+        f"Data: {corpus['name']}, {corpus['train_bytes']:,} training bytes, "
         f"{corpus['val_bytes']:,} held-out bytes (the last 10%), {len(corpus['sources'])} source "
         "file(s).",
-        f"- Machine: {m['cpu']}, {m['cpu_cores']} cores; {workers} worker process(es) × "
+        f"Machine: {m['cpu']}, {m['cpu_cores']} cores; {workers} worker process(es) × "
         f"{m['torch_threads']} torch thread(s)"
         + (f", GPU {m['gpu']}" if m["gpu"] else "")
         + f"; device {m['device']}; torch {m['torch']}, Python {m['python']}, "
@@ -506,7 +564,7 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
             and results["summarized_with"]["commit"] != m["commit"]
             else "."
         ),
-        f"- Wall time {results['wall_time_s'] / 60:.1f} min ({results['wall_time_s']:.0f} s; "
+        f"Wall time {results['wall_time_s'] / 60:.1f} min ({results['wall_time_s']:.0f} s; "
         f"training CPU time {results['cpu_time_s'] / 60:.1f} min); load average (1, 5, 15 min) "
         f"at start {load['start']}, at end {load['end']}"
         + (
@@ -516,7 +574,7 @@ def _setup_section(results, cfg, m, mc, tc, corpus, summ) -> list[str]:
             else ""
         )
         + ".",
-        "",
-        f"Reproduce: `{reproduce_command(cfg)}`.",
-        "",
     ]
+    page.h2("Setup", numbered=False)
+    page.bullets(items)
+    page.p(f"Reproduce: `{reproduce_command(cfg)}`.")

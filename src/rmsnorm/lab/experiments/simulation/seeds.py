@@ -29,7 +29,7 @@ import torch
 from ...._progress import ensure
 from ...._validate import positive_int
 from ...stats.iid import IIDReference, iid_reference
-from ...stats.rows import median
+from ...stats.rows import identity_check, median
 from .run import SimulationConfig, SimulationResult, simulate
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "StageSummary",
     "SeedStudy",
     "replicate",
+    "identity_over_seeds",
 ]
 
 CONFIDENCE = 0.95
@@ -359,3 +360,18 @@ def replicate(cfg: SimulationConfig, seeds: int, progress=None, label: str = "se
             results.append(simulate(replace(cfg, seed=cfg.seed + i)))
             advance()
     return SeedStudy(cfg, results, seconds=time.perf_counter() - t0)
+
+
+def identity_over_seeds(study: SeedStudy) -> dict:
+    """RMS² = σ² + μ² checked on every row of every layer of every seed at initialization: the
+    number of rows and the largest relative and absolute errors."""
+    checks = [
+        identity_check(res.init.layer(i))
+        for res in study.results
+        for i in range(res.init.mean.shape[0])
+    ]
+    return {
+        "rows": sum(c["rows"] for c in checks),
+        "max_rel_error": max(c["max_rel_error"] for c in checks),
+        "max_abs_error": max(c["max_abs_error"] for c in checks),
+    }

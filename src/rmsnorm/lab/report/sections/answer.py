@@ -4,10 +4,16 @@ words its section's numbers in ``report.json`` support."""
 
 from __future__ import annotations
 
-from ..page import Page
-from .common import _range, verdict_sentence
-from .decomposition import _ablation_sentence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...page import Page
+from .common import range_text, verdict_sentence
+from .decomposition import ablation_sentence
 from .real_models import real_answer
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
 def recovered_cells(j: dict) -> dict:
@@ -20,7 +26,17 @@ def recovered_cells(j: dict) -> dict:
     return recovery.verdict_cells(j)
 
 
-def words(page: Page, j: dict) -> None:
+def data(r: ReportResults) -> dict:
+    """None of its own: the answer speaks from the other sections' numbers."""
+    return {}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """None."""
+    return {}
+
+
+def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     sim, sc = j["simulation"], j["simulation"]["config"]
     v = sim["verdict"]
     page.h2("The answer", numbered=False)
@@ -46,10 +62,10 @@ def words(page: Page, j: dict) -> None:
     share = dec["last_layer_share_pct"]
     text += (
         f" Part of μ is not chance: an offset that every token shares holds "
-        f"{_range(share, '.1f', '%')} of E[μ²] at {dec['last_layer']} across seeds (median "
+        f"{range_text(share, '.1f', '%')} of E[μ²] at {dec['last_layer']} across seeds (median "
         f"{share['median']:.1f}%)."
     )
-    text += " " + _ablation_sentence(dec)
+    text += " " + ablation_sentence(dec)
     page.p(text)
     tr = j.get("training")
     if tr is not None:
@@ -59,8 +75,8 @@ def words(page: Page, j: dict) -> None:
             f"**After training** ({cfg['steps']} steps, {cfg['seeds']} seeds per norm). In the "
             f"LayerNorm models the pooled median |μ|/σ went from "
             f"{ln['pooled_ratio_init_mean']:.3f} to {ln['pooled_ratio_trained_mean']:.3f}; per "
-            f"block σ grew {_range(ln['sigma_growth'], '.0f')}× and |μ| "
-            f"{_range(ln['mu_growth'], '.0f')}×"
+            f"block σ grew {range_text(ln['sigma_growth'], '.0f')}× and |μ| "
+            f"{range_text(ln['mu_growth'], '.0f')}×"
         )
         if ln["sigma_growth"]["median"] > ln["mu_growth"]["median"]:
             text += ", so the ratio fell because σ grew faster, not because μ shrank"
@@ -71,7 +87,7 @@ def words(page: Page, j: dict) -> None:
         )
         rms = tr["per_norm"].get("rmsnorm")
         if rms is not None:
-            share = _range(rms["grad_ones_share_trained"], ".0e")
+            share = range_text(rms["grad_ones_share_trained"], ".0e")
             pull = (
                 f", whose loss does pull on the mean ({share} of the gradient's energy along 𝟙),"
                 if rms["grad_ones_share_trained"]["min"] > 1e-12
@@ -96,8 +112,9 @@ def words(page: Page, j: dict) -> None:
         page.p(
             f"**The swap.** Replacing every LayerNorm of the trained LayerNorm models by an "
             "RMSNorm with the same γ, β and ε costs KL "
-            f"{_range(sw['naive_all']['kl_mean'], '.1e')} nats per token (Δ loss "
-            f"{_range(sw['naive_all']['delta_loss'], '+.1e')} nats/byte); the exact conversion, "
+            f"{range_text(sw['naive_all']['kl_mean'], '.1e')} nats per token (Δ loss "
+            f"{range_text(sw['naive_all']['delta_loss'], '+.1e')} nats/byte); the exact "
+            "conversion, "
             "which centers the layers writing into the stream first, differs by at most "
             f"{sw['exact_max_abs']:.0e} (rounding)."
         )

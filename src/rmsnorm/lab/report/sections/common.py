@@ -1,27 +1,27 @@
-"""What every section's code shares: a number in words (``_f``: '–' for a missing or non-finite
-one), a spread's min–max, a capital first letter, the words of a verdict on a ratio over seeds,
-and a spread of numbers over seeds for ``report.json``."""
+"""What every section's code shares, public within the lab: a number in words (:func:`fmt`: '–'
+for a missing or non-finite one), a spread's min–max (:func:`range_text`), a capital first
+letter (:func:`upper_first`), the words of a verdict on a ratio over seeds
+(:func:`verdict_sentence`) and the name of the text the report tests (:func:`chapter`). The spread
+of numbers over seeds for ``report.json`` is :func:`rmsnorm.lab.stats.rows.spread`."""
 
 from __future__ import annotations
 
 import math
 
-from ...stats.rows import median
 
-
-def _f(x, spec: str = ".3g") -> str:
+def fmt(x, spec: str = ".3g") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
     return format(x, spec)
 
 
-def _range(s: dict, spec: str = ".3g", unit: str = "") -> str:
+def range_text(s: dict, spec: str = ".3g", unit: str = "") -> str:
     """'a–b' from a {min, max} dict (one number when they print the same)."""
-    lo, hi = _f(s["min"], spec), _f(s["max"], spec)
+    lo, hi = fmt(s["min"], spec), fmt(s["max"], spec)
     return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
 
 
-def _upper(text: str) -> str:
+def upper_first(text: str) -> str:
     """``text`` with its first letter upper-cased (str.capitalize lower-cases the rest)."""
     return text[:1].upper() + text[1:]
 
@@ -36,7 +36,7 @@ def verdict_sentence(
     a ratio to a reference level: the verdict, then what the interval says; for "cannot tell", what
     would tell."""
     conf = f"{100 * v['confidence']:.0f}%"
-    interval = f"{_f(v['ci_low'], '.2f')}–{_f(v['ci_high'], '.2f')}"
+    interval = f"{fmt(v['ci_low'], '.2f')}–{fmt(v['ci_high'], '.2f')}"
     margin = f"±{100 * v['margin']:.0f}%"
     if v["n"] < 2:
         return (
@@ -53,13 +53,6 @@ def verdict_sentence(
         f"we cannot tell whether {what} is as centered as {against} ({where}: it contains 1 but "
         f"is wider than {margin}); {more} would tell (the interval narrows as 1/√seeds)"
     )
-
-
-def _spread(values: list[float]) -> dict:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return {"min": math.nan, "median": math.nan, "max": math.nan}
-    return {"min": min(vals), "median": median(vals), "max": max(vals)}
 
 
 def chapter(page) -> str:

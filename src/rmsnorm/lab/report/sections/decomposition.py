@@ -1,22 +1,29 @@
 """Where μ comes from: the token-shared share of E[μ²] over seeds and the ablation that removes
-the activation's token mean (:func:`numbers`), and its words (the figure is the simulation's
-:func:`~rmsnorm.lab.experiments.simulation.render.decomposition_figure`)."""
+the activation's token mean (:func:`data`, from :func:`numbers`), its figure (:func:`figures`: the
+simulation's :func:`~rmsnorm.lab.experiments.simulation.render.decomposition_figure`) and its
+words."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ...experiments.simulation.render import decomposition_figure
 from ...experiments.simulation.seeds import SeedStudy, paired_spread_test
 from ...experiments.sweep import SweepResult
-from ..page import Page
-from .common import _f, _range, _spread, _upper
+from ...page import Page
+from ...stats.rows import spread
+from .common import fmt, range_text, upper_first
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
 def numbers(study: SeedStudy, sweep: SweepResult | None) -> dict:
     shares = [s.shared_share[-1] for s in study.summaries]
     out: dict = {
         "last_layer": study.layer_names[-1],
-        "last_layer_share_pct": {k: 100 * v for k, v in _spread(shares).items()},
+        "last_layer_share_pct": {k: 100 * v for k, v in spread(shares).items()},
         "origin": study.origin(),
     }
     if out["origin"] is not None:
@@ -31,7 +38,7 @@ def numbers(study: SeedStudy, sweep: SweepResult | None) -> dict:
                 "ratio": v.ratio,
                 "verdict": v.verdict,
                 "last_layer_share_median_pct": 100
-                * _spread([s.shared_share[-1] for s in cell.study.summaries])["median"],
+                * spread([s.shared_share[-1] for s in cell.study.summaries])["median"],
                 "activation_mean": origin.get("activation_mean"),
                 "activation_mean_rms": origin.get("activation_mean_rms"),
             }
@@ -51,7 +58,18 @@ def numbers(study: SeedStudy, sweep: SweepResult | None) -> dict:
     return out
 
 
-def _ablation_sentence(dec: dict) -> str:
+def data(r: ReportResults) -> dict:
+    """``decomposition``: :func:`numbers` of the study and the sweep's activation cells."""
+    return {"decomposition": numbers(r.study, r.sweep)}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``decomposition``: the simulation's
+    :func:`~rmsnorm.lab.experiments.simulation.render.decomposition_figure`."""
+    return {"decomposition": decomposition_figure(r.study, r.sweep, out / "decomposition.png")}
+
+
+def ablation_sentence(dec: dict) -> str:
     """What removing the activation's token mean does to the seed spread, in the words its paired
     test supports."""
     ab = dec.get("ablation")
@@ -60,7 +78,7 @@ def _ablation_sentence(dec: dict) -> str:
     numbers = (
         f"with the MLP activation's mean over tokens removed, the seed-to-seed SD of the median "
         f"is {ab['sd_centered_pct']:.0f}% against {ab['sd_gelu_pct']:.0f}% with it (the same "
-        f"{ab['n']} seeds; Pitman–Morgan test p = {_f(ab['p'], '.2g')})"
+        f"{ab['n']} seeds; Pitman–Morgan test p = {fmt(ab['p'], '.2g')})"
     )
     if ab["narrower"]:
         return (
@@ -68,8 +86,10 @@ def _ablation_sentence(dec: dict) -> str:
             f"{numbers}, so that offset is what makes the median vary from seed to seed."
         )
     if ab["wider"]:
-        return _upper(numbers) + ": removing it widens the spread."
-    return _upper(numbers) + ": we cannot tell whether the spreads differ; more seeds would tell."
+        return upper_first(numbers) + ": removing it widens the spread."
+    return (
+        upper_first(numbers) + ": we cannot tell whether the spreads differ; more seeds would tell."
+    )
 
 
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
@@ -80,7 +100,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         "Split each layer's per-token means μ_t into their mean over the tokens m̄ (an offset "
         "every token carries) and the rest: E[μ²] = m̄² + var(μ_t), exactly. The per-token part is "
         "the noise of a mean over d coordinates; the shared part is not. At "
-        f"{dec['last_layer']} it holds {_range(share, '.1f', '%')} of E[μ²] across the "
+        f"{dec['last_layer']} it holds {range_text(share, '.1f', '%')} of E[μ²] across the "
         f"{sim['n_seeds']} seeds (median {share['median']:.1f}%)."
     )
     origin = dec.get("origin")
@@ -103,13 +123,13 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         parts = [
             f"{name}: seed-to-seed SD {a['seed_sd_pct']:.0f}%, shared share "
             f"{a['last_layer_share_median_pct']:.1f}% (median), ā mean "
-            f"{_f(a['activation_mean'], '.3f')} and RMS {_f(a['activation_mean_rms'], '.3f')}"
+            f"{fmt(a['activation_mean'], '.3f')} and RMS {fmt(a['activation_mean_rms'], '.3f')}"
             for name, a in acts.items()
         ]
         text += (
             " The ablation: 'GELU, token mean removed' subtracts each MLP unit's mean over tokens "
             "before W₂, which leaves the MLPs no shared write. Per activation, at the last layer: "
-            f"{'; '.join(parts)}. " + _ablation_sentence(dec)
+            f"{'; '.join(parts)}. " + ablation_sentence(dec)
         )
     page.p(text)
     page.figure(

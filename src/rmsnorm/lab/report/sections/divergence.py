@@ -1,7 +1,7 @@
 """How far the two norms' outputs diverge as |μ|/σ grows, and what ε and β change: the curve at
-a few ratios (:func:`derivations`), the conventions measured on the simulation
-(:func:`conventions`), a worked ε example (:func:`eps_demo`), the figure of the curve with every
-measured point on it, and the words."""
+a few ratios (:func:`derivations`) beside the conventions measured on the simulation and a worked ε
+example (:func:`data`; both measured by :mod:`rmsnorm.lab.experiments.conventions`), the figure
+of the curve with every measured point on it (:func:`figures`), and the words."""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...experiments.simulation.seeds import SeedStudy
 from ...figures import legend_below, pyplot, save_figure
 from ...models.transformer import NORM_NAMES
-from ...stats.conventions import eps_table, stream_shrink
-from ...stats.rows import RowStats, measured_divergence, median, predicted_divergence
-from ..page import Page
-from .common import _f, _range, _spread, chapter
+from ...page import Page
+from ...stats.rows import median
+from .common import chapter, fmt, range_text
 
-if TYPE_CHECKING:  # the report's run imports the sections
+if TYPE_CHECKING:
     from ..run import ReportResults
 
 
@@ -35,49 +33,18 @@ def derivations() -> dict:
     }
 
 
-def conventions(study: SeedStudy) -> dict:
-    st = study.results[0].init
-    d = study.config.d_model
-    stats = RowStats(st.mean.flatten(), st.std.flatten(), st.rms.flatten())  # every layer's tokens
-    rows_ms = [stream_shrink(stats, eps) for eps in (1e-5, 1e-6)]
-    # β: the mean term μ/RMS per token, per layer and seed, with its mean over tokens removed
-    left = []
-    for res in study.results:
-        s = res.init
-        for i in range(s.mean.shape[0]):
-            m = torch.where(s.rms[i] > 0, s.mean[i] / s.rms[i], torch.zeros_like(s.mean[i]))
-            total = float(m.square().sum())
-            left.append(float((m - m.mean()).square().sum()) / total if total > 0 else math.nan)
+def data(r: ReportResults) -> dict:
+    """``derivations`` (the curve at a few ratios), ``conventions`` (the ε placements and β measured
+    on the simulation: :func:`~rmsnorm.lab.experiments.conventions.measure_conventions`) and
+    ``eps_demo`` (the worked ε example: :func:`~rmsnorm.lab.experiments.conventions.eps_demo`)."""
+    return {"derivations": derivations(), "conventions": r.conventions, "eps_demo": r.eps_demo}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``divergence_curve``: the curve with every run's layers on it."""
     return {
-        "d": d,
-        "eps_table": eps_table(d=d),
-        "stream": rows_ms,
-        "beta_mean_term_left_pct_init": {k: 100 * v for k, v in _spread(left).items()},
+        "divergence_curve": divergence_curve(*divergence_points(r), out / "divergence_curve.png")
     }
-
-
-def eps_demo() -> dict:
-    """ε leaves the cosine alone but moves the distance: a worked example on three rows."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 256, generator=gen, dtype=torch.float64) * 0.02
-    x = x + torch.tensor([[0.0], [0.01], [0.02]], dtype=torch.float64)
-    s_mean, s_std = x.mean(-1), (x - x.mean(-1, keepdim=True)).square().mean(-1).sqrt()
-    out = []
-    for eps in (0.0, 1e-5, 1e-3):
-        p = predicted_divergence(s_mean, s_std, eps)
-        cos, sq = measured_divergence(x, eps)
-        out.append(
-            {
-                "eps": eps,
-                "mu_over_sigma": (s_mean.abs() / s_std).tolist(),
-                "cos_measured": cos.tolist(),
-                "cos_predicted": p.predicted_cosine.tolist(),
-                "sq_dist_measured": sq.tolist(),
-                "sq_dist_eps_free": p.predicted_sq_dist.tolist(),
-                "sq_dist_eps_aware": p.predicted_sq_dist_eps.tolist(),
-            }
-        )
-    return {"rows": 3, "d": 256, "sigma": 0.02, "shifts": [0.0, 0.01, 0.02], "cases": out}
 
 
 def divergence_curve(points: list[dict], tokens: dict | None, path: Path) -> Path:
@@ -244,7 +211,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         for k in range(demo["rows"]):
             rows.append(
                 [
-                    _f(case["eps"], "g"),
+                    fmt(case["eps"], "g"),
                     f"{case['mu_over_sigma'][k]:.3f}",
                     f"{case['cos_measured'][k]:.6f}",
                     f"{case['sq_dist_measured'][k]:.5f}",
@@ -283,8 +250,8 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         ],
         [
             [
-                _f(e["eps"], "g"),
-                _f(e["rms"], "g"),
+                fmt(e["eps"], "g"),
+                fmt(e["rms"], "g"),
                 f"{e['layernorm']:.5f}",
                 f"{e['mean_square']:.5f}",
                 f"{e['rms_mode']:.5f}",
@@ -311,13 +278,13 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         "feature and μ one number per token, so it cannot: the least-squares β over tokens is the "
         "token-mean of RMSNorm(x) − LN(x), which removes only the token-shared part. Measured on "
         "the mean term (μ/RMS)·𝟙 of RMSNorm(x) = (σ/RMS)·LN(x) + (μ/RMS)·𝟙, the best β leaves "
-        f"{_range(beta, '.0f', '%')} of its energy (median {beta['median']:.0f}%) over the layers "
-        "and seeds at initialization"
+        f"{range_text(beta, '.0f', '%')} of its energy (median {beta['median']:.0f}%) over the "
+        "layers and seeds at initialization"
     )
     tr = j.get("training")
     if tr is not None:
         parts = [
-            f"{_range(p['beta_mean_term_left_pct'], '.0f', '%')} in the trained "
+            f"{range_text(p['beta_mean_term_left_pct'], '.0f', '%')} in the trained "
             f"{NORM_NAMES[n]} models"
             for n, p in tr["per_norm"].items()
         ]

@@ -1,37 +1,39 @@
-"""The identity RMS² = σ² + μ²: checked on every row of the simulation and of an inspected model
-(:func:`numbers`), the (σ, μ) plane that shows it as geometry (:func:`sigma_mu_plane`), and its
-words."""
+"""The identity RMS² = σ² + μ²: its check on every row of the simulation and of an inspected model
+(:func:`data`), the (σ, μ) plane that shows it as geometry (:func:`figures`, drawn by
+:func:`sigma_mu_plane`), and its words."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from ...experiments.simulation.seeds import SeedStudy
 from ...figures import pyplot, save_figure
-from ...stats.rows import identity_check
-from ..page import Page
+from ...page import Page
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
-def numbers(study: SeedStudy, inspected: dict | None) -> dict:
-    """RMS² = σ² + μ² on every row of every seed (and every norm input of the inspected model)."""
-    checks = [
-        identity_check(res.init.layer(i))
-        for res in study.results
-        for i in range(res.init.mean.shape[0])
-    ]
-    identity = {
-        "rows": sum(c["rows"] for c in checks),
-        "max_rel_error": max(c["max_rel_error"] for c in checks),
-        "max_abs_error": max(c["max_abs_error"] for c in checks),
-    }
-    if inspected is not None:
+def data(r: ReportResults) -> dict:
+    """``identity``: RMS² = σ² + μ² on every row of every seed (the run's
+    :func:`~rmsnorm.lab.experiments.simulation.seeds.identity_over_seeds`), and on every norm input
+    of the inspected model when there is one."""
+    identity = dict(r.identity)
+    if r.inspected is not None:
         identity["model_max_rel_error"] = max(
-            layer["identity_max_rel_error"] for layer in inspected["layers"]
+            layer["identity_max_rel_error"] for layer in r.inspected["layers"]
         )
-    return identity
+    return {"identity": identity}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``sigma_mu_plane``: the first seed's tokens in the (σ, μ) plane."""
+    base = r.simulation
+    panel = (f"simulated transformer at init (seed {base.config.seed})", base.init)
+    return {"sigma_mu_plane": sigma_mu_plane([panel], out / "sigma_mu_plane.png")}
 
 
 def sigma_mu_plane(panels: list[tuple[str, object]], path: Path, layers: list[int] | None = None):

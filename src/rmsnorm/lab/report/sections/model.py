@@ -1,13 +1,30 @@
-"""An inspected model (``--model``): its words, from the inspection's own numbers
-(:meth:`~rmsnorm.lab.experiments.inspection.run.InspectResult.to_dict`) and figure."""
+"""An inspected model (``--model``): its part of ``report.json`` (:func:`data`: the inspection's
+own numbers, :meth:`~rmsnorm.lab.experiments.inspection.run.InspectResult.to_dict`), its figure
+(:func:`figures`: the inspection's) and its words."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ...experiments.inspection.render import kind_label, kind_notes
-from ..page import Page
-from .common import _f
+from ...experiments.inspection.render import inspect_layers, kind_label, kind_notes
+from ...page import Page
+from .common import fmt
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
+
+
+def data(r: ReportResults) -> dict:
+    """``model``: the inspection's own numbers ({} without ``--model``)."""
+    return {} if r.inspected is None else {"model": r.inspected}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``model_layers``: the inspection's figure ({} without ``--model``)."""
+    if r.inspected is None:
+        return {}
+    return {"model_layers": inspect_layers(r.inspected, out / "model_layers.png")}
 
 
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
@@ -38,12 +55,12 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
             [
                 layer["name"],
                 kind_label(layer),
-                _f(layer["mu_over_sigma"]["q50"]),
-                _f(layer["mu_over_sigma"]["q95"]),
-                _f(layer["predicted_cosine"]["mean"], ".5f"),
-                _f(layer["swap_max_abs_diff"]),
-                _f(layer["swap_rel_diff"]),
-                _f(layer["outliers"].get("max_over_rms_median"), ".2f"),
+                fmt(layer["mu_over_sigma"]["q50"]),
+                fmt(layer["mu_over_sigma"]["q95"]),
+                fmt(layer["predicted_cosine"]["mean"], ".5f"),
+                fmt(layer["swap_max_abs_diff"]),
+                fmt(layer["swap_rel_diff"]),
+                fmt(layer["outliers"].get("max_over_rms_median"), ".2f"),
                 (
                     f"{layer['outliers']['dominant_channels'][0]['channel']} "
                     f"({100 * layer['outliers']['dominant_channels'][0]['share']:.1f}%)"

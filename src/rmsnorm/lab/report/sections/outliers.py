@@ -1,17 +1,22 @@
-"""Per-channel outliers and the blind spot of |μ|/σ: its part of ``report.json``
-(:func:`numbers`), the figure (:func:`blind_spot_figure`) and the words."""
+"""Per-channel outliers and the blind spot of |μ|/σ: its part of ``report.json`` (:func:`data`,
+from :func:`numbers`), the figure (:func:`figures`, drawn by :func:`blind_spot_figure`) and the
+words."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...figures import legend_below, pyplot, save_figure
 from ...models.transformer import NORM_NAMES
+from ...page import Page
 from ...stats.iid import iid_reference
 from ...stats.outliers import iid_max_over_rms
-from ..page import Page
-from .common import _range
+from .common import range_text
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
 def numbers(blind_spot: list, d: int) -> dict:
@@ -95,6 +100,17 @@ def blind_spot_figure(rows: list[dict], d: int, path: Path) -> Path:
     return save_figure(fig, path, f"The blind spot: massive channels in rows of d = {d}")
 
 
+def data(r: ReportResults) -> dict:
+    """``outliers``: :func:`numbers` of the run's blind spot at the simulation's width."""
+    return {"outliers": numbers(r.blind_spot, r.study.config.d_model)}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``blind_spot``: :func:`blind_spot_figure`."""
+    d = r.study.config.d_model
+    return {"blind_spot": blind_spot_figure(r.blind_spot, d, out / "blind_spot.png")}
+
+
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     o = j["outliers"]
     page.h2("Per-channel outliers, and what |μ|/σ cannot see")
@@ -141,10 +157,10 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         rows.append(
             [
                 NORM_NAMES[n],
-                _range(p["max_over_rms_median"], ".2f"),
-                _range(p["excess_kurtosis_median"], ".2f"),
-                _range(p["top1_share_pct"], ".1f", "%"),
-                _range(p["top_k_share_pct"], ".1f", "%"),
+                range_text(p["max_over_rms_median"], ".2f"),
+                range_text(p["excess_kurtosis_median"], ".2f"),
+                range_text(p["top1_share_pct"], ".1f", "%"),
+                range_text(p["top_k_share_pct"], ".1f", "%"),
             ]
         )
     page.p(

@@ -1,13 +1,19 @@
 """A mean planted inside a block, LayerNorm against RMSNorm: its part of ``report.json``
-(:func:`numbers`) and its words."""
+(:func:`data`, from :func:`numbers`) and its words; no figure of its own (its points are on the
+divergence curve)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...models.transformer import NORM_NAMES
-from ..page import Page
-from .common import _range, _spread
+from ...page import Page
+from ...stats.rows import spread
+from .common import range_text
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
 def numbers(planted: dict) -> dict:
@@ -21,15 +27,25 @@ def numbers(planted: dict) -> dict:
         rs = [r for r in runs if r["norm"] == norm]
         out["per_norm"][norm] = {
             "beyond_shift_max": max(max(r["beyond_shift"]) for r in rs),
-            "beyond_shift_last": _spread([r["beyond_shift"][-1] for r in rs]),
-            "kl_mean": _spread([r["kl_mean"] for r in rs]),
-            "max_abs_logit_diff": _spread([r["max_abs_logit_diff"] for r in rs]),
-            "ratio_block1_planted": _spread([r["median_ratio_planted"][1] for r in rs]),
-            "ratio_last_planted": _spread([r["median_ratio_planted"][-1] for r in rs]),
-            "ratio_last_clean": _spread([r["median_ratio_clean"][-1] for r in rs]),
-            "sigma_block1": _spread([r["median_sigma_block1"] for r in rs]),
+            "beyond_shift_last": spread([r["beyond_shift"][-1] for r in rs]),
+            "kl_mean": spread([r["kl_mean"] for r in rs]),
+            "max_abs_logit_diff": spread([r["max_abs_logit_diff"] for r in rs]),
+            "ratio_block1_planted": spread([r["median_ratio_planted"][1] for r in rs]),
+            "ratio_last_planted": spread([r["median_ratio_planted"][-1] for r in rs]),
+            "ratio_last_clean": spread([r["median_ratio_clean"][-1] for r in rs]),
+            "sigma_block1": spread([r["median_sigma_block1"] for r in rs]),
         }
     return out
+
+
+def data(r: ReportResults) -> dict:
+    """``planted``: :func:`numbers` of the planted mean ({} when it did not run)."""
+    return {} if r.planted is None else {"planted": numbers(r.planted)}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """None: its points are on the divergence curve."""
+    return {}
 
 
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
@@ -53,12 +69,12 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
             [
                 NORM_NAMES[n],
                 f"{p['beyond_shift_max']:.1e}",
-                _range(p["beyond_shift_last"], ".2g"),
-                _range(p["kl_mean"], ".1e"),
-                _range(p["max_abs_logit_diff"], ".1e"),
-                _range(p["ratio_block1_planted"], ".2f"),
-                f"{_range(p['ratio_last_clean'], '.3f')} → "
-                f"{_range(p['ratio_last_planted'], '.3f')}",
+                range_text(p["beyond_shift_last"], ".2g"),
+                range_text(p["kl_mean"], ".1e"),
+                range_text(p["max_abs_logit_diff"], ".1e"),
+                range_text(p["ratio_block1_planted"], ".2f"),
+                f"{range_text(p['ratio_last_clean'], '.3f')} → "
+                f"{range_text(p['ratio_last_planted'], '.3f')}",
             ]
         )
     page.table(
@@ -84,8 +100,8 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     if rms is not None:
         text += (
             f"In the RMSNorm network every later block reads (h + c·𝟙)/RMS: the stream moves by "
-            f"{_range(rms['beyond_shift_last'], '.2f')} of its norm at the last layer and the "
-            f"next-token distributions by KL {_range(rms['kl_mean'], '.1e')} nats. A mean in the "
-            "stream is invisible to a LayerNorm network and part of an RMSNorm network's input."
+            f"{range_text(rms['beyond_shift_last'], '.2f')} of its norm at the last layer and the "
+            f"next-token distributions by KL {range_text(rms['kl_mean'], '.1e')} nats. A mean in "
+            "the stream is invisible to a LayerNorm network and part of an RMSNorm network's input."
         )
     page.p(text)

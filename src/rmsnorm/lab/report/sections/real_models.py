@@ -1,19 +1,27 @@
 """The report's pretrained-models section and the verdict it gives at the top of the page, written
-from the ``real_models`` part of ``report.json`` (every number comes from there)."""
+from the ``real_models`` part of ``report.json`` (every number comes from there); its figures are
+drawn by :mod:`.real_figures`."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ...page import Page
 from ...stats.rows import median
-from ..page import Page
-from .common import _f
+from . import real_figures
+from .common import fmt
 from .real_figures import PANELS, measured, primary
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 __all__ = [
     "real_answer",
-    "real_section",
+    "data",
+    "figures",
+    "words",
     "model_markdown",
     "verdict_rows",
     "LITERATURE",
@@ -60,7 +68,7 @@ MECHANISM_WORDS = {
 def _ci(s: dict | None, spec: str = ".2g", n: bool = False) -> str:
     if not s:
         return "–"
-    text = f"{_f(s['value'], spec)} [{_f(s['lo'], spec)}, {_f(s['hi'], spec)}]"
+    text = f"{fmt(s['value'], spec)} [{fmt(s['lo'], spec)}, {fmt(s['hi'], spec)}]"
     return text + (f" (n = {s['n']})" if n and s.get("n") is not None else "")
 
 
@@ -68,7 +76,7 @@ def _span(values: list[float], spec: str = ".3g") -> str:
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
         return "–"
-    lo, hi = _f(min(values), spec), _f(max(values), spec)
+    lo, hi = fmt(min(values), spec), fmt(max(values), spec)
     return lo if lo == hi else f"{lo}–{hi}"
 
 
@@ -154,8 +162,8 @@ def verdict_rows(j: dict, recovered: dict | None = None) -> list[list[str]]:
             [
                 m["model"],
                 _norm_word(m),
-                f"{_f(_med(over), '.2f')}× ({_span(over, '.2g')})",
-                f"{_f(big, '.3g')} (others ≤ {_f(other, '.3g')})",
+                f"{fmt(_med(over), '.2f')}× ({_span(over, '.2g')})",
+                f"{fmt(big, '.3g')} (others ≤ {fmt(other, '.3g')})",
                 f"{change}: {what} {_ci(_whole(m), '.2g', n=True)}",
                 recovered.get(m["model"], "not measured in this run"),
             ]
@@ -193,12 +201,12 @@ def _share_words(r: float) -> str:
     if not math.isfinite(r):
         return "was not measured"
     if r < 0.2:
-        return f"removes most of it ({_f(100 * r, '.2g')}% remains)"
+        return f"removes most of it ({fmt(100 * r, '.2g')}% remains)"
     if r <= 0.8:
-        return f"removes part of it ({_f(100 * r, '.2g')}% remains)"
+        return f"removes part of it ({fmt(100 * r, '.2g')}% remains)"
     if r <= 1.25:
-        return f"leaves it about as it was ({_f(100 * r, '.3g')}%)"
-    return f"makes it larger ({_f(r, '.2g')}×)"
+        return f"leaves it about as it was ({fmt(100 * r, '.3g')}%)"
+    return f"makes it larger ({fmt(r, '.2g')}×)"
 
 
 def real_answer(j: dict, recovered: dict | None = None) -> list:
@@ -234,13 +242,13 @@ def real_answer(j: dict, recovered: dict | None = None) -> list:
     pred = real.get("prediction") or {}
     strat = (pred.get("stratified") or {}).get("|μ|/σ median") or {}
     if strat.get("rho") is not None:
-        p = _f(strat.get("p"), ".2g")
+        p = fmt(strat.get("p"), ".2g")
         words.append(
             f"|μ|/σ does not tell the cost: within models its rank correlation with the per-block "
-            f"cost is ρ = {_f(strat['rho'], '+.2f')} (stratified, p = {p})."
+            f"cost is ρ = {fmt(strat['rho'], '+.2f')} (stratified, p = {p})."
             if strat.get("p") is None or strat["p"] > 0.05
-            else f"|μ|/σ ranks the per-block cost within models: ρ = {_f(strat['rho'], '+.2f')} "
-            f"(stratified, p = {_f(strat['p'], '.2g')})."
+            else f"|μ|/σ ranks the per-block cost within models: ρ = {fmt(strat['rho'], '+.2f')} "
+            f"(stratified, p = {fmt(strat['p'], '.2g')})."
         )
     headers = [
         "model",
@@ -264,8 +272,8 @@ def _method(page: Page, real: dict) -> None:
     coverage = ""
     if check:
         parts = [
-            f"{c['planted']} at n = {c['n']}: {_f(100 * c['coverage'], '.1f')}% "
-            f"(± {_f(100 * c['se'], '.1f')}%, {c['reps']} draws)"
+            f"{c['planted']} at n = {c['n']}: {fmt(100 * c['coverage'], '.1f')}% "
+            f"(± {fmt(100 * c['se'], '.1f')}%, {c['reps']} draws)"
             for c in check.get("checks", [])
         ]
         coverage = (
@@ -299,7 +307,32 @@ def _method(page: Page, real: dict) -> None:
     )
 
 
-def real_section(page: Page, j: dict, figures: dict[str, Path]) -> None:
+def data(r: ReportResults) -> dict:
+    """``real_models``: the pretrained models' study as it ran
+    (:func:`~rmsnorm.lab.experiments.realmodels.run_real_models`), or why it did not."""
+    skipped = {"skipped": "--quick" if r.config.mode == "quick" else "--no-real"}
+    return {"real_models": r.real or skipped}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """The figures of :mod:`.real_figures` ({} when no model was measured):
+    ``real_ratio``, ``real_largest``, ``real_blocks``, ``real_mechanism`` (where a causal model
+    was measured) and ``real_predictor``."""
+    if r.real is None or not measured(r.real):
+        return {}
+    real = r.real
+    files = {
+        "real_ratio": real_figures.ratio_by_block(real, out / "real_ratio.png"),
+        "real_largest": real_figures.largest_by_block(real, out / "real_largest.png"),
+        "real_blocks": real_figures.block_costs(real, out / "real_blocks.png"),
+    }
+    if any(m["cost"] == "kl" for m in measured(real)):
+        files["real_mechanism"] = real_figures.mechanism_bars(real, out / "real_mechanism.png")
+    files["real_predictor"] = real_figures.predictor_scatter(real, out / "real_predictor.png")
+    return files
+
+
+def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     """The section itself: placed first after the answer."""
     real = j.get("real_models") or {}
     page.h2("Real pretrained transformers")
@@ -491,8 +524,8 @@ def _massive(page: Page, m: dict) -> None:
                 len(hits),
                 _span([s["layer"] for s, _ in hits if s["layer"] is not None] or [-1], ".0f"),
                 _span([o["median_ratio"] for _, o in hits], ".3g"),
-                _f(max(o["max_abs_first"] for _, o in hits), ".4g"),
-                _f(max(o["max_abs_others"] for _, o in hits), ".4g"),
+                fmt(max(o["max_abs_first"] for _, o in hits), ".4g"),
+                fmt(max(o["max_abs_others"] for _, o in hits), ".4g"),
                 "; ".join(f"{k}: {_span(v, '.2g')}" for k, v in by_kind.items()) or "–",
                 f"{near_zero} of {len(ws)}",
             ]
@@ -533,10 +566,10 @@ def _cost_table(page: Page, m: dict) -> None:
                 len(r["sites"]),
                 _ci(r["kl"], ".2g"),
                 r["kl"]["n"],
-                _f(r["kl_first"]["value"], ".2g"),
-                _f(r["kl_rest"]["value"], ".2g"),
+                fmt(r["kl_first"]["value"], ".2g"),
+                fmt(r["kl_rest"]["value"], ".2g"),
                 _ci(r["delta_ce"], "+.2g"),
-                _f(r["top1"]["value"], ".3f"),
+                fmt(r["top1"]["value"], ".3f"),
             ]
         )
     page.table(
@@ -571,7 +604,7 @@ def _encoder_table(page: Page, m: dict) -> None:
         f"Every LayerNorm → RMSNorm with the same γ, β, ε, on {swap['sentences']} held-out "
         "sentences' embeddings (mean over tokens, unit length). No exact conversion exists for "
         "these post-LN blocks: centering every writer (embedding tables, output projections) "
-        f"leaves the model unchanged (1 − cosine {_f(writers.get('one_minus_cosine_mean'), '.1e')}"
+        f"leaves the model unchanged (1 − cosine {fmt(writers.get('one_minus_cosine_mean'), '.1e')}"
         ") but the residual each later norm reads is the previous norm's output γ·x̂ + β, whose "
         "mean is not zero once γ and β are trained, so the swap stays approximate:"
     )
@@ -589,9 +622,9 @@ def _encoder_table(page: Page, m: dict) -> None:
                 name,
                 len(r["sites"]),
                 _ci(r["one_minus_cosine"], ".2g", n=True),
-                _f(r["cosine_min"], ".4f"),
-                _f(r["nearest_neighbour_agreement"], ".0%"),
-                _f(r["similarity_rank_correlation"], ".4f"),
+                fmt(r["cosine_min"], ".4f"),
+                fmt(r["nearest_neighbour_agreement"], ".0%"),
+                fmt(r["similarity_rank_correlation"], ".4f"),
             ]
             for name, r in v.items()
         ],
@@ -625,8 +658,8 @@ def _mechanism(page: Page, real: dict) -> None:
             f"clipping the massive channels alone costs {kl('massive clipped')}, and clipped then "
             f"centered {kl('massive clipped, centered')}",
             f"centering at the first position only costs {kl('first position only')} "
-            f"({_f(100 * f['first'], '.2g')}% of the whole), at the other positions only "
-            f"{kl('other positions only')} ({_f(100 * f['rest'], '.2g')}%)",
+            f"({fmt(100 * f['first'], '.2g')}% of the whole), at the other positions only "
+            f"{kl('other positions only')} ({fmt(100 * f['rest'], '.2g')}%)",
         ]
         page.p(f"{m['model']}: " + "; ".join(parts) + ". " + _mechanism_reading(f))
 
@@ -655,14 +688,14 @@ def _mechanism_reading(f: dict) -> str:
     if (math.isfinite(c) and c >= 10) or (math.isfinite(top1) and top1 < 0.5):
         out.append(
             f"clipping the massive channels breaks the model by itself (top-1 agreement "
-            f"{_f(top1, '.2f')}, {_f(c, '.2g')}× the centering's KL): they carry its function, "
+            f"{fmt(top1, '.2f')}, {fmt(c, '.2g')}× the centering's KL): they carry its function, "
             "so clipping cannot separate the centering's cost from theirs, which is why the "
             "mean over the ordinary channels is the test"
         )
     elif math.isfinite(c) and math.isfinite(cc) and c > 0:
         out.append(
             f"once they are clipped, centering multiplies the clipped model's KL by "
-            f"{_f(cc / c, '.2g')}"
+            f"{fmt(cc / c, '.2g')}"
         )
     return ("; ".join(out) + ".") if out else ""
 
@@ -690,7 +723,7 @@ def _second_text(page: Page, real: dict) -> None:
                     _variant_label(name),
                     _ci(va[name][metric], ".2g"),
                     _ci(vb[name][metric], ".2g"),
-                    _f(_ratio(vb[name][metric], va[name][metric]), ".2f"),
+                    fmt(_ratio(vb[name][metric], va[name][metric]), ".2f"),
                 ]
             )
         if metric == "kl":
@@ -733,8 +766,8 @@ def _quantization(page: Page, real: dict) -> None:
             encoder_note = (
                 f"On {m['model']}'s original weights rounded through {q['qtype']} (an estimate "
                 f"of what such rounding does to a model that never was quantized): each site's "
-                f"median |μ|/σ moves by {_f(100 * r['median'], '.2g')}% (median over sites; at "
-                f"most {_f(100 * r['max'], '.2g')}%), and the naive swap's 1 − cosine goes from "
+                f"median |μ|/σ moves by {fmt(100 * r['median'], '.2g')}% (median over sites; at "
+                f"most {fmt(100 * r['max'], '.2g')}%), and the naive swap's 1 − cosine goes from "
                 f"{_ci(c['original'], '.3g')} to {_ci(c['quantized'], '.3g')}."
             )
             continue
@@ -745,13 +778,13 @@ def _quantization(page: Page, real: dict) -> None:
         rows.append(
             [
                 m["model"],
-                f"{_f(w['rel_rms_change'], '.2g')} (the file's own: "
-                f"~{_f(w['expected_rel_rms'], '.2g')})",
-                f"{_f(r['loss_before']['value'], '.3f')} → {_f(r['loss']['value'], '.3f')}",
+                f"{fmt(w['rel_rms_change'], '.2g')} (the file's own: "
+                f"~{fmt(w['expected_rel_rms'], '.2g')})",
+                f"{fmt(r['loss_before']['value'], '.3f')} → {fmt(r['loss']['value'], '.3f')}",
                 _ci(r["loss_change"], "+.2g"),
-                f"{_f(100 * r['site_change']['ratio_median']['median'], '.2g')}% "
-                f"(max {_f(100 * r['site_change']['ratio_median']['max'], '.2g')}%)",
-                f"{_f(100 * r['site_change']['max_abs']['median'], '.2g')}%",
+                f"{fmt(100 * r['site_change']['ratio_median']['median'], '.2g')}% "
+                f"(max {fmt(100 * r['site_change']['ratio_median']['max'], '.2g')}%)",
+                f"{fmt(100 * r['site_change']['max_abs']['median'], '.2g')}%",
                 f"{_ci(r['all_kl_before'], '.2g')} → {_ci(r['all_kl'], '.2g')}",
             ]
         )
@@ -786,10 +819,10 @@ def _quantization(page: Page, real: dict) -> None:
 def _rho(c: dict | None, holm: bool = False) -> str:
     if not c or c.get("rho") is None:
         return "–"
-    interval = f"[{_f(c.get('lo'), '+.2f')}, {_f(c.get('hi'), '+.2f')}]"
-    text = f"{c['rho']:+.2f} {interval} p {_f(c.get('p'), '.2g')}"
+    interval = f"[{fmt(c.get('lo'), '+.2f')}, {fmt(c.get('hi'), '+.2f')}]"
+    text = f"{c['rho']:+.2f} {interval} p {fmt(c.get('p'), '.2g')}"
     if holm and c.get("p_holm") is not None:
-        text += f" (Holm {_f(c['p_holm'], '.2g')})"
+        text += f" (Holm {fmt(c['p_holm'], '.2g')})"
     return text
 
 
@@ -853,7 +886,7 @@ def _predictor(page: Page, real: dict, figures: dict[str, Path]) -> None:
             plain.append(
                 f"in {m['model']} no statistic predicts the per-block cost once the "
                 f"{len(rows)} tried are accounted for (smallest Holm-adjusted p "
-                f"{_f(best, '.2g')}; {n[m['model']]} blocks)"
+                f"{fmt(best, '.2g')}; {n[m['model']]} blocks)"
             )
         else:
             winners = [
@@ -946,7 +979,7 @@ def _beside_small(page: Page, j: dict, real: dict) -> None:
                 f"simulated {sim['config']['n_layers']}-layer pre-LN transformer at init "
                 f"({v['n']} seeds)",
                 sim["d"],
-                _f(sim["pooled_median"], ".3g"),
+                fmt(sim["pooled_median"], ".3g"),
                 f"{v['ratio']:.2f} [{v['ci_low']:.2f}, {v['ci_high']:.2f}] (over seeds)",
             ]
         )
@@ -958,7 +991,7 @@ def _beside_small(page: Page, j: dict, real: dict) -> None:
                     f"tiny {norm} model trained {tr['config']['steps']} steps "
                     f"({len(r['seeds'])} seeds)",
                     tr["config"]["d_model"],
-                    _f(r["pooled_ratio_trained_mean"], ".3g"),
+                    fmt(r["pooled_ratio_trained_mean"], ".3g"),
                     f"{r['pooled_ratio_trained_mean'] / tr['iid_median']:.2f} (seed mean)",
                 ]
             )
@@ -969,7 +1002,7 @@ def _beside_small(page: Page, j: dict, real: dict) -> None:
                     [
                         f"{m['model']}, {r['kind']} sites ({r['sites']})",
                         r["width"],
-                        f"{_f(_med(r['ratio']), '.3g')} ({_span(r['ratio'])})",
+                        f"{fmt(_med(r['ratio']), '.3g')} ({_span(r['ratio'])})",
                         f"{_med(r['over_iid']):.2f} ({_span(r['over_iid'], '.2g')} over sites)",
                     ]
                 )

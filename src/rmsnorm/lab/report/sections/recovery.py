@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...figures import legend_below, pyplot, save_figure
 from ...io import write_json, write_text
-from ..page import Page
-from .common import _f
+from ...page import Page
+from .common import fmt
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 __all__ = [
     "BARONI",
     "numbers",
+    "data",
     "figures",
     "recovery_figure",
     "markdown",
@@ -109,8 +114,8 @@ def _measured(rec: dict) -> list[dict]:
 def _ci(s: dict, spec: str = ".2g") -> str:
     """'value [lo, hi]' of an interval dict."""
     if s.get("lo") is None or not _finite(s.get("lo")):
-        return _f(s.get("value"), spec)
-    return f"{_f(s['value'], spec)} [{_f(s['lo'], spec)}, {_f(s['hi'], spec)}]"
+        return fmt(s.get("value"), spec)
+    return f"{fmt(s['value'], spec)} [{fmt(s['lo'], spec)}, {fmt(s['hi'], spec)}]"
 
 
 def _finite(x) -> bool:
@@ -172,12 +177,23 @@ def recovery_figure(rec: dict, path: Path) -> Path:
     )
 
 
-def figures(j: dict, out_dir: Path) -> dict[str, Path]:
-    """The section's figure into ``out_dir`` ({} when the recovery did not run)."""
-    rec = j.get("recovery") or {}
-    if "skipped" in rec or not _measured(rec):
+def data(r: ReportResults) -> dict:
+    """``recovery``: :func:`numbers` of the recovery read or run, or why there is none."""
+    if r.recovery is None:
+        return {
+            "recovery": {"skipped": "no recovery.json given (`--recovery FILE`) and not `--full`"}
+        }
+    return {"recovery": numbers(r.recovery)}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``recovery``: :func:`recovery_figure` ({} when the recovery did not run)."""
+    if r.recovery is None:
         return {}
-    return {"recovery": recovery_figure(rec, Path(out_dir) / "recovery.png")}
+    rec = numbers(r.recovery)
+    if not _measured(rec):
+        return {}
+    return {"recovery": recovery_figure(rec, Path(out) / "recovery.png")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,14 +226,14 @@ def table_rows(rec: dict) -> list[list[str]]:
                         m["model"],
                         _SHORT[metric],
                         "changed norm" if arm == "swapped" else "control",
-                        _f(s["start"], ".3g"),
+                        fmt(s["start"], ".3g"),
                         f"{_ci(final, '.3g')} (n = {final['n']})",
                         f"{_ci(seq, '.3g')} (n = {seq['n']} {unit})",
-                        f"{_f(100 * frac['value'], '.0f')}% ({_f(100 * frac['min'], '.0f')}%–"
-                        f"{_f(100 * frac['max'], '.0f')}% over seeds)"
+                        f"{fmt(100 * frac['value'], '.0f')}% ({fmt(100 * frac['min'], '.0f')}%–"
+                        f"{fmt(100 * frac['max'], '.0f')}% over seeds)"
                         if frac
                         else "",
-                        f"{_f(min(secs), '.0f')}–{_f(max(secs), '.0f')}",
+                        f"{fmt(min(secs), '.0f')}–{fmt(max(secs), '.0f')}",
                     ]
                 )
     return rows
@@ -230,9 +246,9 @@ def markdown(rec: dict) -> str:
         "# What a short fine-tune recovers",
         "",
         f"`rmsnorm recover`, {c['seeds']} seeds per arm, machine: {rec['machine']} "
-        f"(load average {_f(rec.get('load_average'), '.2f')} at the start, "
-        f"{_f(rec.get('load_average_end'), '.2f')} at the end), "
-        f"{_f(rec.get('seconds'), '.0f')} s in all.",
+        f"(load average {fmt(rec.get('load_average'), '.2f')} at the start, "
+        f"{fmt(rec.get('load_average_end'), '.2f')} at the end), "
+        f"{fmt(rec.get('seconds'), '.0f')} s in all.",
         "",
     ]
     for m in _measured(rec):
@@ -280,8 +296,8 @@ def verdict_cells(j: dict) -> dict[str, str]:
         ctl = m["summary"]["control"][metric]["final"]
         cells[m["model"]] = (
             f"{_SHORT[metric]} {_ci(s['final'], '.2g')} (n = {s['final']['n']} seeds) after "
-            f"{m['steps']} steps, {_f(100 * s['recovered_fraction']['value'], '.0f')}% recovered; "
-            f"control {_f(ctl['value'], '.2g')}"
+            f"{m['steps']} steps, {fmt(100 * s['recovered_fraction']['value'], '.0f')}% recovered; "
+            f"control {fmt(ctl['value'], '.2g')}"
         )
     return cells
 
@@ -293,12 +309,12 @@ def _model_words(m: dict) -> str:
         sw, ctl = m["summary"]["swapped"][metric], m["summary"]["control"][metric]
         frac = sw["recovered_fraction"]
         parts.append(
-            f"{_SHORT[metric]} went from **{_f(sw['start'], '.3g')}** at step 0 to "
+            f"{_SHORT[metric]} went from **{fmt(sw['start'], '.3g')}** at step 0 to "
             f"**{_ci(sw['final'], '.3g')}** after {m['steps']} steps (n = {sw['final']['n']} "
             f"seeds; over {unit}: {_ci(sw['final_sequences'], '.3g')}, n = "
-            f"{sw['final_sequences']['n']}), {_f(100 * frac['value'], '.0f')}% recovered "
-            f"({_f(100 * frac['min'], '.0f')}%–{_f(100 * frac['max'], '.0f')}% over seeds); the "
-            f"control went from {_f(ctl['start'], '.2g')} to {_ci(ctl['final'], '.2g')}"
+            f"{sw['final_sequences']['n']}), {fmt(100 * frac['value'], '.0f')}% recovered "
+            f"({fmt(100 * frac['min'], '.0f')}%–{fmt(100 * frac['max'], '.0f')}% over seeds); the "
+            f"control went from {fmt(ctl['start'], '.2g')} to {_ci(ctl['final'], '.2g')}"
         )
     head = (
         f"**{m['model']}** ({m['change']}; {m['trainable']} parameters train, "
@@ -319,22 +335,22 @@ def _reading(m: dict) -> str:
     if _recovered(m):
         return (
             f"For {m['model']} the fine-tune took the cost down to about the distance the same "
-            f"fine-tuning moves the unchanged model ({_f(floor, '.2g')}): within this budget the "
+            f"fine-tuning moves the unchanged model ({fmt(floor, '.2g')}): within this budget the "
             "change is recovered as far as this fine-tuning can tell."
         )
     also = ""
     if "delta_ce" in m["metrics"] and metric != "delta_ce":
         d = m["summary"]["swapped"]["delta_ce"]["recovered_fraction"]["value"]
-        also = f" (of its Δ cross-entropy, {_f(100 * d, '.0f')}%)"
+        also = f" (of its Δ cross-entropy, {fmt(100 * d, '.0f')}%)"
     if frac >= 0.5:
         return (
-            f"For {m['model']} most of the cost is recovered ({_f(100 * frac, '.0f')}%), but it "
-            f"is still above the control's {_f(floor, '.2g')}: more steps would tell whether it "
+            f"For {m['model']} most of the cost is recovered ({fmt(100 * frac, '.0f')}%), but it "
+            f"is still above the control's {fmt(floor, '.2g')}: more steps would tell whether it "
             "goes all the way."
         )
     if frac > 0:
         return (
-            f"For {m['model']} the budget recovered only {_f(100 * frac, '.0f')}% of the "
+            f"For {m['model']} the budget recovered only {fmt(100 * frac, '.0f')}% of the "
             f"{_SHORT[metric]}{also}: "
             f"{m['steps']} steps of {m['batch']} is too short to tell what fine-tuning can do; "
             "more steps and more held-in data (`rmsnorm recover --steps`) would tell."
@@ -375,8 +391,8 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         "sequences at the last step, each sequence's value averaged over seeds, the "
         "interval the real-model section uses. Machine: "
         f"{rec['machine']}, load average "
-        f"{_f(rec.get('load_average'), '.2f')}–{_f(rec.get('load_average_end'), '.2f')}, "
-        f"{_f(rec.get('seconds'), '.0f')} s in all."
+        f"{fmt(rec.get('load_average'), '.2f')}–{fmt(rec.get('load_average_end'), '.2f')}, "
+        f"{fmt(rec.get('seconds'), '.0f')} s in all."
     )
     for m in models:
         page.p(_model_words(m))
@@ -389,7 +405,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         )
     lit = rec["literature"]
     costs = ", ".join(
-        f"{b['model']} +{_f(b['delta_ce'], '.3f')} ({b['steps']} steps)" for b in lit["models"]
+        f"{b['model']} +{fmt(b['delta_ce'], '.3f')} ({b['steps']} steps)" for b in lit["models"]
     )
     here = ", ".join(
         f"{m['model']} ({m['parameters_millions']:.1f}M parameters) {m['train_items']:,} "
@@ -411,7 +427,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         text += (
             f" {m['model']}'s Δ cross-entropy after its fine-tune is "
             f"{_ci(s['final'], '+.3f')} nats per token (n = {s['final']['n']} seeds; control "
-            f"{_f(ctl['final']['value'], '+.2g')}), from {_f(s['start'], '+.3f')} at step 0"
+            f"{fmt(ctl['final']['value'], '+.2g')}), from {fmt(s['start'], '+.3f')} at step 0"
         )
         lo = min(b["delta_ce"] for b in lit["models"])
         hi = max(b["delta_ce"] for b in lit["models"])
@@ -424,7 +440,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
             else "above the published range"
         )
         text += (
-            f": {where} (+{_f(lo, '.3f')} to +{_f(hi, '.3f')}) after a fine-tune on "
+            f": {where} (+{fmt(lo, '.3f')} to +{fmt(hi, '.3f')}) after a fine-tune on "
             f"{m['train_items']:,} tokens, though on other text, another model and another "
             "change, so the likeness is of scale only."
         )

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
-from ..page import Page
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...page import Page
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
-def words(page: Page, j: dict) -> None:
+def data(r: ReportResults) -> dict:
+    """None of its own: the run's ``seconds`` are the report's (:func:`~.render.report_json`)."""
+    return {}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """None."""
+    return {}
+
+
+def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     page.h2("Reproduce", numbered=False)
     sec = j["seconds"]
     page.p(

@@ -1,22 +1,27 @@
 """The chapter's experiment, a transformer at initialization over seeds: its part of
-``report.json`` (:func:`numbers`, with the headline of each seed) and its words, the verdict
-against i.i.d. Gaussian rows included (its figures are the simulation's own,
-:mod:`rmsnorm.lab.experiments.simulation.render`)."""
+``report.json`` (:func:`data`: :func:`numbers`, with the headline of each seed), its figures
+(:func:`figures`: the simulation's own, :mod:`rmsnorm.lab.experiments.simulation.render`) and its
+words, the verdict against i.i.d. Gaussian rows included."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ...experiments.simulation import SimulationResult
+from ...experiments.simulation.render import cosine_by_layer, mean_histograms, seed_ratio_by_layer
 from ...experiments.simulation.seeds import SeedStudy
 from ...models.transformer import NORM_NAMES
+from ...page import Page
 from ...stats.rows import median
-from ..page import Page
-from .common import _f, verdict_sentence
+from .common import fmt, verdict_sentence
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
 def seed_headline(result: SimulationResult, stage: str = "init") -> dict:
@@ -107,6 +112,21 @@ def numbers(study: SeedStudy) -> dict:
     }
 
 
+def data(r: ReportResults) -> dict:
+    """``simulation``: :func:`numbers` of the study over seeds."""
+    return {"simulation": numbers(r.study)}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """The simulation's own figures (:mod:`rmsnorm.lab.experiments.simulation.render`):
+    ``mean_histograms`` and ``cosine_by_layer`` of the first seed, ``ratio_by_layer`` over seeds."""
+    return {
+        "mean_histograms": mean_histograms(r.simulation, out / "mean_histograms.png"),
+        "ratio_by_layer": seed_ratio_by_layer(r.study, out / "ratio_by_layer.png"),
+        "cosine_by_layer": cosine_by_layer(r.simulation, out / "cosine_by_layer.png"),
+    }
+
+
 def centering_vs_iid(j: dict) -> str:
     """The paragraph that sets the simulation's |μ|/σ against rows of i.i.d. Gaussian entries of
     the same width, median with median, over seeds."""
@@ -193,7 +213,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
                 f"{row['median_ratio_median']:.4f}",
                 f"{row['median_ratio_min']:.4f}–{row['median_ratio_max']:.4f}",
                 f"{row['vs_iid']:.3f}",
-                f"{_f(row['vs_iid_ci_low'], '.3f')}–{_f(row['vs_iid_ci_high'], '.3f')}",
+                f"{fmt(row['vs_iid_ci_low'], '.3f')}–{fmt(row['vs_iid_ci_high'], '.3f')}",
                 row["verdict"],
                 f"{100 * row['shared_share_median']:.1f}% ({100 * row['shared_share_min']:.1f}–"
                 f"{100 * row['shared_share_max']:.1f}%)",

@@ -1,34 +1,19 @@
-"""The timing: the ratios of RMSNorm to LayerNorm time over shapes (:func:`timing_ratios`), the
-figure (:func:`timing_bars`) and the words."""
+"""The timing: the run's times with the ratios of RMSNorm to LayerNorm time over shapes
+(:func:`data`, the ratios from :func:`~rmsnorm.lab.report.timing.timing_ratios`), the figure
+(:func:`figures`, drawn by :func:`timing_bars`) and the words."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...figures import legend_below, pyplot, save_figure
-from ..page import Page
-from .common import _f
+from ...page import Page
+from ..timing import timing_ratios
+from .common import fmt
 
-
-def timing_ratios(timing: dict) -> dict:
-    """Geometric means over shapes of time ratios: RMSNorm / LayerNorm per library ("rmsnorm",
-    "torch"), and this library's rms_norm / each of torch's norms ("ours_over_torch_rms_norm",
-    "ours_over_torch_layer_norm")."""
-    out = {}
-    for lib, rms, ln in (
-        ("rmsnorm", "rmsnorm.rms_norm", "rmsnorm.layer_norm"),
-        ("torch", "torch F.rms_norm", "torch F.layer_norm"),
-        ("ours_over_torch_rms_norm", "rmsnorm.rms_norm", "torch F.rms_norm"),
-        ("ours_over_torch_layer_norm", "rmsnorm.rms_norm", "torch F.layer_norm"),
-    ):
-        logs = []
-        for shape in dict.fromkeys(r["shape_name"] for r in timing["results"]):
-            t = {r["impl"]: r["median_ms"] for r in timing["results"] if r["shape_name"] == shape}
-            if rms in t and ln in t and t[ln] > 0:
-                logs.append(math.log(t[rms] / t[ln]))
-        out[lib] = math.exp(sum(logs) / len(logs)) if logs else math.nan
-    return out
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
 def timing_bars(timing: dict, path: Path) -> Path:
@@ -61,6 +46,17 @@ def timing_bars(timing: dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def data(r: ReportResults) -> dict:
+    """``timing``: the run's timing with its ratios over shapes
+    (:func:`~rmsnorm.lab.report.timing.timing_ratios`) under ``rms_over_ln``."""
+    return {"timing": {**r.timing, "rms_over_ln": timing_ratios(r.timing)}}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``timing``: :func:`timing_bars`."""
+    return {"timing": timing_bars(r.timing, out / "timing.png")}
+
+
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     timing = j["timing"]
     page.h2("Speed: RMSNorm vs LayerNorm, forward + backward")
@@ -79,12 +75,12 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         "fastest; `torch.autograd.grad` of the output with respect to the input and the "
         "parameters, each sample a `torch.utils.benchmark` `blocked_autorange` median, the "
         f"implementations taking turns), {timing['dtype']}, on {timing['machine']} (load "
-        f"average {_f(j['load_average'], '.2f')} when the report started); this library's "
+        f"average {fmt(j['load_average'], '.2f')} when the report started); this library's "
         f"backend here: `{timing['backend']}`. This library's RMSNorm took "
-        f"{_f(ratios['rmsnorm'], '.2f')}× the time of its LayerNorm, and torch's `F.rms_norm` "
-        f"{_f(ratios['torch'], '.2f')}× its `F.layer_norm`; this library's `rms_norm` took "
-        f"{_f(ratios['ours_over_torch_rms_norm'], '.2f')}× the time of torch's `F.rms_norm` and "
-        f"{_f(ratios['ours_over_torch_layer_norm'], '.2f')}× that of its `F.layer_norm` "
+        f"{fmt(ratios['rmsnorm'], '.2f')}× the time of its LayerNorm, and torch's `F.rms_norm` "
+        f"{fmt(ratios['torch'], '.2f')}× its `F.layer_norm`; this library's `rms_norm` took "
+        f"{fmt(ratios['ours_over_torch_rms_norm'], '.2f')}× the time of torch's `F.rms_norm` and "
+        f"{fmt(ratios['ours_over_torch_layer_norm'], '.2f')}× that of its `F.layer_norm` "
         "(geometric means over shapes). RMSNorm skips one reduction (the mean) and the bias, so "
         "a fused kernel should be a little faster; where it is not, the implementation is why. "
     )

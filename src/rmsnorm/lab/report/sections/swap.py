@@ -1,36 +1,32 @@
-"""The swap's cost on the trained LayerNorm models, naive and exact (:func:`numbers` runs it),
-its figure (:func:`swap_figure`) and its words."""
+"""The swap's cost on the trained LayerNorm models, naive and exact (measured by the run's
+:func:`~rmsnorm.lab.experiments.swap.swap_over_seeds`): its part of ``report.json`` (:func:`data`,
+the summary over seeds from :func:`numbers`), its figure (:func:`figures`, drawn by
+:func:`swap_figure`) and its words."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ...experiments.trained import TrainStudy
 from ...figures import legend_below, pyplot, save_figure
-from ..page import Page
-from .common import _range, _spread
+from ...page import Page
+from ...stats.rows import spread
+from .common import range_text
 
-# The swap runs 2 × (norms + 1) float64 forwards per model; 8 of the held-out sequences (512
-# tokens) keep it to ~1.5 s per seed.
-SWAP_SEQUENCES = 8
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
-def numbers(study: TrainStudy) -> dict:
-    from ...experiments.swap import swap_costs
-
-    per_seed = []
-    tokens = study.eval_tokens[:SWAP_SEQUENCES]
-    targets = study.eval_targets[:SWAP_SEQUENCES]
-    for run in study.of("layernorm"):
-        costs = swap_costs(run.model, tokens, targets)
-        costs["seed"] = run.seed
-        per_seed.append(costs)
+def numbers(swap: dict) -> dict:
+    """The summary over seeds of :func:`~rmsnorm.lab.experiments.swap.swap_over_seeds`'s costs
+    (``swap``): every seed's costs, and the spreads and worst cases the words state."""
+    per_seed = swap["per_seed"]
     names = per_seed[0]["norms"]
 
-    def spread(kind: str, key: str, scope: str = "all") -> dict:
+    def over_seeds(kind: str, key: str, scope: str = "all") -> dict:
         if scope == "all":
-            return _spread([c[kind]["all"][key] for c in per_seed])
-        return _spread([c[kind]["one"][n][key] for c in per_seed for n in names])
+            return spread([c[kind]["all"][key] for c in per_seed])
+        return spread([c[kind]["one"][n][key] for c in per_seed for n in names])
 
     one_worst = {n: max(c["naive"]["one"][n]["kl_mean"] for c in per_seed) for n in names}
     worst = max(one_worst, key=one_worst.get)
@@ -44,22 +40,32 @@ def numbers(study: TrainStudy) -> dict:
     return {
         "per_seed": per_seed,
         "reference": "Jiang et al., NeurIPS 2023",
-        "tokens": list(tokens.shape),
+        "tokens": swap["tokens"],
         "norms": names,
-        "loss": _spread([c["loss"] for c in per_seed]),
+        "loss": spread([c["loss"] for c in per_seed]),
         "naive_all": {
-            k: spread("naive", k)
+            k: over_seeds("naive", k)
             for k in ("kl_mean", "kl_max", "delta_loss", "max_abs_logit_diff", "logit_rms")
         },
         "exact_all": {
-            k: spread("exact", k) for k in ("kl_mean", "delta_loss", "max_abs_logit_diff")
+            k: over_seeds("exact", k) for k in ("kl_mean", "delta_loss", "max_abs_logit_diff")
         },
-        "naive_one_kl": spread("naive", "kl_mean", "one"),
+        "naive_one_kl": over_seeds("naive", "kl_mean", "one"),
         "naive_one_worst_norm": worst,
         "naive_one_worst_kl": one_worst[worst],
         "naive_one_kl_max_by_norm": one_worst,
         "exact_max_abs": exact_max,
     }
+
+
+def data(r: ReportResults) -> dict:
+    """``swap``: :func:`numbers` of the run's swap costs ({} when training did not run)."""
+    return {} if r.swap is None else {"swap": numbers(r.swap)}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``swap``: :func:`swap_figure` ({} when training did not run)."""
+    return {} if r.swap is None else {"swap": swap_figure(numbers(r.swap), out / "swap.png")}
 
 
 def swap_figure(swap: dict, path: Path) -> Path:
@@ -141,7 +147,8 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         rows,
     )
     page.p(
-        f"One norm at a time, the naive swap costs KL {_range(sw['naive_one_kl'], '.1e')} nats; "
+        f"One norm at a time, the naive swap costs KL {range_text(sw['naive_one_kl'], '.1e')} "
+        "nats; "
         f"the costliest is {sw['naive_one_worst_norm']} (up to {sw['naive_one_worst_kl']:.1e}). "
         f"The exact conversion's largest |difference| over every variant and measure is "
         f"{sw['exact_max_abs']:.0e}: rounding, since it computes the same function. The naive "

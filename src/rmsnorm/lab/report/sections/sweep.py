@@ -1,19 +1,23 @@
-"""The architecture sweep at initialization: its verdicts per setting (:func:`numbers`), its
-figure (:func:`sweep_figure`) and its words."""
+"""The architecture sweep at initialization: its verdicts per setting (:func:`data`, from
+:func:`numbers`), its figure (:func:`figures`, drawn by :func:`sweep_figure`) and its words."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ...experiments.simulation.seeds import CONFIDENCE, centering_verdict
 from ...experiments.sweep import SweepResult
 from ...figures import legend_below, pyplot, save_figure
+from ...page import Page
 from ...stats.iid import iid_reference
-from ..page import Page
-from .common import _f, chapter
+from .common import chapter, fmt
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
 def numbers(sweep: SweepResult) -> dict:
@@ -173,6 +177,16 @@ def sweep_figure(sweep, path: Path) -> Path:
     )
 
 
+def data(r: ReportResults) -> dict:
+    """``sweep``: :func:`numbers` of the sweep ({} when it did not run)."""
+    return {} if r.sweep is None else {"sweep": numbers(r.sweep)}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``sweep``: :func:`sweep_figure` ({} when the sweep did not run)."""
+    return {} if r.sweep is None else {"sweep": sweep_figure(r.sweep, out / "sweep.png")}
+
+
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     sw = j.get("sweep")
     if sw is None:
@@ -196,7 +210,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
                 f"{c['pooled_median_geomean']:.4f}",
                 f"{c['iid_median']:.4f}",
                 f"{v['ratio']:.3f}",
-                f"{_f(v['ci_low'], '.3f')}–{_f(v['ci_high'], '.3f')}",
+                f"{fmt(v['ci_low'], '.3f')}–{fmt(v['ci_high'], '.3f')}",
                 f"{100 * v['seed_sd']:.0f}%",
                 f"{100 * c['last_layer_shared_share_median']:.1f}%",
                 v["verdict"],

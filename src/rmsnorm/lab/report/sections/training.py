@@ -1,11 +1,12 @@
-"""LayerNorm and RMSNorm models trained over seeds: their part of ``report.json``
-(:func:`numbers`), the figure of |μ| and σ per block before and after (:func:`trained_mu_sigma`)
-and the words."""
+"""LayerNorm and RMSNorm models trained over seeds: their part of ``report.json`` (:func:`data`,
+from :func:`numbers`), the figure of |μ| and σ per block before and after (:func:`figures`, drawn
+by :func:`trained_mu_sigma`) and the words."""
 
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,11 +15,14 @@ from ...experiments.simulation.seeds import centering_verdict
 from ...experiments.trained import TrainStudy
 from ...figures import layer_ticks, legend_below, pyplot, save_figure
 from ...models.transformer import NORM_NAMES
+from ...page import Page
 from ...stats.iid import iid_reference
 from ...stats.outliers import MASSIVE_SHARE_FACTOR
-from ...stats.rows import median
-from ..page import Page
-from .common import _f, _range, _spread, _upper, verdict_sentence
+from ...stats.rows import median, spread
+from .common import fmt, range_text, upper_first, verdict_sentence
+
+if TYPE_CHECKING:
+    from ..run import ReportResults
 
 
 def numbers(study: TrainStudy) -> dict:
@@ -58,14 +62,14 @@ def numbers(study: TrainStudy) -> dict:
             "trained_above_iid": sum(x > 1 for x in trained_vs_iid),
             "trained_rose": sum(b > a for a, b in zip(ratios_init, ratios_trained, strict=True)),
             "trained_verdict": centering_verdict(trained_vs_iid).to_dict(),
-            "sigma_growth": _spread(sigma_growth),
-            "mu_growth": _spread(mu_growth),
-            "grad_ones_share_trained": _spread(grad),
-            "grad_ones_share_init": _spread(grad_init),
-            "beta_mean_term_left_pct": {k: 100 * v for k, v in _spread(beta).items()},
+            "sigma_growth": spread(sigma_growth),
+            "mu_growth": spread(mu_growth),
+            "grad_ones_share_trained": spread(grad),
+            "grad_ones_share_init": spread(grad_init),
+            "beta_mean_term_left_pct": {k: 100 * v for k, v in spread(beta).items()},
             "val_loss_init": [r.val_loss["init"] for r in runs],
             "val_loss_trained": [r.val_loss["trained"] for r in runs],
-            "val_loss_trained_range": _spread([r.val_loss["trained"] for r in runs]),
+            "val_loss_trained_range": spread([r.val_loss["trained"] for r in runs]),
             "layers": {
                 stage: {
                     key: [
@@ -76,13 +80,13 @@ def numbers(study: TrainStudy) -> dict:
                 }
                 for stage in ("init", "trained")
             },
-            "max_over_rms_median": _spread([o["max_over_rms_median"] for o in outl]),
-            "excess_kurtosis_median": _spread([o["excess_kurtosis_median"] for o in outl]),
+            "max_over_rms_median": spread([o["max_over_rms_median"] for o in outl]),
+            "excess_kurtosis_median": spread([o["excess_kurtosis_median"] for o in outl]),
             "top1_share_pct": {
-                k: 100 * v for k, v in _spread([o["top1_share"] for o in outl]).items()
+                k: 100 * v for k, v in spread([o["top1_share"] for o in outl]).items()
             },
             "top_k_share_pct": {
-                k: 100 * v for k, v in _spread([o["top_k_share"] for o in outl]).items()
+                k: 100 * v for k, v in spread([o["top_k_share"] for o in outl]).items()
             },
             "train_seconds": sum(r.train_seconds for r in runs),
         }
@@ -166,6 +170,18 @@ def trained_mu_sigma(training, path: Path) -> Path:
     )
 
 
+def data(r: ReportResults) -> dict:
+    """``training``: :func:`numbers` of the training study ({} when it did not run)."""
+    return {} if r.training is None else {"training": numbers(r.training)}
+
+
+def figures(r: ReportResults, out: Path) -> dict[str, Path]:
+    """``trained_mu_sigma``: :func:`trained_mu_sigma` ({} when training did not run)."""
+    if r.training is None:
+        return {}
+    return {"trained_mu_sigma": trained_mu_sigma(r.training, out / "trained_mu_sigma.png")}
+
+
 def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     tr = j.get("training")
     if tr is None:
@@ -175,7 +191,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
     page.h2("Trained networks of both kinds")
     per = tr["per_norm"]
     losses = "; ".join(
-        f"{NORM_NAMES[n]} {_range(p['val_loss_trained_range'], '.2f')}" for n, p in per.items()
+        f"{NORM_NAMES[n]} {range_text(p['val_loss_trained_range'], '.2f')}" for n, p in per.items()
     )
     page.p(
         f"The same model ({cfg['n_layers']} layers, width {cfg['d_model']}, {cfg['n_heads']} "
@@ -215,7 +231,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         f"LayerNorm models: the pooled median |μ|/σ went from {ln['pooled_ratio_init_mean']:.3f} "
         f"to {ln['pooled_ratio_trained_mean']:.3f} (mean over seeds; per seed "
         f"{', '.join(f'{x:.3f}' for x in ln['pooled_ratio_trained'])}). Per block σ grew "
-        f"{_range(ln['sigma_growth'], '.0f')}× and |μ| {_range(ln['mu_growth'], '.1f')}× "
+        f"{range_text(ln['sigma_growth'], '.0f')}× and |μ| {range_text(ln['mu_growth'], '.1f')}× "
         "(range over seeds and blocks): "
     )
     if ln["sigma_growth"]["median"] > ln["mu_growth"]["median"]:
@@ -228,8 +244,8 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
         grad_rows.append(
             [
                 NORM_NAMES[n],
-                _range(p["grad_ones_share_init"], ".1e"),
-                _range(p["grad_ones_share_trained"], ".1e"),
+                range_text(p["grad_ones_share_init"], ".1e"),
+                range_text(p["grad_ones_share_trained"], ".1e"),
             ]
         )
     page.p(
@@ -248,7 +264,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
             f"{rms['pooled_ratio_trained_mean']:.3f}; per seed ÷ the i.i.d. median "
             f"{tr['iid_median']:.3f}: {', '.join(f'{x:.2f}' for x in rms['trained_vs_iid'])} "
             f"({rms['trained_above_iid']} of {len(rms['seeds'])} above 1). "
-            + _upper(
+            + upper_first(
                 verdict_sentence(
                     rms["trained_verdict"],
                     "a trained RMSNorm stream",
@@ -264,7 +280,7 @@ def words(page: Page, j: dict, figures: dict[str, Path]) -> None:
                 f" Paired by seed (same initial weights and data), the RMSNorm stream ends "
                 f"{pv['ratio']:.1f}× as far from centered as the LayerNorm one (per seed "
                 f"{', '.join(f'{x:.1f}' for x in tr['paired_rms_over_ln'])}×; 95% interval "
-                f"{_f(pv['ci_low'], '.1f')}–{_f(pv['ci_high'], '.1f')}). "
+                f"{fmt(pv['ci_low'], '.1f')}–{fmt(pv['ci_high'], '.1f')}). "
             )
             if pv["verdict"] == "less centered":
                 text += "RMSNorm-trained streams are less centered than LayerNorm-trained ones."

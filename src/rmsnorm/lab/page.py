@@ -1,6 +1,7 @@
-"""A tiny document model for the report: headings, paragraphs, tables, figures and code blocks,
-rendered once as Markdown (figures linked as files) and once as a self-contained HTML page (figures
-embedded as base64 PNG, inline CSS, no external assets)."""
+"""The lab's tiny document model: headings, paragraphs, bullet lists, tables, figures and code
+blocks, rendered once as Markdown (figures linked as files) and once as a self-contained HTML page
+(figures embedded as base64 PNG, inline CSS, no external assets). ``rmsnorm report`` writes its page
+with it, and ``rmsnorm compare`` its ``summary.md``."""
 
 from __future__ import annotations
 
