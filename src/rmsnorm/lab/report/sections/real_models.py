@@ -165,10 +165,17 @@ def verdict_rows(j: dict, recovered: dict | None = None) -> list[list[str]]:
                 f"{fmt(_med(over), '.2f')}× ({_span(over, '.2g')})",
                 f"{fmt(big, '.3g')} (others ≤ {fmt(other, '.3g')})",
                 f"{change}: {what} {_ci(_whole(m), '.2g', n=True)}",
-                recovered.get(m["model"], "not measured in this run"),
+                recovered.get(m["model"], _not_recovered(recovered)),
             ]
         )
     return rows
+
+
+def _not_recovered(recovered: dict) -> str:
+    """The verdict's recovery cell for a model the recovery run did not fine-tune."""
+    if not recovered:
+        return "not measured in this run"
+    return f"not in the recovery run ({', '.join(sorted(recovered))} only)"
 
 
 def _ratio(a: dict | None, b: dict | None) -> float:

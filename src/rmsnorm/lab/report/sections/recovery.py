@@ -226,7 +226,7 @@ def table_rows(rec: dict) -> list[list[str]]:
                         m["model"],
                         _SHORT[metric],
                         "changed norm" if arm == "swapped" else "control",
-                        fmt(s["start"], ".3g"),
+                        _start(s["start"], ".3g"),
                         f"{_ci(final, '.3g')} (n = {final['n']})",
                         f"{_ci(seq, '.3g')} (n = {seq['n']} {unit})",
                         f"{fmt(100 * frac['value'], '.0f')}% ({fmt(100 * frac['min'], '.0f')}%–"
@@ -302,6 +302,14 @@ def verdict_cells(j: dict) -> dict[str, str]:
     return cells
 
 
+def _start(value: float, spec: str = ".2g") -> str:
+    """A cost at step 0; the control's is the unchanged model against itself, 0 but for rounding
+    (1 − cos of a vector with itself comes out as −2e-16 in float64)."""
+    if _finite(value) and 0 < abs(value) < 1e-12:
+        return "0 (to rounding)"
+    return fmt(value, spec)
+
+
 def _model_words(m: dict) -> str:
     unit = "sentences" if m["encoder"] else "sequences"
     parts = []
@@ -314,7 +322,7 @@ def _model_words(m: dict) -> str:
             f"seeds; over {unit}: {_ci(sw['final_sequences'], '.3g')}, n = "
             f"{sw['final_sequences']['n']}), {fmt(100 * frac['value'], '.0f')}% recovered "
             f"({fmt(100 * frac['min'], '.0f')}%–{fmt(100 * frac['max'], '.0f')}% over seeds); the "
-            f"control went from {fmt(ctl['start'], '.2g')} to {_ci(ctl['final'], '.2g')}"
+            f"control went from {_start(ctl['start'])} to {_ci(ctl['final'], '.2g')}"
         )
     head = (
         f"**{m['model']}** ({m['change']}; {m['trainable']} parameters train, "
@@ -352,7 +360,8 @@ def _reading(m: dict) -> str:
         return (
             f"For {m['model']} the budget recovered only {fmt(100 * frac, '.0f')}% of the "
             f"{_SHORT[metric]}{also}: "
-            f"{m['steps']} steps of {m['batch']} is too short to tell what fine-tuning can do; "
+            f"{m['steps']} steps of {m['batch']} {'sentences' if m['encoder'] else 'windows'} "
+            "are too few to tell what fine-tuning can do; "
             "more steps and more held-in data (`rmsnorm recover --steps`) would tell."
         )
     return (
