@@ -233,6 +233,13 @@ def test_no_import_goes_up_a_floor_and_the_lab_never_imports_the_benchmark():
     assert forbidden_edges(import_graph()) == []
 
 
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    """A planted source tree: each ``files`` path under ``root`` with its text."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def test_the_checks_see_circles_and_forbidden_edges(tmp_path):
     """The checks on a planted package: a circle through an import inside a function, one through
     ``importlib.import_module`` calls (absolute and relative), one through an import under
@@ -253,9 +260,7 @@ def test_the_checks_see_circles_and_forbidden_edges(tmp_path):
         "rmsnorm/disp.py": "from importlib import import_module\n"
         "def pick():\n    return import_module('rmsnorm.kern')\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    _write_tree(tmp_path, files)
     graph = import_graph(tmp_path)
     assert cycles(graph) == [
         ["rmsnorm.bench.a", "rmsnorm.bench.b"],
@@ -280,9 +285,7 @@ def test_a_circle_through_a_type_checking_import_is_caught(tmp_path):
         "rmsnorm/report/sections/divergence.py": "import typing\n"
         "if typing.TYPE_CHECKING:\n    from ..run import ReportResults\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    _write_tree(tmp_path, files)
     assert cycles(import_graph(tmp_path)) == [
         [
             "rmsnorm.report.run",
